@@ -1,0 +1,506 @@
+"""``farm VERB``: parse, call, print, exit. The only place that catches FarmError.
+
+stdout carries results (tables, paths, --json); progress and logs go to stderr.
+Exit codes: 0 success, 1 error (one ``error:`` line and a hint on stderr), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from farm.errors import FarmError
+
+log = logging.getLogger("farm")
+
+EPILOG = """\
+examples:
+  farm demo                               # private tracker + 2 local devices, built-in models, DB + HTML report
+  farm tracker start && farm serve        # tracker and the inventory's local devices, in the background
+  farm devices                            # inventory merged with the tracker's live view
+  farm bench --device x86-local --model convnet --json
+  farm report                             # HTML report of the latest run per device × model
+  farm down                               # stop every server and the tracker farm started
+
+environment: FARM_DEVICES (inventory), FARM_DB (results database), FARM_HOME (state: pid files, logs, artifact cache)
+"""
+
+
+# -- shared helpers -------------------------------------------------------------------------
+
+def home_dir() -> Path:
+    return Path(os.environ.get("FARM_HOME", ".farm"))
+
+
+def default_db() -> str:
+    return os.environ.get("FARM_DB", str(home_dir() / "results.db"))
+
+
+def emit_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    cells = [[("" if row.get(c) is None else str(row.get(c))) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _progress_printer(enabled: bool):
+    if not enabled:
+        return None
+    start = time.monotonic()
+
+    def progress(device: str, model: str, step: str, detail: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f}s] {device} · {model} · {step}: {detail}", file=sys.stderr, flush=True)
+    return progress
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.4g} ms"
+
+
+def _parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, _, dims = item.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+            if not name or not shapes[name]:
+                raise ValueError
+        except ValueError:
+            raise FarmError(f"bad --shape {item!r}", "write --shape NAME=1,3,224,224") from None
+    return shapes
+
+
+def _inventory(args):
+    from farm.inventory import load_inventory
+
+    return load_inventory(args.devices)
+
+
+def _bench_config(args):
+    from farm.records import BenchConfig
+
+    if args.repeat < 1 or (args.number is not None and args.number < 1):
+        raise FarmError("--repeat and --number must be at least 1", "e.g. --repeat 20 --number 10")
+    return BenchConfig(repeat=args.repeat, number=args.number, min_repeat_ms=args.min_repeat_ms,
+                       timeout_s=args.timeout, rtol=args.rtol, atol=args.atol)
+
+
+def _add_bench_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("measurement")
+    g.add_argument("--repeat", type=int, default=20, help="steady-state repeats kept raw (default 20)")
+    g.add_argument("--number", type=int, default=None,
+                   help="calls averaged per repeat (default: calibrated so a repeat lasts --min-repeat-ms)")
+    g.add_argument("--min-repeat-ms", type=float, default=50.0, help="minimum length of one repeat when calibrating (default 50)")
+    g.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free device (default 30)")
+    g.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the output check (default 1e-4)")
+    g.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the output check (default 1e-4)")
+
+
+# -- commands -------------------------------------------------------------------------------
+
+def cmd_tracker(args) -> int:
+    from farm.records import TrackerAddress
+    from farm.rpc import processes
+    from farm.rpc.tracker import query_summary
+
+    state = home_dir()
+    address = _tracker_address(args)
+    records = processes.load_records(state)
+    mine = [r for r in records if r.role == "tracker"]
+    if args.action == "start":
+        running = [r for r in mine if processes.is_running(r)]
+        if running:
+            print(f"tracker already running (pid {running[0].pid}, port {running[0].port})")
+            return 0
+        record = processes.start_tracker(address.host, address.port, state)
+        processes.save_records(state, [r for r in records if r.role != "tracker"] + [record])
+        if args.json:
+            emit_json(asdict(record))
+        else:
+            print(f"tracker started on {address.host}:{address.port} (pid {record.pid}, log {record.log_path})")
+        return 0
+    if args.action == "stop":
+        stopped = [r.pid for r in mine if processes.stop_process(r)]
+        processes.save_records(state, [r for r in records if r.role != "tracker"])
+        print(f"tracker stopped (pid {stopped[0]})" if stopped else "no tracker started by farm is running")
+        return 0
+    summary = query_summary(TrackerAddress("127.0.0.1" if address.host == "0.0.0.0" else address.host, address.port))
+    data = {"address": str(address), "managed_pid": next((r.pid for r in mine if processes.is_running(r)), None),
+            "keys": {k: asdict(v) for k, v in summary.keys.items()},
+            "servers": [{"key": k, "host": h, "port": p} for k, h, p in summary.servers]}
+    if args.json:
+        emit_json(data)
+    else:
+        print(f"tracker at {address} is up" + (f" (pid {data['managed_pid']})" if data["managed_pid"] else " (not started by farm)"))
+        print_table([asdict(v) for v in summary.keys.values()], ["key", "servers", "free", "pending"])
+    return 0
+
+
+def _tracker_address(args):
+    from farm.inventory import DEFAULT_TRACKER, load_inventory
+    from farm.records import TrackerAddress
+
+    base = DEFAULT_TRACKER
+    if Path(args.devices).exists() or args.devices_given:
+        base = load_inventory(args.devices).tracker
+    return TrackerAddress(args.host or base.host, args.port or base.port)
+
+
+def cmd_serve(args) -> int:
+    from farm.devices import bring_up, can_bring_up
+    from farm.rpc import processes
+    from farm.rpc.tracker import query_summary, wait_for_servers
+
+    state = home_dir()
+    if args.stop:
+        return _stop_servers(state, args.json)
+    inventory = _inventory(args)
+    tracker = inventory.tracker
+    if args.tracker:
+        host, _, port = args.tracker.rpartition(":")
+        from farm.records import TrackerAddress
+
+        tracker = TrackerAddress(host, int(port))
+    query_summary(tracker)  # fail early and clearly when there is no tracker
+    names = args.device or [n for n, d in inventory.devices.items() if can_bring_up(d)]
+    records = processes.load_records(state)
+    running = {r.name for r in records if r.role == "server" and processes.is_running(r)}
+    started = []
+    from farm.inventory import find_device
+
+    for name in names:
+        device = find_device(inventory, name)
+        if name in running:
+            continue
+        started.extend(bring_up(device, tracker, state))
+    records = [r for r in records if processes.is_running(r)] + started
+    processes.save_records(state, records)
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.role == "server":
+            counts[r.key] = counts.get(r.key, 0) + 1
+    wait_for_servers(tracker, {r.key: 1 for r in started}, timeout_s=args.wait)
+    rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
+            for r in records if r.role == "server"]
+    if args.json:
+        emit_json({"tracker": str(tracker), "servers": rows})
+    else:
+        print(f"{len(started)} server(s) started, {len(rows)} running, registered with {tracker}")
+        print_table(rows, ["device", "key", "pid", "port", "log"])
+    return 0
+
+
+def _stop_servers(state: Path, as_json: bool) -> list[int] | int:
+    from farm.rpc import processes
+
+    records = processes.load_records(state)
+    stopped = [r.pid for r in records if r.role == "server" and processes.stop_process(r)]
+    processes.save_records(state, [r for r in records if r.role != "server"])
+    if as_json:
+        emit_json({"stopped_servers": stopped})
+    else:
+        print(f"stopped {len(stopped)} server(s)")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from farm.rpc import processes
+
+    state = home_dir()
+    records = processes.load_records(state)
+    stopped = [asdict(r) for r in records if r.role == "server" and processes.stop_process(r)]
+    stopped += [asdict(r) for r in records if r.role == "tracker" and processes.stop_process(r)]
+    processes.save_records(state, [])
+    if args.json:
+        emit_json({"stopped": stopped})
+    else:
+        print(f"stopped {len(stopped)} process(es) farm had started")
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from farm.rpc.tracker import KeyStatus, query_summary
+
+    inventory = _inventory(args)
+    summary = query_summary(inventory.tracker)
+    rows = []
+    for name, device in inventory.devices.items():
+        status = summary.keys.get(device.key, KeyStatus(device.key, 0, 0, 0))
+        state = "online" if status.free else ("busy" if status.servers else "missing")
+        rows.append({"device": name, "kind": device.kind, "key": device.key, "target": device.target["kind"],
+                     "export": device.export, "emulated": device.emulated, "state": state,
+                     "servers": status.servers, "free": status.free, "pending": status.pending})
+    known = {d.key for d in inventory.devices.values()}
+    extra = sorted(k for k in summary.keys if k not in known and summary.keys[k].servers)
+    if args.json:
+        emit_json({"tracker": str(inventory.tracker), "devices": rows, "unknown_keys": extra})
+    else:
+        print(f"tracker {inventory.tracker}")
+        print_table(rows, ["device", "kind", "key", "target", "state", "servers", "free", "pending"])
+        if extra:
+            print(f"keys registered but not in {inventory.path}: {', '.join(extra)}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from farm.models import list_models
+
+    rows = list_models()
+    if args.json:
+        emit_json(rows)
+    else:
+        print_table(rows, ["name", "kind", "about"])
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from farm.compile import compile_model
+    from farm.inventory import find_device
+    from farm.models import load_model
+
+    inventory = _inventory(args)
+    devices = [find_device(inventory, args.device)] if args.device else list(inventory.devices.values())
+    model = load_model(args.model, _parse_shapes(args.shape))
+    out = []
+    for device in devices:
+        artifact = compile_model(model, device, home_dir() / "cache")
+        out.append({"device": device.name, "model": model.name, "path": artifact.path, "format": artifact.export,
+                    "target": artifact.target, "toolchain": artifact.toolchain, "cached": artifact.cached,
+                    "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key})
+    if args.json:
+        emit_json(out)
+    else:
+        print_table(out, ["device", "model", "format", "cached", "path"])
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from farm.inventory import find_device
+    from farm.models import load_model
+    from farm.store import Store
+    from farm.sweep import bench_cell
+
+    inventory = _inventory(args)
+    device = find_device(inventory, args.device)
+    model = load_model(args.model, _parse_shapes(args.shape))
+    config = _bench_config(args)
+    with Store(args.db) as store:
+        cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", config,
+                          reference_file=args.reference, progress=_progress_printer(args.progress))
+    r = cell.result
+    steady_median = None
+    if r.steady_samples_s:
+        from farm.stats import summarize
+
+        steady_median = summarize(r.steady_samples_s).median
+    data = {
+        "run_id": cell.run_id, "status": r.status, "reason": r.reason, "failed_step": r.failed_step,
+        "device": r.device, "key": r.key, "model": r.model, "upload_s": r.upload_s, "load_s": r.load_s,
+        "first_run_s": r.first_run_s, "steady_median_s": steady_median, "steady_number": r.steady_number,
+        "steady_samples_s": list(r.steady_samples_s),
+        "copy_s": [{"output": c.output_index, "bytes": c.nbytes, "shape": list(c.shape), "dtype": c.dtype,
+                    "number": c.number, "median_s": sorted(c.samples_s)[len(c.samples_s) // 2],
+                    "samples_s": list(c.samples_s)} for c in r.copies],
+        "check": asdict(r.check),
+        "artifact": cell.artifact.path if cell.artifact else None, "emulated": device.emulated,
+    }
+    if args.json:
+        emit_json(data)
+    else:
+        print(f"run {cell.run_id}: {r.device} · {r.model}: {r.status}" + (f" at {r.failed_step}" if r.failed_step else ""))
+        print(f"  load {_ms(r.load_s)}   first run {_ms(r.first_run_s)}   steady median {_ms(steady_median)}"
+              f" ({len(r.steady_samples_s)} repeats × {r.steady_number or 0} calls)")
+        for c in data["copy_s"]:
+            print(f"  copy output {c['output']} ({c['bytes']} B): {_ms(c['median_s'])}")
+        err = r.check.max_abs_err
+        print(f"  check: {r.check.status}" + (f" (max abs error {err:.3g})" if err is not None else ""))
+    if r.status != "ok":
+        print(f"error: {r.reason}", file=sys.stderr)
+        print(f"hint: {r.hint or 'the failed run is stored; see farm results'} (stored as run {cell.run_id})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_results(args) -> int:
+    from farm.results import rows_frame, run_rows
+    from farm.store import Store
+
+    _require_db(args.db)
+    with Store(args.db) as store:
+        rows = run_rows(store, device=args.device, model=args.model, latest_only=args.latest)
+    if args.csv:
+        rows_frame(rows).to_csv(sys.stdout, index=False)
+    elif args.json:
+        emit_json(rows)
+    else:
+        table = [{**r, "steady": _ms(r["steady_median_s"]), "load": _ms(r["load_s"]), "first": _ms(r["first_run_s"])}
+                 for r in rows]
+        print_table(table, ["run_id", "started_at", "device", "model", "status", "failed_step", "load", "first", "steady", "check"])
+    return 0
+
+
+def cmd_report(args) -> int:
+    from farm.report import render_report
+    from farm.store import Store
+
+    _require_db(args.db)
+    out = Path(args.out) if args.out else Path("reports") / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    with Store(args.db) as store:
+        path = render_report(store, out, title=args.title)
+    if args.json:
+        emit_json({"report": str(path)})
+    else:
+        print(path)
+    return 0
+
+
+def _require_db(path: str) -> None:
+    if not Path(path).exists():
+        raise FarmError(f"no results database at {path}", "run `farm bench` or `farm demo` first, or pass --db PATH")
+
+
+def cmd_demo(args) -> int:
+    from farm.demo import run_demo
+
+    models = tuple(m for m in args.models.split(",") if m)
+    outcome = run_demo(Path(args.db), Path(args.report_dir), home_dir(), home_dir() / "cache", models,
+                       _bench_config(args), progress=_progress_printer(args.progress))
+    failed = [c for c in outcome.cells if c.result.status != "ok"]
+    if args.json:
+        emit_json({"db": str(outcome.db_path), "report": str(outcome.report_path), "seconds": round(outcome.seconds, 1),
+                   "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
+                              "status": c.result.status, "reason": c.result.reason} for c in outcome.cells]})
+    else:
+        for c in outcome.cells:
+            r = c.result
+            med = sorted(r.steady_samples_s)[len(r.steady_samples_s) // 2] if r.steady_samples_s else None
+            print(f"{r.device:14s} {r.model:10s} {r.status:6s} steady {_ms(med):>12s}  check {r.check.status}"
+                  + (f"  ({r.failed_step}: {r.reason})" if r.status != "ok" else ""))
+        print(f"results database: {outcome.db_path}")
+        print(f"report: {outcome.report_path}")
+        print(f"finished in {outcome.seconds:.0f} s; every process the demo started is stopped")
+    return 1 if failed else 0
+
+
+# -- parser ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--devices", default=argparse.SUPPRESS,
+                        help="inventory file (env FARM_DEVICES, default ./devices.toml)")
+    common.add_argument("--db", default=argparse.SUPPRESS, help="results database (env FARM_DB, default .farm/results.db)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output on stdout")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log more to stderr")
+
+    parser = argparse.ArgumentParser(
+        prog="farm", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Benchmark ML models on a farm of devices through TVM RPC: compile, push, measure, store, report.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="VERB", required=True)
+
+    def add(name: str, func, help_text: str, description: str = "") -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=description or help_text,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("tracker", cmd_tracker, "start, stop or query TVM's RPC tracker (a managed background process)",
+            "Runs `python -m tvm.exec.rpc_tracker` in the background with a pid record and a log in $FARM_HOME.\n"
+            "Binds 127.0.0.1 unless --host says otherwise: TVM RPC has no authentication.")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--host", help="address to bind (default: [tracker] host in devices.toml, else 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: [tracker] port in devices.toml, else 9190)")
+
+    p = add("serve", cmd_serve, "start rpc_servers for the inventory's local devices",
+            "Starts one `python -m tvm.exec.rpc_server` per local device, each in its own process group,\n"
+            "registered with the tracker under the device's key, and waits until the tracker lists them.")
+    p.add_argument("--device", action="append", help="only this device (repeatable)")
+    p.add_argument("--tracker", help="HOST:PORT of the tracker (default: [tracker] in devices.toml)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for registration (default 60)")
+    p.add_argument("--stop", action="store_true", help="stop the servers farm started instead")
+
+    add("down", cmd_down, "stop every server and tracker farm started")
+
+    add("devices", cmd_devices, "inventory merged with the tracker's live summary",
+        "Each device's state: online (a free server), busy (servers, none free), missing (no server).")
+
+    add("models", cmd_models, "list the built-in models and the onnx package's architectures")
+
+    p = add("compile", cmd_compile, "compile a model for a device (or every device) and export it",
+            "Compiles with Relax for the device's target, exports in its format, caches by\n"
+            "model digest + target + export + toolchain + TVM version.")
+    p.add_argument("--device", help="inventory device (default: every device)")
+    p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
+    p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
+
+    p = add("bench", cmd_bench, "compile, push, measure, check and store one model on one device",
+            "Steps: session, upload, load, first run, steady state (time_evaluator, raw repeats),\n"
+            "device→host copy per output, output check. A failed step is stored with its reason;\n"
+            "the command then prints `error:` and exits 1.")
+    p.add_argument("--device", required=True, help="inventory device name")
+    p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
+    p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
+    p.add_argument("--reference", help="expected outputs (.npz, np.savez order) instead of onnxruntime's")
+    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="print steps to stderr (default on a TTY)")
+    _add_bench_options(p)
+
+    p = add("results", cmd_results, "list stored runs with computed summaries (--json, --csv)")
+    p.add_argument("--device")
+    p.add_argument("--model")
+    p.add_argument("--latest", action="store_true", help="only the latest run per device × model")
+    p.add_argument("--csv", action="store_true", help="CSV on stdout")
+
+    p = add("report", cmd_report, "write a self-contained HTML report of the results")
+    p.add_argument("--out", help="output file (default reports/report-TIMESTAMP.html)")
+    p.add_argument("--title", default="farm report")
+
+    p = add("demo", cmd_demo, "the main job on an embedded default: private tracker, 2 local devices, built-in models",
+            "Needs no inventory. Starts a tracker and two local rpc_servers on free loopback ports,\n"
+            "benchmarks the built-in models on both, writes the DB and an HTML report, prints where they\n"
+            "are, and stops everything it started.")
+    p.add_argument("--models", default="mlp,convnet", help="comma-separated models (default mlp,convnet)")
+    p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
+    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="print steps to stderr (default on a TTY)")
+    _add_bench_options(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.devices_given = hasattr(args, "devices")
+    args.devices = getattr(args, "devices", None) or os.environ.get("FARM_DEVICES", "devices.toml")
+    args.db = getattr(args, "db", None) or default_db()
+    args.json = getattr(args, "json", False)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except FarmError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

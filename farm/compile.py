@@ -1,0 +1,177 @@
+"""Compile models with Relax for a device's target and export them; cache the artifacts.
+
+One of the few modules that touch TVM's compiler. The cache key covers everything
+that changes the artifact: model digest, effective target (host included), export
+format, toolchain and TVM version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm import relax
+from tvm.target import codegen
+
+from farm.errors import BuildError, first_line
+from farm.models import onnx_proto
+from farm.records import Artifact, Device, ModelSource
+
+log = logging.getLogger(__name__)
+
+PIPELINE_VERSION = 1  # bump when farm changes how it lowers models
+EXPORT_SUFFIX = {"so": ".so", "tar": ".tar", "system-lib": ".tar"}
+CROSS_CC = {"aarch64-linux-gnu": "aarch64-linux-gnu-g++", "arm-linux-gnueabihf": "arm-linux-gnueabihf-g++"}
+
+
+def host_cpu() -> str | None:
+    """The host CPU as LLVM names it (TVM 0.27 refuses ``mcpu=native``)."""
+    cpu = codegen.llvm_get_system_cpu()
+    triple = codegen.llvm_get_system_triple()
+    return cpu if cpu and codegen.llvm_is_valid_cpu(cpu, triple) else None
+
+
+def effective_target(device: Device) -> dict[str, Any]:
+    """The target farm compiles for: the inventory's, with the host CPU filled in for local devices."""
+    target = dict(device.target)
+    if device.kind == "local" and target["kind"] == "llvm" and "mtriple" not in target:
+        cpu = host_cpu()
+        if cpu and "mcpu" not in target:
+            target["mcpu"] = cpu
+        target.setdefault("num-cores", os.cpu_count() or 1)
+    if device.host is not None:
+        target["host"] = dict(device.host)
+    return target
+
+
+def make_target(target: dict[str, Any]) -> tvm.target.Target:
+    spec = {k: v for k, v in target.items() if k != "host"}
+    try:
+        return tvm.target.Target(spec, host=target.get("host"))
+    except Exception as exc:
+        raise BuildError(
+            f"TVM refused target {json.dumps(target)}: {first_line(exc)}",
+            "fix target/host in devices.toml; options are those of `tvm.target.Target` for that kind",
+        ) from None
+
+
+def _triple(target: dict[str, Any]) -> str | None:
+    host = target.get("host") or (target if target["kind"] == "llvm" else {})
+    return host.get("mtriple")
+
+
+def toolchain_for(device: Device, target: dict[str, Any]) -> str:
+    """The compiler that links the exported library ('' = TVM's default host cc)."""
+    if "cc" in device.options:
+        return str(device.options["cc"])
+    triple = _triple(target)
+    if triple is None or triple.startswith("x86_64"):
+        return ""
+    if "android" in triple:
+        ndk = os.environ.get("TVM_NDK_CC")
+        if not ndk:
+            raise BuildError(
+                f"device {device.name!r} targets {triple} and no Android NDK compiler is configured",
+                "install the Android NDK and set TVM_NDK_CC to its clang++ (e.g. aarch64-linux-android28-clang++), or set cc in devices.toml",
+            )
+        return ndk
+    for prefix, cc in CROSS_CC.items():
+        if triple.startswith(prefix.split("-")[0]) and "linux" in triple:
+            return cc
+    raise BuildError(
+        f"no cross compiler known for {triple} (device {device.name!r})",
+        'set cc = "path/to/cross-g++" on the device in devices.toml',
+    )
+
+
+def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str) -> str:
+    blob = json.dumps(
+        {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
+         "tvm": tvm.__version__, "pipeline": PIPELINE_VERSION},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def compile_model(model: ModelSource, device: Device, cache_dir: Path) -> Artifact:
+    """Return the cached artifact for (model, device target) or build and export it."""
+    target = effective_target(device)
+    toolchain = toolchain_for(device, target)
+    key = artifact_key(model, device, target, toolchain)
+    folder = Path(cache_dir) / key[:24]
+    meta_path = folder / "artifact.json"
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+            if Path(meta["path"]).exists() and _digest(Path(meta["path"])) == meta["file_digest"]:
+                return Artifact(**{**meta, "cached": True})
+        except (ValueError, KeyError, TypeError):
+            log.warning("rebuilding: unreadable artifact metadata %s", meta_path)
+    start = time.perf_counter()
+    tvm_target = make_target(target)
+    mod = import_onnx(model)
+    try:
+        executable = relax.build(mod, tvm_target, system_lib=device.export == "system-lib") \
+            if device.export == "system-lib" else tvm.compile(mod, tvm_target)
+    except Exception as exc:
+        raise BuildError(f"TVM could not compile {model.name} for {json.dumps(target)}: {first_line(exc)}",
+                         "check the target; GPU targets need a schedule (see README)") from None
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    filename = f"{_safe(model.name)}{EXPORT_SUFFIX[device.export]}"
+    try:
+        if toolchain:
+            from tvm.support import cc
+
+            executable.export_library(str(tmp / filename), fcompile=cc.cross_compiler(toolchain))
+        else:
+            executable.export_library(str(tmp / filename))
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BuildError(f"exporting {model.name} as {device.export} failed: {first_line(exc)}",
+                         f"check that the toolchain {toolchain or 'cc'} is installed and works") from None
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    path = folder / filename
+    artifact = Artifact(
+        cache_key=key, path=str(path), model_name=model.name, model_digest=model.digest, target=target,
+        export=device.export, toolchain=toolchain or "default", tvm_version=tvm.__version__,
+        file_digest=_digest(path), build_s=time.perf_counter() - start,
+    )
+    meta_path.write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
+    return artifact
+
+
+def import_onnx(model: ModelSource) -> tvm.IRModule:
+    from tvm.relax.frontend.onnx import from_onnx
+
+    shapes = {spec.name: list(spec.shape) for spec in model.inputs}
+    dtypes = {spec.name: spec.dtype for spec in model.inputs}
+    try:
+        mod = from_onnx(onnx_proto(model), shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+    except Exception as exc:
+        raise BuildError(f"TVM's ONNX importer rejected {model.name}: {first_line(exc)}",
+                         "the model may use an operator TVM 0.27 does not support; see the TVM log above") from None
+    return relax.transform.DecomposeOpsForInference()(mod)
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+

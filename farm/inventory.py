@@ -1,0 +1,193 @@
+"""devices.toml: load and validate the inventory. No TVM here.
+
+Every error names the file, the line where it can tell, the device and the field,
+and says what to write instead.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from farm.errors import InventoryError
+from farm.records import DEVICE_KINDS, EXPORT_FORMATS, Device, Inventory, TrackerAddress
+
+TARGET_KINDS = ("llvm", "c", "cuda", "opencl", "metal", "vulkan", "rocm", "webgpu")
+DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
+
+COMMON_FIELDS = {
+    "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
+    "emulated", "tags", "cc",
+}
+KIND_FIELDS = {
+    "local": {"server_port"},
+    "remote": set(),
+    "android": {"serial", "server_port"},
+    "ios": {"proxy"},
+    "linux": {"ssh", "server_port"},
+}
+
+EXAMPLE = '''[devices.x86-local]
+kind = "local"
+key = "x86-local"
+target = { kind = "llvm" }
+export = "so"'''
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read and validate ``path``; raise InventoryError saying what to fix."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(
+            f"{path}: no such inventory file",
+            "pass --devices PATH or set FARM_DEVICES; `farm demo` needs no inventory",
+        ) from None
+    except OSError as exc:
+        raise InventoryError(f"{path}: cannot read: {exc.strerror}", "check the file's permissions") from exc
+    return parse_inventory(text, str(path))
+
+
+def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InventoryError(
+            f"{path}: not valid TOML: {exc}",
+            "fix the syntax at that line; each device is a [devices.NAME] table",
+        ) from None
+    unknown = set(data) - {"tracker", "devices"}
+    if unknown:
+        raise InventoryError(
+            f"{path}: unknown top-level table {sorted(unknown)[0]!r}",
+            "only [tracker] and [devices.NAME] tables are allowed",
+        )
+    tracker = _parse_tracker(data.get("tracker", {}), path)
+    raw_devices = data.get("devices", {})
+    if not isinstance(raw_devices, dict):
+        raise InventoryError(f"{path}: 'devices' must be tables", "write one [devices.NAME] table per device")
+    devices = {}
+    for name, raw in raw_devices.items():
+        where = _where(path, text, name)
+        devices[name] = _parse_device(name, raw, where)
+    keys: dict[str, str] = {}
+    for device in devices.values():
+        other = keys.get(device.key)
+        if other is not None and devices[other].target != device.target:
+            raise InventoryError(
+                f"{_where(path, text, device.name)}: device {device.name!r} reuses key {device.key!r} "
+                f"of {other!r} with a different target",
+                "a key names one kind of device: give each target its own key",
+            )
+        keys[device.key] = device.name
+    return Inventory(path=path, tracker=tracker, devices=devices)
+
+
+def find_device(inventory: Inventory, name: str) -> Device:
+    try:
+        return inventory.devices[name]
+    except KeyError:
+        known = ", ".join(sorted(inventory.devices)) or "none"
+        raise InventoryError(
+            f"unknown device {name!r} in {inventory.path}",
+            f"known devices: {known}; see `farm devices`",
+        ) from None
+
+
+def _where(path: str, text: str, name: str) -> str:
+    pattern = re.compile(r"^\s*\[\s*devices\s*\.\s*[\"']?" + re.escape(name) + r"[\"']?\s*\]", re.M)
+    match = pattern.search(text)
+    if match is None:
+        return path
+    return f"{path}:{text.count(chr(10), 0, match.start()) + 1}"
+
+
+def _parse_tracker(raw: Any, path: str) -> TrackerAddress:
+    if not isinstance(raw, dict):
+        raise InventoryError(f"{path}: [tracker] must be a table", 'write [tracker] host = "127.0.0.1" port = 9190')
+    host = raw.get("host", DEFAULT_TRACKER.host)
+    port = raw.get("port", DEFAULT_TRACKER.port)
+    if not isinstance(host, str) or not host:
+        raise InventoryError(f"{path}: [tracker] host must be a string", 'write host = "127.0.0.1"')
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise InventoryError(f"{path}: [tracker] port must be an integer 1-65535", "write port = 9190")
+    return TrackerAddress(host, port)
+
+
+def _parse_device(name: str, raw: Any, where: str) -> Device:
+    def fail(field: str, problem: str, hint: str) -> InventoryError:
+        return InventoryError(f"{where}: device {name!r}: {field} {problem}", hint)
+
+    if not isinstance(raw, dict):
+        raise fail("entry", "must be a table", f"write it as:\n{EXAMPLE}")
+    kind = raw.get("kind")
+    if kind is None:
+        raise fail("kind", "is missing", f"add kind = one of {', '.join(DEVICE_KINDS)}")
+    if kind not in DEVICE_KINDS:
+        raise fail("kind", f"{kind!r} is unknown", f"write kind = one of {', '.join(DEVICE_KINDS)}")
+    unknown = set(raw) - COMMON_FIELDS - KIND_FIELDS[kind]
+    if unknown:
+        allowed = ", ".join(sorted(COMMON_FIELDS | KIND_FIELDS[kind]))
+        raise fail(f"field {sorted(unknown)[0]!r}", f"is not known for kind {kind!r}", f"allowed fields: {allowed}")
+    key = raw.get("key")
+    if key is None:
+        raise fail("key", "is missing", f'add key = "{name}" (the key its rpc_server registers under)')
+    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", key):
+        raise fail("key", f"{key!r} is not a valid tracker key", "use letters, digits, '-', '_' or '.'")
+    target = _parse_target(raw.get("target"), fail, "target")
+    host = _parse_target(raw["host"], fail, "host") if "host" in raw else None
+    if host is not None and host["kind"] not in ("llvm", "c"):
+        raise fail("host", f"kind {host['kind']!r} cannot be a host", 'use host = { kind = "llvm", mtriple = "..." }')
+    export = raw.get("export", "so")
+    if export not in EXPORT_FORMATS:
+        raise fail("export", f"{export!r} is unknown", f"write export = one of {', '.join(EXPORT_FORMATS)}")
+    cooldown_s = _number(raw.get("cooldown_s", 0.0), fail, "cooldown_s")
+    session_timeout_s = _number(raw.get("session_timeout_s", 600.0), fail, "session_timeout_s")
+    emulated = raw.get("emulated", False)
+    if not isinstance(emulated, bool):
+        raise fail("emulated", "must be true or false", "write emulated = true for devices run under qemu")
+    tags = raw.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise fail("tags", "must be a list of strings", 'write tags = ["phone", "mali"]')
+    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k == "cc"}
+    return Device(
+        name=name, kind=kind, key=key, target=target, host=host, export=export,
+        cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
+        tags=tuple(tags), options=options,
+    )
+
+
+def _parse_target(raw: Any, fail, field: str) -> dict[str, Any]:
+    if raw is None:
+        raise fail(field, "is missing", 'add target = { kind = "llvm" } (a table, as TVM 0.27 takes targets)')
+    if isinstance(raw, str):
+        raise fail(
+            field, f"{raw!r} is a string",
+            f'TVM 0.27 refuses string targets: write {field} = {{ kind = "{raw.split()[0]}" }} with options as fields',
+        )
+    if not isinstance(raw, dict):
+        raise fail(field, "must be a table", f'write {field} = {{ kind = "llvm" }}')
+    kind = raw.get("kind")
+    if kind not in TARGET_KINDS:
+        raise fail(f"{field}.kind", f"{kind!r} is not a TVM target kind", f"use one of {', '.join(TARGET_KINDS)}")
+    for option, value in raw.items():
+        if not _is_target_value(value):
+            raise fail(f"{field}.{option}", "must be a string, number, boolean or list of them", "check the value")
+    if raw.get("mcpu") == "native":
+        raise fail(f"{field}.mcpu", "'native' is refused by TVM 0.27's LLVM", "leave mcpu out: farm detects the host CPU for local devices")
+    return dict(raw)
+
+
+def _is_target_value(value: Any) -> bool:
+    if isinstance(value, (str, int, float, bool)):
+        return True
+    return isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) for v in value)
+
+
+def _number(value: Any, fail, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise fail(field, f"{value!r} must be a number of seconds >= 0", f"write {field} = 30")
+    return float(value)

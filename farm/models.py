@@ -1,0 +1,205 @@
+"""Models: load ONNX files, generate the built-in zoo, compute reference outputs.
+
+The only module that imports ``onnx`` and ``onnxruntime``. The built-in models
+have deterministic random weights (a fixed seed per model), so their outputs are
+meaningful to check, unlike the constant-weight architectures the onnx package ships
+(available as ``onnx:NAME`` for compile and timing work).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.errors import ModelError
+from farm.records import InputSpec, ModelSource
+
+OPSET = 17
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], fan_in: int) -> TensorProto:
+    value = rng.standard_normal(shape).astype(np.float32) * np.float32(np.sqrt(2.0 / fan_in))
+    return numpy_helper.from_array(value, name)
+
+
+def build_mlp() -> onnx.ModelProto:
+    """x[1,64] → Gemm 128 → Relu → Gemm 10. Seed 1."""
+    rng = np.random.default_rng(1)
+    inits = [
+        _init(rng, "w1", (64, 128), 64), _init(rng, "b1", (128,), 64),
+        _init(rng, "w2", (128, 10), 128), _init(rng, "b2", (10,), 128),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], inits,
+    )
+    return _finish(graph)
+
+
+def build_convnet() -> onnx.ModelProto:
+    """x[1,3,32,32] → conv16 → relu → maxpool → conv32 → relu → (features, GAP → fc10). Seed 2.
+
+    Two outputs of very different sizes (logits 40 B, features 32 KiB) so copy costs
+    are measured by size.
+    """
+    rng = np.random.default_rng(2)
+    inits = [
+        _init(rng, "c1w", (16, 3, 3, 3), 27), _init(rng, "c1b", (16,), 27),
+        _init(rng, "c2w", (32, 16, 3, 3), 144), _init(rng, "c2b", (32,), 144),
+        _init(rng, "fcw", (32, 10), 32), _init(rng, "fcb", (10,), 32),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "c1w", "c1b"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "c2w", "c2b"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["features"]),
+        helper.make_node("GlobalAveragePool", ["features"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fcw", "fcb"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10]),
+         helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 32, 16, 16])],
+        inits,
+    )
+    return _finish(graph)
+
+
+def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="farm")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+BUILTINS: dict[str, Callable[[], onnx.ModelProto]] = {"mlp": build_mlp, "convnet": build_convnet}
+
+
+def list_models() -> list[dict[str, str]]:
+    rows = [{"name": n, "kind": "builtin", "about": (f.__doc__ or "").strip().splitlines()[0]} for n, f in BUILTINS.items()]
+    for path in sorted(LIGHT_DIR.glob("light_*.onnx")):
+        name = path.stem.removeprefix("light_")
+        rows.append({"name": f"onnx:{name}", "kind": "onnx-package", "about": "constant weights: timing only, outputs are flat"})
+    return rows
+
+
+def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelSource:
+    """``spec`` is a built-in name, ``onnx:NAME`` from the onnx package, or a path to a .onnx file."""
+    if spec in BUILTINS:
+        proto = BUILTINS[spec]()
+        return _source(spec, f"builtin:{spec}", proto.SerializeToString(), proto, shapes)
+    if spec.startswith("onnx:"):
+        path = LIGHT_DIR / f"light_{spec[5:]}.onnx"
+        if not path.exists():
+            names = ", ".join(r["name"] for r in list_models() if r["kind"] == "onnx-package")
+            raise ModelError(f"no model {spec!r} in the onnx package", f"available: {names}")
+        name = spec
+    else:
+        path = Path(spec)
+        name = path.stem
+        if not path.exists():
+            raise ModelError(
+                f"model file {spec} does not exist",
+                f"give a path to a .onnx file or a built-in model ({', '.join(BUILTINS)}); see `farm models`",
+            )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {path}: {exc.strerror}", "check the path and permissions") from None
+    try:
+        proto = onnx.load_model_from_string(data)
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # protobuf DecodeError, onnx ValidationError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"{path} is not a valid ONNX model ({first})",
+            "the file may be truncated or not ONNX: export it again (torch.onnx.export, tf2onnx)",
+        ) from None
+    if not proto.graph.output:
+        raise ModelError(f"{path} has no graph outputs", "export the model with its outputs")
+    return _source(name, str(path), data, proto, shapes)
+
+
+def _source(name: str, origin: str, data: bytes, proto: onnx.ModelProto, shapes) -> ModelSource:
+    return ModelSource(
+        name=name, origin=origin, digest=hashlib.sha256(data).hexdigest(), onnx_bytes=data,
+        inputs=_input_specs(proto, shapes or {}, origin),
+    )
+
+
+def _input_specs(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], origin: str) -> tuple[InputSpec, ...]:
+    initializers = {init.name for init in proto.graph.initializer}
+    specs = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        if value.name in shapes:
+            shape = tuple(shapes[value.name])
+        else:
+            dims = []
+            for i, dim in enumerate(tensor.shape.dim):
+                if not dim.HasField("dim_value") or dim.dim_value <= 0:
+                    label = dim.dim_param or f"dim {i}"
+                    raise ModelError(
+                        f"{origin}: input {value.name!r} has a dynamic dimension ({label})",
+                        f"bind it with --shape {value.name}=1,3,224,224 (every dimension, comma-separated)",
+                    )
+                dims.append(dim.dim_value)
+            shape = tuple(dims)
+        specs.append(InputSpec(value.name, shape, dtype))
+    return tuple(specs)
+
+
+def make_inputs(model: ModelSource, seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic inputs: standard normal floats, small non-negative integers."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for spec in model.inputs:
+        if np.issubdtype(np.dtype(spec.dtype), np.floating):
+            inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        elif spec.dtype == "bool":
+            inputs[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+        else:
+            inputs[spec.name] = rng.integers(0, 10, spec.shape).astype(spec.dtype)
+    return inputs
+
+
+def onnx_proto(model: ModelSource) -> onnx.ModelProto:
+    return onnx.load_model_from_string(model.onnx_bytes)
+
+
+def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs of onnxruntime on the CPU, the reference farm checks TVM against."""
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(model.onnx_bytes, providers=["CPUExecutionProvider"])
+        return [np.asarray(o) for o in session.run(None, inputs)]
+    except Exception as exc:
+        raise ModelError(f"onnxruntime could not run {model.name}: {exc}", "the check will be skipped") from None
+
+
+def load_reference_file(path: str) -> list[np.ndarray]:
+    """Expected outputs saved by the user with ``np.savez(path, out0, out1, ...)``."""
+    try:
+        with np.load(path) as data:
+            return [data[k] for k in data.files]  # archive order is saving order
+    except FileNotFoundError:
+        raise ModelError(f"reference file {path} does not exist", "save expected outputs with np.savez(path, out0, ...)") from None
+    except Exception as exc:
+        raise ModelError(f"cannot read reference file {path}: {exc}", "save expected outputs with np.savez(path, out0, ...)") from None

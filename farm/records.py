@@ -1,0 +1,142 @@
+"""Frozen records passed between farm's modules. Imports nothing from farm.
+
+Named ``records`` rather than ``model`` so it is never confused with the ML models
+that ``models.py`` loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEVICE_KINDS = ("local", "remote", "android", "ios", "linux")
+EXPORT_FORMATS = ("so", "tar", "system-lib")
+
+
+@dataclass(frozen=True)
+class TrackerAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One inventory entry. ``key`` is its tracker key, everywhere."""
+
+    name: str
+    kind: str
+    key: str
+    target: dict[str, Any]
+    host: dict[str, Any] | None = None
+    export: str = "so"
+    cooldown_s: float = 0.0
+    session_timeout_s: float = 600.0
+    emulated: bool = False
+    tags: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    tracker: TrackerAddress
+    devices: dict[str, Device]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model ready to compile: its ONNX bytes, digest and input signature."""
+
+    name: str
+    origin: str  # "builtin:mlp" or a file path
+    digest: str  # sha256 of the ONNX bytes
+    onnx_bytes: bytes = field(repr=False)
+    inputs: tuple[InputSpec, ...]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A compiled, exported model for one target."""
+
+    cache_key: str
+    path: str
+    model_name: str
+    model_digest: str
+    target: dict[str, Any]  # effective target, host included, as TVM exports it
+    export: str
+    toolchain: str
+    tvm_version: str
+    file_digest: str
+    build_s: float
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """How to measure. ``number=None`` calibrates it from ``min_repeat_ms``."""
+
+    repeat: int = 20
+    number: int | None = None
+    min_repeat_ms: float = 50.0
+    copy_repeat: int = 10
+    timeout_s: float = 30.0
+    rtol: float = 1e-4
+    atol: float = 1e-4
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CopyTiming:
+    """Device→host copy of one output, timed on the device apart from compute."""
+
+    output_index: int
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    number: int
+    samples_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    status: str  # passed | failed | skipped
+    max_abs_err: float | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    reference: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Everything one ``farm bench`` measured, failed or not."""
+
+    device: str
+    key: str
+    model: str
+    model_digest: str
+    status: str  # ok | failed
+    reason: str = ""
+    failed_step: str = ""
+    hint: str = ""
+    artifact_key: str = ""
+    upload_s: float | None = None
+    load_s: float | None = None
+    first_run_s: float | None = None
+    steady_number: int | None = None
+    steady_samples_s: tuple[float, ...] = ()
+    copies: tuple[CopyTiming, ...] = ()
+    check: CheckResult = CheckResult("skipped", detail="not reached")
+    config: BenchConfig = BenchConfig()
+    context: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""

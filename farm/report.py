@@ -1,0 +1,104 @@
+"""Render a single self-contained HTML report from the store (plots inlined as PNG)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+import farm
+from farm.results import run_rows
+from farm.store import Store
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value * 1000:.3g}"
+
+
+def render_report(store: Store, out_path: str | Path, title: str = "farm report") -> Path:
+    """Write the report for the latest run of every device × model; returns its path."""
+    import tvm
+
+    latest = run_rows(store, latest_only=True)
+    latest.sort(key=lambda r: (r["device"], r["model"]))
+    for row in latest:
+        row["copy_pairs"] = list(zip(row["copy_bytes"], row["copy_s"]))
+    failures = [r for r in run_rows(store) if r["status"] == "failed"]
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
+    )
+    env.filters["ms"] = _ms
+    html = env.get_template("report.html").render(
+        title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        farm_version=farm.__version__, tvm_version=tvm.__version__, db_path=str(store.path),
+        runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
+        distribution_png=_distribution_png(store, latest), phases_png=_phases_png(latest),
+    )
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(out_path)
+    return out_path
+
+
+def _figure_png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _distribution_png(store: Store, rows: list[dict[str, Any]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = [(f"{r['device']}\n{r['model']}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
+    data = [(label, values) for label, values in data if values]
+    if not data:
+        return ""
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(data)), 3.6))
+    ax.boxplot([v for _, v in data], showfliers=False)
+    for i, (_, values) in enumerate(data, start=1):
+        ax.plot([i] * len(values), values, "o", alpha=0.4, markersize=3, color="tab:blue")
+    ax.set_xticks(range(1, len(data) + 1), [label for label, _ in data], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("steady latency per call (ms)")
+    return _figure_png(fig)
+
+
+def _phases_png(rows: list[dict[str, Any]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = [r for r in rows if r["status"] == "ok"]
+    if not rows:
+        return ""
+    labels = [f"{r['device']}\n{r['model']}" for r in rows]
+    phases = {
+        "load": [r["load_s"] or 0 for r in rows],
+        "first run": [r["first_run_s"] or 0 for r in rows],
+        "steady (1 call)": [r["steady_median_s"] or 0 for r in rows],
+        "copy (all outputs)": [sum(v or 0 for v in r["copy_s"]) for r in rows],
+    }
+    x = np.arange(len(rows))
+    width = 0.2
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.6))
+    for i, (name, values) in enumerate(phases.items()):
+        ax.bar(x + (i - 1.5) * width, [max(v * 1000, 1e-4) for v in values], width, label=name)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log)")
+    ax.legend(fontsize=7)
+    return _figure_png(fig)

@@ -1,0 +1,60 @@
+"""Read runs from the store and add computed summaries: one flat row per run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from farm.stats import summarize
+from farm.store import Store
+
+COLUMNS = [
+    "run_id", "started_at", "device", "key", "model", "status", "failed_step", "reason",
+    "upload_s", "load_s", "first_run_s", "steady_number", "steady_n", "steady_median_s", "steady_p10_s",
+    "steady_p90_s", "steady_ci_low_s", "steady_ci_high_s", "steady_cv", "unstable", "copy_s", "copy_bytes",
+    "check", "max_abs_err", "emulated", "artifact_key", "tvm_version", "farm_version",
+]
+
+
+def run_rows(store: Store, device: str | None = None, model: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
+    rows = []
+    for run in store.runs(device=device, model=model, latest_only=latest_only):
+        steady = summarize(store.samples(run["id"]))
+        copies = store.copies(run["id"])
+        copy_medians = []
+        for copy in copies:
+            summary = summarize(store.samples(run["id"], "copy", copy["output_index"]))
+            copy_medians.append(summary.median if summary else None)
+        rows.append({
+            "run_id": run["id"], "started_at": run["started_at"], "device": run["device"], "key": run["key"],
+            "model": run["model"], "status": run["status"], "failed_step": run["failed_step"], "reason": run["reason"],
+            "upload_s": run["upload_s"], "load_s": run["load_s"], "first_run_s": run["first_run_s"],
+            "steady_number": run["steady_number"],
+            "steady_n": steady.n if steady else 0,
+            "steady_median_s": steady.median if steady else None,
+            "steady_p10_s": steady.p10 if steady else None,
+            "steady_p90_s": steady.p90 if steady else None,
+            "steady_ci_low_s": steady.ci_low if steady else None,
+            "steady_ci_high_s": steady.ci_high if steady else None,
+            "steady_cv": steady.cv if steady else None,
+            "unstable": steady.unstable if steady else False,
+            "copy_s": copy_medians, "copy_bytes": [c["nbytes"] for c in copies],
+            "check": run["check_status"] or "skipped", "max_abs_err": run["max_abs_err"],
+            "emulated": bool(run["emulated"]), "artifact_key": run["artifact_key"],
+            "tvm_version": run["tvm_version"], "farm_version": run["farm_version"],
+            "context": json.loads(run["context"]),
+        })
+    return rows
+
+
+def rows_frame(rows: list[dict[str, Any]]):
+    """A pandas DataFrame of ``rows`` (lists joined with ';' so CSV stays one cell per value)."""
+    import pandas as pd
+
+    flat = []
+    for row in rows:
+        item = {c: row[c] for c in COLUMNS}
+        item["copy_s"] = ";".join("" if v is None else f"{v:.9g}" for v in row["copy_s"])
+        item["copy_bytes"] = ";".join(str(v) for v in row["copy_bytes"])
+        flat.append(item)
+    return pd.DataFrame(flat, columns=COLUMNS)

@@ -1,0 +1,1 @@
+"""The only package that speaks TVM's RPC: tracker protocol, sessions, managed processes."""

@@ -1,0 +1,177 @@
+"""Start and stop TVM's own tracker and rpc_server as managed background processes.
+
+Each process gets its own process group (rpc_server forks workers that inherit
+stdout), a log file, and a record in the state directory. Stopping kills only the
+process groups farm recorded, after checking the PID still runs what farm started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from farm.errors import DeviceError, TrackerError
+from farm.records import TrackerAddress
+from farm.rpc.tracker import wait_for_tracker
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    role: str  # "tracker" | "server"
+    name: str  # device name for servers, "tracker" for the tracker
+    key: str
+    pid: int
+    port: int
+    log_path: str
+    started_at: float
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, **(env or {})},
+        )
+
+
+def _log_tail(path: str, lines: int = 5) -> str:
+    try:
+        return " | ".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0) -> ManagedProcess:
+    """Run ``python -m tvm.exec.rpc_tracker`` on exactly ``host:port`` and wait until it answers."""
+    if host not in LOOPBACK:
+        log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code", host)
+    log_path = state_dir / "tracker.log"
+    # --port-end = port + 1: TVM would otherwise slide to the next free port silently.
+    proc = _spawn(["-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port), "--port-end", str(port + 1)], log_path)
+    record = ManagedProcess("tracker", "tracker", "", proc.pid, port, str(log_path), time.time())
+    connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise TrackerError(
+                f"the tracker exited at start (code {proc.returncode}): {_log_tail(str(log_path))}",
+                f"is port {port} taken? pick another with --port; log: {log_path}",
+            )
+        try:
+            wait_for_tracker(TrackerAddress(connect_host, port), timeout_s=0.5)
+            return record
+        except TrackerError:
+            if time.monotonic() > deadline:
+                stop_process(record)
+                raise TrackerError(f"the tracker did not answer on {host}:{port} within {timeout_s:g} s", f"see {log_path}") from None
+
+
+def start_server(
+    tracker: TrackerAddress, name: str, key: str, state_dir: Path, host: str = "127.0.0.1", port: int | None = None,
+) -> ManagedProcess:
+    """Run ``python -m tvm.exec.rpc_server`` registered under ``key``. Does not wait for registration."""
+    port = port or free_port(host)
+    log_path = state_dir / f"server-{name}.log"
+    proc = _spawn(
+        ["-m", "tvm.exec.rpc_server", "--host", host, "--port", str(port), "--port-end", str(port + 1),
+         "--tracker", str(tracker), "--key", key],
+        log_path,
+    )
+    time.sleep(0.05)
+    if proc.poll() is not None:
+        raise DeviceError(f"rpc_server for {name!r} exited at start: {_log_tail(str(log_path))}", f"see {log_path}")
+    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time())
+
+
+def is_running(record: ManagedProcess) -> bool:
+    """True when the PID is alive and still runs the TVM module farm started there."""
+    try:
+        proc = psutil.Process(record.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmdline = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    module = "tvm.exec.rpc_tracker" if record.role == "tracker" else "tvm.exec.rpc_server"
+    return module in cmdline and abs(proc.create_time() - record.started_at) < 60
+
+
+def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:
+    """Kill the process group farm started; returns False when it was already gone."""
+    if not is_running(record):
+        return False
+    try:
+        pgid = os.getpgid(record.pid)
+    except ProcessLookupError:
+        return False
+    if pgid != record.pid:  # started with start_new_session, so it leads its own group
+        log.warning("pid %d is not the leader of its process group; not killing the group", record.pid)
+        return False
+    os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        _reap(record.pid)
+        time.sleep(0.05)
+    else:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _reap(record.pid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+# -- state directory: what farm started, so another farm command can stop it ---------------
+
+def state_file(state_dir: Path) -> Path:
+    return state_dir / "processes.json"
+
+
+def load_records(state_dir: Path) -> list[ManagedProcess]:
+    path = state_file(state_dir)
+    if not path.exists():
+        return []
+    try:
+        return [ManagedProcess(**item) for item in json.loads(path.read_text())]
+    except (ValueError, TypeError):
+        log.warning("ignoring unreadable %s", path)
+        return []
+
+
+def save_records(state_dir: Path, records: list[ManagedProcess]) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_file(state_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps([asdict(r) for r in records], indent=2))
+    tmp.replace(state_file(state_dir))

@@ -1,0 +1,114 @@
+"""Talk to a TVM RPC tracker with bounded waits.
+
+TVM's ``TrackerSession`` retries connects for 60 s and blocks forever on requests;
+farm speaks the same wire protocol (magic 0x2F271, ``[int32 len][json]`` frames)
+on its own socket so every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+from tvm.rpc import base
+
+from farm.errors import DeviceError, TrackerError
+from farm.records import TrackerAddress
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    key: str
+    servers: int  # registered servers (busy or free)
+    free: int
+    pending: int  # requests waiting for this key
+
+
+@dataclass(frozen=True)
+class TrackerSummary:
+    keys: dict[str, KeyStatus]
+    servers: tuple[tuple[str, str, int], ...]  # (key, host, port)
+
+
+def open_tracker_socket(tracker: TrackerAddress, timeout_s: float) -> socket.socket:
+    """Connect and handshake; the socket keeps ``timeout_s`` for later reads."""
+    try:
+        sock = socket.create_connection((tracker.host, tracker.port), timeout=timeout_s)
+    except OSError as exc:
+        raise TrackerError(
+            f"cannot reach the RPC tracker at {tracker}: {exc.strerror or exc}",
+            "start one with `farm tracker start`, or fix [tracker] in devices.toml",
+        ) from None
+    try:
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        magic = struct.unpack("<i", base.recvall(sock, 4))[0]
+    except (OSError, RuntimeError) as exc:
+        sock.close()
+        raise TrackerError(
+            f"{tracker} did not answer as a TVM RPC tracker ({exc})",
+            "check [tracker] port in devices.toml: something else listens there",
+        ) from None
+    if magic != base.RPC_TRACKER_MAGIC:
+        sock.close()
+        raise TrackerError(f"{tracker} is not a TVM RPC tracker", "check [tracker] port in devices.toml")
+    return sock
+
+
+def query_summary(tracker: TrackerAddress, timeout_s: float = 5.0) -> TrackerSummary:
+    sock = open_tracker_socket(tracker, timeout_s)
+    try:
+        base.sendjson(sock, [base.TrackerCode.SUMMARY])
+        reply = base.recvjson(sock)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise TrackerError(f"tracker at {tracker} did not answer a summary: {exc}", "check `farm tracker status`") from None
+    finally:
+        sock.close()
+    if reply[0] != base.TrackerCode.SUCCESS:
+        raise TrackerError(f"tracker at {tracker} refused a summary: {reply}", "check `farm tracker status`")
+    return parse_summary(reply[1])
+
+
+def parse_summary(raw: dict) -> TrackerSummary:
+    servers = []
+    counts: dict[str, int] = {}
+    for item in raw.get("server_info", []):
+        key = item["key"].split(":", 1)[1] if ":" in item["key"] else item["key"]
+        host, port = item["addr"][0], int(item["addr"][1])
+        servers.append((key, str(host), port))
+        counts[key] = counts.get(key, 0) + 1
+    keys = {}
+    for key, info in raw.get("queue_info", {}).items():
+        keys[key] = KeyStatus(key, counts.get(key, 0), int(info["free"]), int(info["pending"]))
+    for key, n in counts.items():
+        keys.setdefault(key, KeyStatus(key, n, 0, 0))
+    return TrackerSummary(keys=keys, servers=tuple(sorted(servers)))
+
+
+def wait_for_tracker(tracker: TrackerAddress, timeout_s: float) -> TrackerSummary:
+    """Poll until the tracker answers a summary (it was just started)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return query_summary(tracker, timeout_s=2.0)
+        except TrackerError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def wait_for_servers(tracker: TrackerAddress, counts: dict[str, int], timeout_s: float) -> TrackerSummary:
+    """Poll the summary until each key has at least ``counts[key]`` free servers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        summary = query_summary(tracker)
+        missing = {k: n for k, n in counts.items() if summary.keys.get(k, KeyStatus(k, 0, 0, 0)).free < n}
+        if not missing:
+            return summary
+        if time.monotonic() > deadline:
+            raise DeviceError(
+                f"servers for {', '.join(sorted(missing))} did not register with {tracker} within {timeout_s:.0f} s",
+                "look at the server logs that `farm serve` prints",
+            )
+        time.sleep(0.1)
