@@ -277,16 +277,27 @@ def cmd_compile(args) -> int:
     inventory = _inventory(args)
     devices = [find_device(inventory, args.device)] if args.device else list(inventory.devices.values())
     model = load_model(args.model, _parse_shapes(args.shape))
-    out = []
+    out, failed = [], []
     for device in devices:
-        artifact = compile_model(model, device, home_dir() / "cache")
-        out.append({"device": device.name, "model": model.name, "path": artifact.path, "format": artifact.export,
-                    "target": artifact.target, "toolchain": artifact.toolchain, "cached": artifact.cached,
-                    "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key})
+        try:
+            artifact = compile_model(model, device, home_dir() / "cache")
+        except FarmError as exc:
+            if args.device:
+                raise
+            failed.append(exc)
+            out.append({"device": device.name, "model": model.name, "status": "failed", "error": exc.message, "hint": exc.hint})
+            continue
+        out.append({"device": device.name, "model": model.name, "status": "ok", "path": artifact.path,
+                    "format": artifact.export, "target": artifact.target, "toolchain": artifact.toolchain,
+                    "cached": artifact.cached, "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key})
     if args.json:
         emit_json(out)
     else:
-        print_table(out, ["device", "model", "format", "cached", "path"])
+        print_table(out, ["device", "model", "status", "format", "cached", "path"])
+    if failed:
+        print(f"error: {len(failed)} of {len(devices)} device(s) failed to compile: {failed[0].message}", file=sys.stderr)
+        print(f"hint: {failed[0].hint}", file=sys.stderr)
+        return 1
     return 0
 
 

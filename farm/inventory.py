@@ -98,7 +98,7 @@ def find_device(inventory: Inventory, name: str) -> Device:
 
 
 def _where(path: str, text: str, name: str) -> str:
-    pattern = re.compile(r"^\s*\[\s*devices\s*\.\s*[\"']?" + re.escape(name) + r"[\"']?\s*\]", re.M)
+    pattern = re.compile(r"^[ \t]*\[[ \t]*devices[ \t]*\.[ \t]*[\"']?" + re.escape(name) + r"[\"']?\s*\]", re.M)
     match = pattern.search(text)
     if match is None:
         return path

@@ -15,8 +15,14 @@ from farm.results import run_rows
 from farm.store import Store
 
 
-def _ms(value: float | None) -> str:
-    return "" if value is None else f"{value * 1000:.3g}"
+def _duration(value: float | None) -> str:
+    """Seconds with a readable unit: 1.24 ms, 11.8 µs, 2.31 s."""
+    if value is None:
+        return ""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-9:.3g} ns"
 
 
 def render_report(store: Store, out_path: str | Path, title: str = "farm report") -> Path:
@@ -31,7 +37,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
     )
-    env.filters["ms"] = _ms
+    env.filters["ms"] = _duration
     html = env.get_template("report.html").render(
         title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         farm_version=farm.__version__, tvm_version=tvm.__version__, db_path=str(store.path),

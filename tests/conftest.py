@@ -1,0 +1,89 @@
+"""Shared fixtures: a real TVM tracker and real rpc_servers on 127.0.0.1, free ports.
+
+Processes are started in their own process groups and stopped by the groups
+recorded here, in ``finally``; readiness is polled from the tracker's summary.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from farm.records import TrackerAddress
+from farm.rpc.processes import ManagedProcess, free_port, start_server, start_tracker, stop_process
+from farm.rpc.tracker import wait_for_servers
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Farm:
+    tracker: TrackerAddress
+    state_dir: Path
+    processes: list[ManagedProcess]
+
+    def inventory_text(self, extra: str = "") -> str:
+        return f"""
+[tracker]
+host = "127.0.0.1"
+port = {self.tracker.port}
+
+[devices.cpu-a]
+kind = "local"
+key = "test-a"
+target = {{ kind = "llvm" }}
+
+[devices.cpu-b]
+kind = "local"
+key = "test-b"
+target = {{ kind = "llvm", mcpu = "x86-64" }}
+
+[devices.ghost]
+kind = "remote"
+key = "test-nobody-serves-this"
+target = {{ kind = "llvm" }}
+{extra}"""
+
+
+@pytest.fixture(scope="session")
+def farm_net(tmp_path_factory) -> Farm:
+    """A tracker and two local rpc_servers (keys test-a, test-b) for the whole session."""
+    state = tmp_path_factory.mktemp("farm-net")
+    port = free_port()
+    tracker = TrackerAddress("127.0.0.1", port)
+    started: list[ManagedProcess] = []
+    try:
+        started.append(start_tracker("127.0.0.1", port, state))
+        started.append(start_server(tracker, "cpu-a", "test-a", state))
+        started.append(start_server(tracker, "cpu-b", "test-b", state))
+        wait_for_servers(tracker, {"test-a": 1, "test-b": 1}, timeout_s=60)
+        yield Farm(tracker, state, started)
+    finally:
+        for record in reversed(started):
+            stop_process(record)
+
+
+@pytest.fixture
+def inventory_file(farm_net, tmp_path) -> Path:
+    path = tmp_path / "devices.toml"
+    path.write_text(farm_net.inventory_text())
+    return path
+
+
+def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user or a cron job would."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "farm.cli", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture
+def farm_env(tmp_path) -> dict[str, str]:
+    """FARM_HOME and FARM_DB inside this test's tmp_path."""
+    return {"FARM_HOME": str(tmp_path / "home"), "FARM_DB": str(tmp_path / "results.db")}

@@ -1,0 +1,98 @@
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from farm.errors import DeviceUnavailable, TrackerError
+from farm.records import TrackerAddress
+from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
+from farm.rpc.session import request_session
+from farm.rpc.tracker import query_summary, wait_for_servers
+
+
+def test_summary_lists_registered_servers(farm_net):
+    summary = query_summary(farm_net.tracker)
+    assert summary.keys["test-a"].servers >= 1 and summary.keys["test-b"].servers >= 1
+    assert any(key == "test-a" for key, _, _ in summary.servers)
+
+
+def test_request_session_runs_remote_code(farm_net):
+    session = request_session(farm_net.tracker, "test-a", timeout_s=10, session_timeout_s=60)
+    assert session.get_function("ffi.ArraySize") is not None
+    assert session.cpu(0).exist
+
+
+def test_request_for_absent_key_is_bounded(farm_net):
+    start = time.monotonic()
+    with pytest.raises(DeviceUnavailable) as info:
+        request_session(farm_net.tracker, "no-such-key", timeout_s=1.5)
+    elapsed = time.monotonic() - start
+    assert 1.4 < elapsed < 3.5
+    assert info.value.message == "no free device for key 'no-such-key' after 1.5 s"
+    assert "farm devices" in info.value.hint
+
+
+def test_unreachable_tracker_is_tracker_error():
+    with pytest.raises(TrackerError) as info:
+        query_summary(TrackerAddress("127.0.0.1", free_port()), timeout_s=1)
+    assert "cannot reach the RPC tracker" in info.value.message
+    assert "farm tracker start" in info.value.hint
+
+
+def test_non_tracker_port_is_tracker_error():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        def answer_garbage():
+            conn, _ = listener.accept()
+            conn.recv(4)
+            conn.sendall(b"HTTP")
+            conn.close()
+
+        import threading
+
+        thread = threading.Thread(target=answer_garbage, daemon=True)
+        thread.start()
+        with pytest.raises(TrackerError, match="is not a TVM RPC tracker"):
+            query_summary(TrackerAddress("127.0.0.1", port), timeout_s=2)
+    finally:
+        listener.close()
+
+
+def test_tracker_on_taken_port_fails_loudly(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    # port + 1 must be taken too, or TVM slides onto it: take both
+    second = socket.socket()
+    try:
+        second.bind(("127.0.0.1", port + 1))
+        second.listen()
+    except OSError:
+        pytest.skip("port + 1 not free")
+    try:
+        with pytest.raises(TrackerError) as info:
+            start_tracker("127.0.0.1", port, tmp_path, timeout_s=10)
+        assert "port" in info.value.hint
+    finally:
+        listener.close()
+        second.close()
+
+
+def test_stop_process_kills_server_group_and_tracker_forgets_it(farm_net, tmp_path):
+    record = start_server(farm_net.tracker, "extra", "test-extra", tmp_path)
+    try:
+        wait_for_servers(farm_net.tracker, {"test-extra": 1}, timeout_s=30)
+    finally:
+        assert stop_process(record) is True
+    deadline = time.monotonic() + 10
+    while query_summary(farm_net.tracker).keys.get("test-extra") and \
+            query_summary(farm_net.tracker).keys["test-extra"].servers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert query_summary(farm_net.tracker).keys["test-extra"].servers == 0
+    assert stop_process(record) is False  # already gone: nothing else is touched

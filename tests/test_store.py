@@ -1,0 +1,68 @@
+import sqlite3
+
+import pytest
+
+from farm.errors import StoreError
+from farm.models import load_model
+from farm.records import BenchConfig, BenchResult, CheckResult, CopyTiming, Device
+from farm.results import rows_frame, run_rows
+from farm.store import SCHEMA_VERSION, Store
+
+DEVICE = Device("cpu", "local", "cpu", {"kind": "llvm"})
+
+
+def _result(status="ok", samples=(0.002, 0.001, 0.003)) -> BenchResult:
+    return BenchResult(
+        device="cpu", key="cpu", model="mlp", model_digest=load_model("mlp").digest, status=status,
+        reason="" if status == "ok" else "boom", failed_step="" if status == "ok" else "load",
+        load_s=0.5, first_run_s=0.01, steady_number=10, steady_samples_s=samples,
+        copies=(CopyTiming(0, 40, (1, 10), "float32", 100, (1e-6, 2e-6)),),
+        check=CheckResult("passed", 1e-7, 1e-4, 1e-4, "onnxruntime"), config=BenchConfig(),
+        context={"farm_version": "0.1.0", "tvm_version": "0.27"}, started_at="2026-11-22T00:00:00+00:00",
+    )
+
+
+def test_record_result_keeps_every_raw_sample(tmp_path):
+    with Store(tmp_path / "r.db") as store:
+        run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
+        assert store.samples(run_id) == [0.002, 0.001, 0.003]
+        assert store.samples(run_id, "copy", 0) == [1e-6, 2e-6]
+        row = run_rows(store)[0]
+    assert row["steady_median_s"] == 0.002 and row["steady_n"] == 3 and row["steady_number"] == 10
+    assert row["copy_bytes"] == [40] and row["copy_s"] == [1.5e-6]
+    assert row["check"] == "passed"
+
+
+def test_store_uses_wal_and_schema_version(tmp_path):
+    Store(tmp_path / "r.db").close()
+    db = sqlite3.connect(tmp_path / "r.db")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_latest_only_and_csv(tmp_path):
+    with Store(tmp_path / "r.db") as store:
+        store.record_result(_result(), DEVICE, load_model("mlp"), None)
+        newest = store.record_result(_result("failed", ()), DEVICE, load_model("mlp"), None)
+        rows = run_rows(store, latest_only=True)
+    assert [r["run_id"] for r in rows] == [newest]
+    assert rows[0]["status"] == "failed" and rows[0]["reason"] == "boom"
+    csv = rows_frame(rows).to_csv(index=False)
+    assert csv.splitlines()[0].startswith("run_id,started_at,device")
+
+
+def test_not_a_database_is_store_error(tmp_path):
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError) as info:
+        Store(path)
+    assert "cannot open results database" in info.value.message
+
+
+def test_newer_schema_is_refused(tmp_path):
+    Store(tmp_path / "r.db").close()
+    db = sqlite3.connect(tmp_path / "r.db")
+    db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    db.commit()
+    with pytest.raises(StoreError, match="newer than this farm"):
+        Store(tmp_path / "r.db")
