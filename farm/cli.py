@@ -395,6 +395,7 @@ def cmd_demo(args) -> int:
     failed = [c for c in outcome.cells if c.result.status != "ok"]
     if args.json:
         emit_json({"db": str(outcome.db_path), "report": str(outcome.report_path), "seconds": round(outcome.seconds, 1),
+                   "stopped_pids": outcome.stopped_pids,
                    "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
                               "status": c.result.status, "reason": c.result.reason} for c in outcome.cells]})
     else:

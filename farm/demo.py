@@ -30,6 +30,7 @@ class DemoOutcome:
     report_path: Path
     cells: list[CellResult]
     seconds: float
+    stopped_pids: list[int]
 
 
 def run_demo(
@@ -58,4 +59,4 @@ def run_demo(
     finally:
         for record in reversed(started):
             stop_process(record)
-    return DemoOutcome(Path(db_path), report, cells, time.monotonic() - start)
+    return DemoOutcome(Path(db_path), report, cells, time.monotonic() - start, [r.pid for r in started])

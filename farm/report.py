@@ -27,8 +27,6 @@ def _duration(value: float | None) -> str:
 
 def render_report(store: Store, out_path: str | Path, title: str = "farm report") -> Path:
     """Write the report for the latest run of every device × model; returns its path."""
-    import tvm
-
     latest = run_rows(store, latest_only=True)
     latest.sort(key=lambda r: (r["device"], r["model"]))
     for row in latest:
@@ -40,7 +38,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env.filters["ms"] = _duration
     html = env.get_template("report.html").render(
         title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        farm_version=farm.__version__, tvm_version=tvm.__version__, db_path=str(store.path),
+        farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}), db_path=str(store.path),
         runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
         distribution_png=_distribution_png(store, latest), phases_png=_phases_png(latest),
     )

@@ -1,0 +1,187 @@
+"""The real CLI in subprocesses: exit codes, exact error lines, JSON, and the farm lifecycle."""
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from farm.cli import build_parser
+from farm.rpc.processes import free_port
+from tests.conftest import run_farm
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    verbs = parser._subparsers._group_actions[0].choices
+    assert set(verbs) >= {"tracker", "serve", "down", "devices", "models", "compile", "bench", "results", "report", "demo"}
+    for verb, sub in verbs.items():
+        assert sub.description, verb
+        assert sub.format_help().startswith("usage: farm " + verb)
+
+
+def test_bench_json_reports_every_figure(farm_net, inventory_file, farm_env):
+    proc = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "convnet",
+                    "--repeat", "5", "--min-repeat-ms", "5", "--json", env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["status"] == "ok" and data["reason"] == ""
+    assert data["load_s"] > 0 and data["first_run_s"] > 0 and data["steady_median_s"] > 0
+    assert [c["bytes"] for c in data["copy_s"]] == [40, 32768]
+    assert data["check"]["status"] == "passed" and data["check"]["max_abs_err"] < 1e-4
+    results = run_farm("results", "--json", env=farm_env)
+    assert json.loads(results.stdout)[0]["run_id"] == data["run_id"]
+    csv = run_farm("results", "--csv", env=farm_env)
+    assert csv.stdout.splitlines()[1].split(",")[0] == str(data["run_id"])
+
+
+def test_bench_on_unserved_key_fails_within_timeout(farm_net, inventory_file, farm_env):
+    start = time.monotonic()
+    proc = run_farm("--devices", str(inventory_file), "bench", "--device", "ghost", "--model", "mlp", "--timeout", "2",
+                    env=farm_env)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "error: no free device for key 'test-nobody-serves-this' after 2 s"
+    assert lines[1].startswith("hint: check `farm devices`")
+    assert "Traceback" not in proc.stderr
+    # the 2 s wait plus interpreter start, TVM import and compile (cached after the first test)
+    assert elapsed < 2 + 2 + 15
+
+
+def test_stock_rpc_server_as_remote_device_is_benchmarked(farm_net, tmp_path, farm_env):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
+         "--port-end", str(port + 1), "--tracker", str(farm_net.tracker), "--key", "by-hand"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        inventory = tmp_path / "devices.toml"
+        inventory.write_text(farm_net.inventory_text(
+            '\n[devices.handmade]\nkind = "remote"\nkey = "by-hand"\ntarget = { kind = "llvm" }\n'))
+        proc = run_farm("--devices", str(inventory), "bench", "--device", "handmade", "--model", "mlp",
+                        "--repeat", "3", "--min-repeat-ms", "5", "--timeout", "60", "--json", env=farm_env)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["status"] == "ok"
+    finally:
+        import os
+        import signal
+
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def test_tracker_serve_devices_down_lifecycle(tmp_path, farm_env):
+    port = free_port()
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(f"""
+[tracker]
+host = "127.0.0.1"
+port = {port}
+
+[devices.life-a]
+kind = "local"
+key = "life-a"
+target = {{ kind = "llvm" }}
+
+[devices.far]
+kind = "remote"
+key = "life-far"
+target = {{ kind = "llvm" }}
+""")
+    env = {**farm_env, "FARM_DEVICES": str(inventory)}
+    try:
+        started = run_farm("tracker", "start", "--json", env=env)
+        assert started.returncode == 0, started.stderr
+        tracker_pid = json.loads(started.stdout)["pid"]
+        serve = run_farm("serve", "--json", env=env)
+        assert serve.returncode == 0, serve.stderr
+        server_pids = [s["pid"] for s in json.loads(serve.stdout)["servers"]]
+        assert len(server_pids) == 1
+        # TVM's own query tool sees what farm serve started
+        query = subprocess.run([sys.executable, "-m", "tvm.exec.query_rpc_tracker", "--host", "127.0.0.1", "--port", str(port)],
+                               capture_output=True, text=True, timeout=60)
+        assert "life-a" in query.stdout
+        devices = json.loads(run_farm("devices", "--json", env=env).stdout)
+        states = {d["device"]: d["state"] for d in devices["devices"]}
+        assert states == {"life-a": "online", "far": "missing"}
+    finally:
+        down = run_farm("down", "--json", env=env)
+    assert down.returncode == 0
+    assert len(json.loads(down.stdout)["stopped"]) == 2
+    for pid in [tracker_pid, *server_pids]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+BAD_INVENTORIES = {
+    "syntax": ("[devices.a\nkind = 1", "error: {path}: not valid TOML"),
+    "unknown kind": ('[devices.a]\nkind = "toaster"\nkey = "a"\ntarget = { kind = "llvm" }', "error: {path}:1: device 'a': kind 'toaster' is unknown"),
+    "missing key": ('[devices.a]\nkind = "local"\ntarget = { kind = "llvm" }', "error: {path}:1: device 'a': key is missing"),
+    "bad target": ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = "llvm"', "error: {path}:1: device 'a': target 'llvm' is a string"),
+}
+
+
+@pytest.fixture
+def populated_db(farm_net, inventory_file, farm_env, tmp_path):
+    proc = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-b", "--model", "mlp",
+                    "--repeat", "3", "--min-repeat-ms", "5", env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path / "results.db"
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INVENTORIES))
+def test_malformed_inventory_one_error_line_db_intact(case, tmp_path, farm_env, populated_db):
+    text, expected = BAD_INVENTORIES[case]
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    before = _digest(populated_db)
+    proc = run_farm("--devices", str(path), "bench", "--device", "a", "--model", "mlp", env=farm_env)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith(expected.format(path=path)), proc.stderr
+    assert len(lines) == 2 and lines[1].startswith("hint: ")
+    assert _digest(populated_db) == before
+
+
+@pytest.mark.parametrize("case", ["missing model", "truncated onnx", "unknown device"])
+def test_bad_model_or_device_one_error_line_db_intact(case, tmp_path, farm_env, inventory_file, populated_db):
+    model, device = "mlp", "cpu-a"
+    if case == "missing model":
+        model, expected = str(tmp_path / "gone.onnx"), f"error: model file {tmp_path / 'gone.onnx'} does not exist"
+    elif case == "truncated onnx":
+        from farm.models import build_convnet
+
+        data = build_convnet().SerializeToString()
+        (tmp_path / "cut.onnx").write_bytes(data[: len(data) // 3])
+        model, expected = str(tmp_path / "cut.onnx"), f"error: {tmp_path / 'cut.onnx'} is not a valid ONNX model"
+    else:
+        device, expected = "pixel9", f"error: unknown device 'pixel9' in {inventory_file}"
+    before = _digest(populated_db)
+    runs_before = json.loads(run_farm("results", "--json", env=farm_env).stdout)
+    proc = run_farm("--devices", str(inventory_file), "bench", "--device", device, "--model", model, env=farm_env)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith(expected), proc.stderr
+    assert len(lines) == 2 and lines[1].startswith("hint: ") and "Traceback" not in proc.stderr
+    assert _digest(populated_db) == before
+    assert json.loads(run_farm("results", "--json", env=farm_env).stdout) == runs_before
+
+
+def test_results_without_db_says_what_to_run(tmp_path):
+    proc = run_farm("--db", str(tmp_path / "none.db"), "results")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"error: no results database at {tmp_path / 'none.db'}",
+                                        "hint: run `farm bench` or `farm demo` first, or pass --db PATH"]
+
+
+def test_usage_error_exits_2():
+    proc = run_farm("bench", "--model", "mlp")
+    assert proc.returncode == 2
+    assert "error: the following arguments are required: --device" in proc.stderr

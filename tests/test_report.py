@@ -1,0 +1,65 @@
+"""The HTML report, rendered from a real store and opened in real headless Chromium."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from farm.inventory import parse_inventory
+from farm.models import load_model, make_inputs, reference_outputs
+from farm.records import BenchConfig, BenchResult, CheckResult, Device
+from farm.report import render_report
+from farm.store import Store
+from farm.sweep import bench_cell
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FAST = BenchConfig(repeat=5, min_repeat_ms=5, timeout_s=20)
+
+
+def open_in_chromium(path):
+    """Return (page text, console errors) of ``path`` as headless Chromium shows it."""
+    from playwright.sync_api import sync_playwright
+
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+            page.goto(path.resolve().as_uri())
+            text = page.inner_text("body")
+            images = page.eval_on_selector_all("img", "els => els.map(e => e.naturalWidth)")
+        finally:
+            browser.close()
+    return text, errors, images
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (tools/setup.sh installs it)")
+def test_report_opens_in_chromium_and_shows_failed_check(farm_net, tmp_path):
+    inv = parse_inventory(farm_net.inventory_text())
+    model = load_model("mlp")
+    wrong = [o + np.float32(1.0) for o in reference_outputs(model, make_inputs(model))]
+    np.savez(tmp_path / "wrong.npz", *wrong)
+    hostile = Device("<script>alert(1)</script>", "local", "x", {"kind": "llvm"})
+    with Store(tmp_path / "r.db") as store:
+        bench_cell(inv.tracker, inv.devices["cpu-a"], load_model("convnet"), store, tmp_path / "cache", FAST)
+        bench_cell(inv.tracker, inv.devices["cpu-b"], model, store, tmp_path / "cache", FAST,
+                   reference_file=str(tmp_path / "wrong.npz"))
+        store.record_result(BenchResult(device=hostile.name, key="x", model="mlp", model_digest=model.digest,
+                                        status="failed", reason="<b>GPU missing</b>", failed_step="load",
+                                        check=CheckResult("skipped")), hostile, model, None)
+        report = render_report(store, tmp_path / "report.html", title="test <report>")
+    html = report.read_text()
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;" in html
+    assert "src=\"http" not in html and "<link" not in html  # self-contained
+    text, errors, images = open_in_chromium(report)
+    assert errors == []
+    assert "test <report>" in text
+    assert "cpu-a" in text and "convnet" in text and "passed" in text
+    assert "failed at check" in text and "max err 1" in text  # the wrong reference is off by exactly 1.0
+    assert "<b>GPU missing</b>" in text  # shown as text, not markup
+    assert images and all(width > 0 for width in images)
