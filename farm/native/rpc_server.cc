@@ -1,0 +1,307 @@
+// farm's native TVM RPC server: a small program linked against TVM's C++ runtime that
+// registers with a TVM tracker and serves RPC sessions. Built for aarch64 and run under
+// qemu-user, it is the emulated board farm's tests and demos use (farm/devices/emulated.py).
+//
+// It speaks the tracker protocol (magic 0x2F271, [int32 len][json] frames) and the RPC
+// handshake (magic 0xFF271, key exchange), then hands the socket to the runtime's own
+// `rpc.ServerLoop`. Each session runs in a forked child, so a crash in a model ends only
+// that session, and a `-timeout=N` from the client is enforced by killing the child.
+//
+// usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090]
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+
+namespace {
+
+constexpr int32_t kRPCMagic = 0xFF271;
+constexpr int32_t kRPCMismatch = 0xFF271 + 2;
+constexpr int32_t kTrackerMagic = 0x2F271;
+constexpr int kPut = 3, kUpdateInfo = 5, kGetPendingMatchkeys = 7;
+
+std::string g_workdir;
+
+void Log(const std::string& msg) {
+  std::fprintf(stderr, "farm-rpc-server: %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+[[noreturn]] void Die(const std::string& msg) {
+  Log("error: " + msg);
+  std::exit(1);
+}
+
+bool SendAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k <= 0) {
+      if (k < 0 && errno == EINTR) continue;
+      return false;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool RecvAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t k = recv(fd, p, n, 0);
+    if (k <= 0) {
+      if (k < 0 && errno == EINTR) continue;
+      return false;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool SendInt(int fd, int32_t v) { return SendAll(fd, &v, 4); }
+bool RecvInt(int fd, int32_t* v) { return RecvAll(fd, v, 4); }
+
+bool SendJson(int fd, const std::string& json) {
+  return SendInt(fd, static_cast<int32_t>(json.size())) && SendAll(fd, json.data(), json.size());
+}
+
+bool RecvJson(int fd, std::string* out) {
+  int32_t len;
+  if (!RecvInt(fd, &len) || len < 0 || len > (1 << 24)) return false;
+  out->assign(static_cast<size_t>(len), '\0');
+  return RecvAll(fd, out->data(), out->size());
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+int ConnectTcp(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return -1;
+  int fd = -1;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) continue;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  return fd;
+}
+
+// Connect to the tracker, say who we are; -1 when it is not there (yet).
+int ConnectTracker(const std::string& host, int port, const std::string& key, int server_port) {
+  int fd = ConnectTcp(host, port);
+  if (fd < 0) return -1;
+  int32_t magic = 0;
+  std::string reply;
+  std::string info = "[" + std::to_string(kUpdateInfo) + ", {\"key\": " + Quote("server:" + key) +
+                     ", \"addr\": [null, " + std::to_string(server_port) + "]}]";
+  if (!SendInt(fd, kTrackerMagic) || !RecvInt(fd, &magic) || magic != kTrackerMagic ||
+      !SendJson(fd, info) || !RecvJson(fd, &reply) || reply != "0") {
+    close(fd);
+    Die(host + ":" + std::to_string(port) + " is not a TVM RPC tracker");
+  }
+  return fd;
+}
+
+bool PutKey(int tracker, const std::string& key, int server_port, const std::string& matchkey) {
+  std::string reply;
+  std::string put = "[" + std::to_string(kPut) + ", " + Quote(key) + ", [" + std::to_string(server_port) +
+                    ", " + Quote(matchkey) + "], null]";
+  return SendJson(tracker, put) && RecvJson(tracker, &reply) && reply == "0";
+}
+
+std::string NewMatchkey(const std::string& key) {
+  static std::mt19937_64 rng(std::random_device{}());
+  return key + ":" + std::to_string(std::uniform_real_distribution<double>(0, 1)(rng));
+}
+
+int ListenOn(const std::string& host, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) Die("--host must be an IPv4 address: " + host);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    Die("cannot bind " + host + ":" + std::to_string(port) + ": " + std::strerror(errno));
+  if (listen(fd, 8) != 0) Die(std::string("listen: ") + std::strerror(errno));
+  return fd;
+}
+
+// RPC handshake: the client sends magic, then "client:MATCHKEY [-timeout=N]".
+// Returns the session timeout in seconds (0 = none), or -1 when the client is not ours.
+int Handshake(int conn, const std::string& key, const std::string& matchkey) {
+  int32_t magic = 0, len = 0;
+  if (!RecvInt(conn, &magic) || magic != kRPCMagic || !RecvInt(conn, &len) || len < 0 || len > 4096) return -1;
+  std::string client(static_cast<size_t>(len), '\0');
+  if (!RecvAll(conn, client.data(), client.size())) return -1;
+  std::string head = client.substr(0, client.find(' '));
+  if (head != "client:" + matchkey) {
+    SendInt(conn, kRPCMismatch);
+    return -1;
+  }
+  std::string server_key = "server:" + key;
+  if (!SendInt(conn, kRPCMagic) || !SendJson(conn, server_key)) return -1;
+  size_t at = client.find("-timeout=");
+  return at == std::string::npos ? 0 : std::atoi(client.c_str() + at + 9);
+}
+
+void RegisterServerEnv() {
+  namespace ffi = tvm::ffi;
+  ffi::Function::SetGlobal(
+      "tvm.rpc.server.workpath",
+      ffi::Function::FromTyped([](ffi::String path) -> ffi::String { return g_workdir + "/" + std::string(path); }),
+      true);
+  ffi::Function::SetGlobal(
+      "tvm.rpc.server.load_module",
+      ffi::Function::FromTyped([](ffi::String path) -> ffi::Module {
+        return ffi::Module::LoadFromFile(g_workdir + "/" + std::string(path));
+      }),
+      true);
+}
+
+// Serve one session in a child; the parent waits, killing the child after the timeout.
+void Serve(int conn, int timeout_s) {
+  char tmpl[] = "/tmp/farm-rpc-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) Die(std::string("mkdtemp: ") + std::strerror(errno));
+  g_workdir = tmpl;
+  pid_t child = fork();
+  if (child == 0) {
+    RegisterServerEnv();
+    auto loop = tvm::ffi::Function::GetGlobal("rpc.ServerLoop");
+    if (!loop) Die("the TVM runtime has no rpc.ServerLoop");
+    (*loop)(conn);
+    _exit(0);
+  }
+  close(conn);
+  auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(child, &status, WNOHANG) == 0) {
+    if (timeout_s > 0 && std::chrono::steady_clock::now() - start > std::chrono::seconds(timeout_s)) {
+      Log("session timed out after " + std::to_string(timeout_s) + " s");
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string cleanup = std::string("rm -rf '") + tmpl + "'";
+  if (std::system(cleanup.c_str()) != 0) Log("could not remove " + std::string(tmpl));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string tracker_host, key, host = "127.0.0.1";
+  int tracker_port = 0, port = 9090;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--tracker") {
+      size_t colon = value.rfind(':');
+      if (colon == std::string::npos) Die("--tracker must be HOST:PORT");
+      tracker_host = value.substr(0, colon);
+      tracker_port = std::atoi(value.c_str() + colon + 1);
+    } else if (flag == "--key") {
+      key = value;
+    } else if (flag == "--host") {
+      host = value;
+    } else if (flag == "--port") {
+      port = std::atoi(value.c_str());
+    } else {
+      Die("unknown option " + flag + " (usage: --tracker HOST:PORT --key KEY [--host H] [--port P])");
+    }
+  }
+  if (tracker_host.empty() || key.empty()) Die("usage: --tracker HOST:PORT --key KEY [--host H] [--port P]");
+  signal(SIGPIPE, SIG_IGN);
+  int listener = ListenOn(host, port);
+  Log("listening on " + host + ":" + std::to_string(port) + ", key " + key);
+  int tracker = -1;
+  while (true) {
+    while (tracker < 0) {
+      tracker = ConnectTracker(tracker_host, tracker_port, key, port);
+      if (tracker < 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    std::string matchkey = NewMatchkey(key);
+    if (!PutKey(tracker, key, port, matchkey)) {
+      close(tracker);
+      tracker = -1;
+      continue;
+    }
+    // Wait for our client; like TVM's server, re-register when the tracker handed our
+    // key to a client that never came.
+    int unmatched_s = 0;
+    int conn = -1;
+    bool tracker_lost = false;
+    while (conn < 0) {
+      fd_set fds;
+      FD_ZERO(&fds);
+      FD_SET(listener, &fds);
+      timeval tv{2, 0};
+      int ready = select(listener + 1, &fds, nullptr, nullptr, &tv);
+      if (ready > 0) {
+        int c = accept(listener, nullptr, nullptr);
+        if (c < 0) continue;
+        int timeout_s = Handshake(c, key, matchkey);
+        if (timeout_s < 0) {
+          close(c);
+          continue;
+        }
+        Serve(c, timeout_s);
+        conn = c;
+        break;
+      }
+      std::string pending;
+      if (!SendJson(tracker, "[" + std::to_string(kGetPendingMatchkeys) + "]") || !RecvJson(tracker, &pending)) {
+        tracker_lost = true;
+        break;
+      }
+      unmatched_s = pending.find(Quote(matchkey)) == std::string::npos ? unmatched_s + 2 : 0;
+      if (unmatched_s > 6) {
+        matchkey = NewMatchkey(key);
+        if (!PutKey(tracker, key, port, matchkey)) {
+          tracker_lost = true;
+          break;
+        }
+        unmatched_s = 0;
+      }
+    }
+    if (tracker_lost) {
+      Log("lost the tracker; reconnecting");
+      close(tracker);
+      tracker = -1;
+    }
+  }
+}
