@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,8 +29,19 @@ from farm.records import Artifact, Device, ModelSource
 log = logging.getLogger(__name__)
 
 PIPELINE_VERSION = 1  # bump when farm changes how it lowers models
-EXPORT_SUFFIX = {"so": ".so", "tar": ".tar", "system-lib": ".tar"}
+EXPORT_SUFFIX = {"so": ".so", "tar": ".tar", "system-lib": ".tar"}  # iOS .so is a dylib by content
 CROSS_CC = {"aarch64-linux-gnu": "aarch64-linux-gnu-g++", "arm-linux-gnueabihf": "arm-linux-gnueabihf-g++"}
+
+
+# Tags whose host TVM 0.27 gets wrong or leaves out (checked against tvm.target.list_tags()).
+TAG_HOSTS = {
+    "nvidia/jetson-nano": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a57"},
+    "nvidia/jetson-tx1": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a57"},
+    "nvidia/jetson-tx2": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a57"},
+    "nvidia/jetson-orin-nano": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a78"},  # tag says carmel
+}
+# arm/* phone tags use the arm64-linux-android triple, which TVM does not treat as aarch64.
+ANDROID_CPU_TAGS = ("arm/mate10", "arm/pixel2")
 
 
 def host_cpu() -> str | None:
@@ -39,9 +51,30 @@ def host_cpu() -> str | None:
     return cpu if cpu and codegen.llvm_is_valid_cpu(cpu, triple) else None
 
 
+def _resolve_tag(target: dict[str, Any]) -> dict[str, Any]:
+    tag = target["tag"]
+    tags = tvm.target.list_tags()
+    if tag not in tags:
+        known = ", ".join(sorted(t for t in tags if "/" in t))
+        raise BuildError(f"TVM 0.27 has no target tag {tag!r}", f"known tags: {known}")
+    if set(target) - {"tag"}:
+        raise BuildError(f"target tag {tag!r} takes no other fields ({', '.join(sorted(set(target) - {'tag'}))})",
+                         "write the full target table instead, or set host = { ... } on the device")
+    exported = json.loads(str(tags[tag]))
+    if tag in ANDROID_CPU_TAGS:
+        return {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": exported.get("mattr", ["+neon"])}
+    resolved = {"tag": tag, "kind": exported["kind"]}
+    if tag in TAG_HOSTS:
+        resolved["host"] = dict(TAG_HOSTS[tag])
+    elif isinstance(exported.get("host"), dict):
+        host = exported["host"]
+        resolved["host"] = {k: host[k] for k in ("kind", "mtriple", "mcpu", "mattr") if k in host}
+    return resolved
+
+
 def effective_target(device: Device) -> dict[str, Any]:
-    """The target farm compiles for: the inventory's, with the host CPU filled in for local devices."""
-    target = dict(device.target)
+    """The target farm compiles for: tags resolved, hosts fixed, the host CPU filled in for local devices."""
+    target = _resolve_tag(device.target) if "tag" in device.target else dict(device.target)
     if device.kind == "local" and target["kind"] == "llvm" and "mtriple" not in target:
         cpu = host_cpu()
         if cpu and "mcpu" not in target:
@@ -53,8 +86,10 @@ def effective_target(device: Device) -> dict[str, Any]:
 
 
 def make_target(target: dict[str, Any]) -> tvm.target.Target:
-    spec = {k: v for k, v in target.items() if k != "host"}
     try:
+        if "tag" in target:
+            return tvm.target.Target(target["tag"], host=target.get("host"))
+        spec = {k: v for k, v in target.items() if k != "host"}
         return tvm.target.Target(spec, host=target.get("host"))
     except Exception as exc:
         raise BuildError(
@@ -69,22 +104,35 @@ def _triple(target: dict[str, Any]) -> str | None:
 
 
 def toolchain_for(device: Device, target: dict[str, Any]) -> str:
-    """The compiler that links the exported library ('' = TVM's default host cc)."""
+    """The compiler that links the exported library: '' = TVM's default host cc, or none needed (tar)."""
+    if device.export != "so":
+        return ""  # tar and system-lib exports are object files: linked later, into the app or on the device
     if "cc" in device.options:
         return str(device.options["cc"])
     triple = _triple(target)
     if triple is None or triple.startswith("x86_64"):
         return ""
+    if "apple" in triple or "darwin" in triple or "ios" in triple:
+        if sys.platform != "darwin":
+            raise BuildError(
+                f"device {device.name!r}: a dynamic library for {triple} needs macOS with Xcode",
+                'iOS cannot load dynamic libraries anyway: use export = "system-lib" (objects to link into the app)',
+            )
+        return "xcode"
     if "android" in triple:
         ndk = os.environ.get("TVM_NDK_CC")
         if not ndk:
             raise BuildError(
                 f"device {device.name!r} targets {triple} and no Android NDK compiler is configured",
-                "install the Android NDK and set TVM_NDK_CC to its clang++ (e.g. aarch64-linux-android28-clang++), or set cc in devices.toml",
+                "install the Android NDK and set TVM_NDK_CC to its clang++ (e.g. aarch64-linux-android28-clang++), "
+                "or set cc in devices.toml",
             )
         return ndk
     for prefix, cc in CROSS_CC.items():
         if triple.startswith(prefix.split("-")[0]) and "linux" in triple:
+            if shutil.which(cc) is None:
+                raise BuildError(f"cross compiler {cc} for {triple} is not installed (device {device.name!r})",
+                                 f"install it: apt-get install g++-{prefix}, or set cc in devices.toml")
             return cc
     raise BuildError(
         f"no cross compiler known for {triple} (device {device.name!r})",
@@ -119,8 +167,10 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path) -> Artifa
     tvm_target = make_target(target)
     mod = import_onnx(model)
     try:
-        executable = relax.build(mod, tvm_target, system_lib=device.export == "system-lib") \
-            if device.export == "system-lib" else tvm.compile(mod, tvm_target)
+        if device.export == "system-lib":
+            executable = relax.build(mod, tvm_target, system_lib=True)
+        else:
+            executable = tvm.compile(mod, tvm_target)
     except Exception as exc:
         raise BuildError(f"TVM could not compile {model.name} for {json.dumps(target)}: {first_line(exc)}",
                          "check the target; GPU targets need a schedule (see README)") from None
@@ -129,7 +179,11 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path) -> Artifa
     tmp.mkdir(parents=True)
     filename = f"{_safe(model.name)}{EXPORT_SUFFIX[device.export]}"
     try:
-        if toolchain:
+        if toolchain == "xcode":
+            from tvm.support import xcode
+
+            executable.export_library(str(tmp / filename), fcompile=xcode.create_dylib, arch="arm64", sdk="iphoneos")
+        elif toolchain:
             from tvm.support import cc
 
             executable.export_library(str(tmp / filename), fcompile=cc.cross_compiler(toolchain))

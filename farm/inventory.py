@@ -24,6 +24,7 @@ COMMON_FIELDS = {
 KIND_FIELDS = {
     "local": {"server_port"},
     "remote": set(),
+    "qemu": {"server_port"},
     "android": {"serial", "server_port"},
     "ios": {"proxy"},
     "linux": {"ssh", "server_port"},
@@ -139,16 +140,18 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         raise fail("key", f"{key!r} is not a valid tracker key", "use letters, digits, '-', '_' or '.'")
     target = _parse_target(raw.get("target"), fail, "target")
     host = _parse_target(raw["host"], fail, "host") if "host" in raw else None
-    if host is not None and host["kind"] not in ("llvm", "c"):
+    if host is not None and host.get("kind") not in ("llvm", "c"):
         raise fail("host", f"kind {host['kind']!r} cannot be a host", 'use host = { kind = "llvm", mtriple = "..." }')
     export = raw.get("export", "so")
     if export not in EXPORT_FORMATS:
         raise fail("export", f"{export!r} is unknown", f"write export = one of {', '.join(EXPORT_FORMATS)}")
     cooldown_s = _number(raw.get("cooldown_s", 0.0), fail, "cooldown_s")
     session_timeout_s = _number(raw.get("session_timeout_s", 600.0), fail, "session_timeout_s")
-    emulated = raw.get("emulated", False)
+    emulated = raw.get("emulated", kind == "qemu")
     if not isinstance(emulated, bool):
         raise fail("emulated", "must be true or false", "write emulated = true for devices run under qemu")
+    if kind == "qemu" and not emulated:
+        raise fail("emulated", "cannot be false for a qemu device", "leave emulated out: qemu devices are emulated")
     tags = raw.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise fail("tags", "must be a list of strings", 'write tags = ["phone", "mali"]')
@@ -170,6 +173,10 @@ def _parse_target(raw: Any, fail, field: str) -> dict[str, Any]:
         )
     if not isinstance(raw, dict):
         raise fail(field, "must be a table", f'write {field} = {{ kind = "llvm" }}')
+    if "tag" in raw and "kind" not in raw:
+        if not isinstance(raw["tag"], str) or "/" not in raw["tag"]:
+            raise fail(f"{field}.tag", f"{raw['tag']!r} is not a TVM target tag", 'write e.g. target = { tag = "nvidia/jetson-orin-nano" }')
+        return dict(raw)
     kind = raw.get("kind")
     if kind not in TARGET_KINDS:
         raise fail(f"{field}.kind", f"{kind!r} is not a TVM target kind", f"use one of {', '.join(TARGET_KINDS)}")

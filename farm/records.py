@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DEVICE_KINDS = ("local", "remote", "android", "ios", "linux")
+DEVICE_KINDS = ("local", "remote", "qemu", "android", "ios", "linux")
 EXPORT_FORMATS = ("so", "tar", "system-lib")
 
 

@@ -38,6 +38,12 @@ class ManagedProcess:
     port: int
     log_path: str
     started_at: float
+    marker: str = ""  # a string the process's command line must contain to be ours
+
+    def expected_marker(self) -> str:
+        if self.marker:
+            return self.marker
+        return "tvm.exec.rpc_tracker" if self.role == "tracker" else "tvm.exec.rpc_server"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -46,16 +52,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``command`` in its own process group (session), output appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
-            [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, **(env or {})},
         )
 
 
-def _log_tail(path: str, lines: int = 5) -> str:
+def log_tail(path: str, lines: int = 5) -> str:
     try:
         return " | ".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
     except OSError:
@@ -68,14 +75,14 @@ def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0
         log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code", host)
     log_path = state_dir / "tracker.log"
     # --port-end = port + 1: TVM would otherwise slide to the next free port silently.
-    proc = _spawn(["-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port), "--port-end", str(port + 1)], log_path)
+    proc = spawn([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port), "--port-end", str(port + 1)], log_path)
     record = ManagedProcess("tracker", "tracker", "", proc.pid, port, str(log_path), time.time())
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
             raise TrackerError(
-                f"the tracker exited at start (code {proc.returncode}): {_log_tail(str(log_path))}",
+                f"the tracker exited at start (code {proc.returncode}): {log_tail(str(log_path))}",
                 f"is port {port} taken? pick another with --port; log: {log_path}",
             )
         try:
@@ -93,14 +100,14 @@ def start_server(
     """Run ``python -m tvm.exec.rpc_server`` registered under ``key``. Does not wait for registration."""
     port = port or free_port(host)
     log_path = state_dir / f"server-{name}.log"
-    proc = _spawn(
-        ["-m", "tvm.exec.rpc_server", "--host", host, "--port", str(port), "--port-end", str(port + 1),
+    proc = spawn(
+        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", host, "--port", str(port), "--port-end", str(port + 1),
          "--tracker", str(tracker), "--key", key],
         log_path,
     )
     time.sleep(0.05)
     if proc.poll() is not None:
-        raise DeviceError(f"rpc_server for {name!r} exited at start: {_log_tail(str(log_path))}", f"see {log_path}")
+        raise DeviceError(f"rpc_server for {name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")
     return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time())
 
 
@@ -113,8 +120,7 @@ def is_running(record: ManagedProcess) -> bool:
         cmdline = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
-    module = "tvm.exec.rpc_tracker" if record.role == "tracker" else "tvm.exec.rpc_server"
-    return module in cmdline and abs(proc.create_time() - record.started_at) < 60
+    return record.expected_marker() in cmdline and abs(proc.create_time() - record.started_at) < 60
 
 
 def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:

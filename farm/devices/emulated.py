@@ -1,0 +1,133 @@
+"""``qemu`` devices: an aarch64 board emulated on this host with qemu-user.
+
+The board is farm's native RPC server (``farm/native/rpc_server.cc``) cross-compiled for
+aarch64 and linked against the aarch64 TVM runtime from PyPI's apache-tvm wheels (the same
+versions as the host's TVM). It runs under ``qemu-aarch64 -L <sysroot>``, so no binfmt
+registration is needed, registers with the tracker under the device's key, and runs what
+farm cross-compiles for ``aarch64-linux-gnu`` for real. Timings under emulation are not a
+board's timings: such devices are marked emulated in the store and the report.
+
+Built once per (TVM version, tvm-ffi version, server source) in ``$FARM_CACHE``
+(default ``~/.cache/farm``) and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from farm.errors import DeviceError
+from farm.records import Device, TrackerAddress
+from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent.parent / "native" / "rpc_server.cc"
+SYSROOT = Path("/usr/aarch64-linux-gnu")
+CROSS_CXX = "aarch64-linux-gnu-g++"
+QEMU = "qemu-aarch64"
+PLATFORM = "manylinux_2_28_aarch64"
+MARKER = "farm-rpc-server"
+SETUP_HINT = "install qemu-user and g++-aarch64-linux-gnu: bash tools/setup.sh --emulation (or apt-get install qemu-user g++-aarch64-linux-gnu)"
+
+
+@dataclass(frozen=True)
+class Board:
+    server: Path  # aarch64 executable, libs beside it (rpath $ORIGIN)
+    sysroot: Path
+    versions: str
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FARM_CACHE", Path.home() / ".cache" / "farm"))
+
+
+def _versions() -> tuple[str, str]:
+    return importlib.metadata.version("apache-tvm"), importlib.metadata.version("apache-tvm-ffi")
+
+
+def check_prerequisites() -> None:
+    missing = [tool for tool in (QEMU, CROSS_CXX) if shutil.which(tool) is None]
+    if not (SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
+        missing.append(f"{SYSROOT} (aarch64 libc)")
+    if missing:
+        raise DeviceError(f"the emulated aarch64 board needs {', '.join(missing)}", SETUP_HINT)
+
+
+def ensure_board(progress=None) -> Board:
+    """Return the built board, building it on first use (downloads two wheels from PyPI)."""
+    check_prerequisites()
+    tvm_version, ffi_version = _versions()
+    source_digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    tag = f"{tvm_version}-{ffi_version}-{source_digest}"
+    folder = cache_root() / f"board-aarch64-{tag}"
+    server = folder / "farm-rpc-server"
+    if server.exists():
+        return Board(server, SYSROOT, tag)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="board-", dir=folder.parent))
+    try:
+        if progress:
+            progress(f"downloading aarch64 wheels of apache-tvm {tvm_version} and apache-tvm-ffi {ffi_version}")
+        wheels = work / "wheels"
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--platform", PLATFORM,
+               "--platform", "manylinux2014_aarch64", "-d", str(wheels),
+               f"apache-tvm=={tvm_version}", f"apache-tvm-ffi=={ffi_version}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise DeviceError(f"could not download the aarch64 TVM wheels: {done.stderr.strip().splitlines()[-1:]}",
+                              "farm needs PyPI once to build the emulated board; it is cached afterwards")
+        libs = {"libtvm_runtime.so": "tvm/lib/libtvm_runtime.so", "libtvm_ffi.so": "tvm_ffi/lib/libtvm_ffi.so"}
+        for wheel in wheels.glob("*.whl"):
+            with zipfile.ZipFile(wheel) as zf:
+                for name, inner in libs.items():
+                    if inner in zf.namelist():
+                        (work / name).write_bytes(zf.read(inner))
+        for name in libs:
+            if not (work / name).exists():
+                raise DeviceError(f"the aarch64 wheels had no {name}", "report this: the wheel layout changed")
+        if progress:
+            progress("cross-compiling the native RPC server for aarch64")
+        include = Path(importlib.util.find_spec("tvm_ffi").submodule_search_locations[0]) / "include"
+        build = subprocess.run(
+            [CROSS_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / "farm-rpc-server"),
+             f"-L{work}", "-ltvm_runtime", "-ltvm_ffi", "-Wl,-rpath,$ORIGIN"],
+            capture_output=True, text=True)
+        if build.returncode != 0:
+            raise DeviceError(f"building the native RPC server failed: {build.stderr.strip()[-500:]}", SETUP_HINT)
+        shutil.rmtree(wheels)
+        if folder.exists():  # another process built it meanwhile
+            shutil.rmtree(work)
+        else:
+            work.rename(folder)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    return Board(server, SYSROOT, tag)
+
+
+def board_command(board: Board, tracker: TrackerAddress, key: str, port: int) -> list[str]:
+    return [QEMU, "-L", str(board.sysroot), str(board.server), "--tracker", str(tracker), "--key", key,
+            "--host", "127.0.0.1", "--port", str(port)]
+
+
+def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+    board = ensure_board(progress=lambda msg: log.warning("%s: %s", device.name, msg))
+    port = device.options.get("server_port") or free_port()
+    log_path = state_dir / f"server-{device.name}.log"
+    proc = spawn(board_command(board, tracker, device.key, port), log_path)
+    time.sleep(0.2)
+    if proc.poll() is not None:
+        raise DeviceError(f"the emulated board {device.name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")
+    return [ManagedProcess("server", device.name, device.key, proc.pid, port, str(log_path), time.time(), MARKER)]
