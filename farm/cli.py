@@ -184,25 +184,32 @@ def cmd_serve(args) -> int:
     started = []
     from farm.inventory import find_device
 
+    failures: list[tuple[str, FarmError]] = []
     for name in names:
         device = find_device(inventory, name)
         if name in running:
             continue
-        started.extend(bring_up(device, tracker, state))
+        try:
+            started.extend(bring_up(device, tracker, state))
+        except FarmError as exc:  # one device's failure does not stop the others
+            failures.append((name, exc))
     records = [r for r in records if processes.is_running(r)] + started
     processes.save_records(state, records)
-    counts: dict[str, int] = {}
-    for r in records:
-        if r.role == "server":
-            counts[r.key] = counts.get(r.key, 0) + 1
     wait_for_servers(tracker, {r.key: 1 for r in started}, timeout_s=args.wait)
     rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
             for r in records if r.role == "server"]
     if args.json:
-        emit_json({"tracker": str(tracker), "servers": rows})
+        emit_json({"tracker": str(tracker), "servers": rows,
+                   "failed": [{"device": n, "error": e.message, "hint": e.hint} for n, e in failures]})
     else:
         print(f"{len(started)} server(s) started, {len(rows)} running, registered with {tracker}")
         print_table(rows, ["device", "key", "pid", "port", "log"])
+    if failures:
+        name, exc = failures[0]
+        others = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        print(f"error: could not bring up {name!r}{others}: {exc.message}", file=sys.stderr)
+        print(f"hint: {exc.hint}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -270,12 +277,17 @@ def cmd_models(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    from farm.artifacts import inspect_artifact
     from farm.compile import compile_model
     from farm.inventory import find_device
     from farm.models import load_model
 
     inventory = _inventory(args)
     devices = [find_device(inventory, args.device)] if args.device else list(inventory.devices.values())
+    if args.export:
+        import dataclasses
+
+        devices = [dataclasses.replace(d, export=args.export) for d in devices]
     model = load_model(args.model, _parse_shapes(args.shape))
     out, failed = [], []
     for device in devices:
@@ -287,13 +299,16 @@ def cmd_compile(args) -> int:
             failed.append(exc)
             out.append({"device": device.name, "model": model.name, "status": "failed", "error": exc.message, "hint": exc.hint})
             continue
+        info = inspect_artifact(artifact.path)
         out.append({"device": device.name, "model": model.name, "status": "ok", "path": artifact.path,
                     "format": artifact.export, "target": artifact.target, "toolchain": artifact.toolchain,
-                    "cached": artifact.cached, "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key})
+                    "cached": artifact.cached, "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key,
+                    "arch": ",".join(info.archs), "objects": [asdict(m) for m in info.members],
+                    "device_code": ",".join(info.device_code)})
     if args.json:
         emit_json(out)
     else:
-        print_table(out, ["device", "model", "status", "format", "cached", "path"])
+        print_table(out, ["device", "model", "status", "format", "arch", "device_code", "cached", "path"])
     if failed:
         print(f"error: {len(failed)} of {len(devices)} device(s) failed to compile: {failed[0].message}", file=sys.stderr)
         print(f"hint: {failed[0].hint}", file=sys.stderr)
@@ -456,10 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("compile", cmd_compile, "compile a model for a device (or every device) and export it",
             "Compiles with Relax for the device's target, exports in its format, caches by\n"
-            "model digest + target + export + toolchain + TVM version.")
-    p.add_argument("--device", help="inventory device (default: every device)")
+            "model digest + target + export + toolchain + TVM version. Prints each artifact's\n"
+            "format, architecture and embedded device code (OpenCL, Metal, CUDA).")
+    p.add_argument("--device", help="inventory device (default: every device, nothing is run)")
     p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
     p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
+    p.add_argument("--export", choices=["so", "tar", "system-lib"],
+                   help="override the devices' export format (e.g. tar: objects, no linker needed)")
 
     p = add("bench", cmd_bench, "compile, push, measure, check and store one model on one device",
             "Steps: session, upload, load, first run, steady state (time_evaluator, raw repeats),\n"

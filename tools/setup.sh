@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Set farm up on a fresh machine: a virtualenv in .venv with the pinned dependencies.
 #   bash tools/setup.sh          # what `farm demo` needs
-#   bash tools/setup.sh --test   # plus what the tests need: pytest, playwright, Debian's chromium and file
+#   bash tools/setup.sh --emulation  # plus Debian's qemu-user and aarch64 cross g++ (the emulated board)
+#   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_test=0
-[ "${1:-}" = "--test" ] && want_test=1
+want_emulation=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1; want_emulation=1 ;;
+    --emulation) want_emulation=1 ;;
+    *) echo "usage: bash tools/setup.sh [--emulation] [--test]" >&2; exit 2 ;;
+  esac
+done
 
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -25,15 +33,19 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+missing=()
 if [ "$want_test" = 1 ]; then
-  missing=()
   command -v chromium >/dev/null || missing+=(chromium)
   command -v file >/dev/null || missing+=(file)
-  if [ ${#missing[@]} -gt 0 ]; then
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo="sudo"
-    $sudo apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-  fi
+fi
+if [ "$want_emulation" = 1 ]; then
+  command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
+  command -v aarch64-linux-gnu-g++ >/dev/null || missing+=(g++-aarch64-linux-gnu)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 echo "farm is set up: .venv/bin/farm --help" >&2

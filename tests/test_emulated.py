@@ -1,0 +1,68 @@
+"""The emulated aarch64 board: cross-compile, push through the tracker, run under qemu, check.
+
+Slow (builds the board on first use; cached in $FARM_CACHE afterwards), but CI runs it.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from farm.devices.emulated import ensure_board
+from farm.rpc.processes import free_port
+from tests.conftest import run_farm
+from tests.test_report import CHROMIUM, open_in_chromium
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None,
+                       reason="needs qemu-user and g++-aarch64-linux-gnu: bash tools/setup.sh --emulation"),
+]
+
+
+def test_board_server_is_an_aarch64_executable():
+    board = ensure_board()
+    from farm.artifacts import inspect_artifact
+
+    member = inspect_artifact(board.server).members[0]
+    assert (member.format, member.arch) == ("ELF", "aarch64")
+
+
+def test_emulated_board_benchmarked_through_tracker_and_reported(tmp_path, farm_env):
+    port = free_port()
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(f"""
+[tracker]
+host = "127.0.0.1"
+port = {port}
+
+[devices.board]
+kind = "qemu"
+key = "test-arm64"
+target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
+""")
+    env = {**farm_env, "FARM_DEVICES": str(inventory)}
+    try:
+        assert run_farm("tracker", "start", env=env).returncode == 0
+        serve = run_farm("serve", "--json", env=env)
+        assert serve.returncode == 0, serve.stderr
+        for model in ("mlp", "convnet"):
+            bench = run_farm("bench", "--device", "board", "--model", model, "--repeat", "3", "--min-repeat-ms", "5",
+                             "--json", env=env)
+            assert bench.returncode == 0, bench.stderr
+            data = json.loads(bench.stdout)
+            # the aarch64 result equals onnxruntime's x86 result within tolerance
+            assert data["check"]["status"] == "passed" and data["check"]["max_abs_err"] < 1e-4
+            assert data["emulated"] is True and data["steady_median_s"] > 0
+        compiled = json.loads(run_farm("compile", "--device", "board", "--model", "convnet", "--json", env=env).stdout)
+        assert compiled[0]["arch"] == "aarch64" and compiled[0]["cached"] is True  # bench built it already
+        report = tmp_path / "report.html"
+        assert run_farm("report", "--out", str(report), env=env).returncode == 0
+        rows = json.loads(run_farm("results", "--json", env=env).stdout)
+        assert {r["model"] for r in rows} == {"mlp", "convnet"} and all(r["emulated"] for r in rows)
+    finally:
+        run_farm("down", env=env)
+    if CHROMIUM:
+        text, errors, _ = open_in_chromium(report)
+        assert errors == []
+        assert "board emulated" in text and "run under qemu" in text
