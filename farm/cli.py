@@ -70,7 +70,9 @@ def _progress_printer(enabled: bool):
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.4g} ms"
+    from farm.stats import format_duration
+
+    return "-" if value is None else format_duration(value)
 
 
 def _parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -363,6 +365,86 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from farm.inventory import find_device
+    from farm.models import load_model
+    from farm.store import Store
+
+    inventory = _inventory(args)
+    device = find_device(inventory, args.device)
+    model = load_model(args.model, _parse_shapes(args.shape))
+    if args.list_tasks:
+        from farm.tune import list_tasks
+
+        names = list_tasks(device, model)
+        emit_json(names) if args.json else print("\n".join(names))
+        return 0
+    if args.trials < 0 or (args.per_task is not None and args.per_task < 1):
+        raise FarmError("--trials must be >= 0 and --per-task >= 1", "e.g. farm tune --trials 256 --per-task 64")
+    from farm.tune import TuneConfig, export_database, import_database, tune_model
+
+    out: dict[str, Any] = {"device": device.name, "model": model.name}
+    exit_code = 0
+    with Store(args.db) as store:
+        if args.import_dir:
+            out["imported_records"] = import_database(store, device, Path(args.import_dir))
+        if args.trials:
+            config = TuneConfig(trials=args.trials, per_task=args.per_task, minutes=args.minutes, tasks=args.tasks,
+                                runner_timeout_s=args.runner_timeout, request_timeout_s=args.timeout)
+            printer = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
+            outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer)
+            out.update({"session_id": outcome.session_id, "status": outcome.status, "reason": outcome.reason,
+                        "trials": outcome.trials_done, "new_records": outcome.new_records,
+                        "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
+                        "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s} for t in outcome.tasks]})
+            if outcome.status in ("interrupted", "device-lost"):
+                exit_code = 130 if outcome.status == "interrupted" else 1
+        if args.export_dir:
+            out["exported_records"] = len(export_database(store, device, Path(args.export_dir)).records)
+        if args.report and exit_code == 0:
+            out["comparison"] = _tuned_vs_untuned(inventory, device, model, store, _bench_config(args), args.progress)
+    if args.json:
+        emit_json(out)
+    else:
+        if "status" in out:
+            print(f"tune session {out['session_id']}: {out['status']}" + (f" ({out['reason']})" if out["reason"] else "")
+                  + f", {out['trials']} trials in {out['seconds']:.0f} s, {out['new_records']} new records,"
+                  f" {out['total_records']} in the store for this target")
+            print_table([{**t, "best": _ms(t["best_s"])} for t in out["tasks"]], ["name", "trials", "best"])
+        for k in ("imported_records", "exported_records"):
+            if k in out:
+                print(f"{k.replace('_', ' ')}: {out[k]}")
+        if "comparison" in out:
+            c = out["comparison"]
+            print(f"untuned {_ms(c['untuned_s'])}  tuned {_ms(c['tuned_s'])}  speedup {c['speedup']:.2f}x"
+                  f"  ({c['tuned_tasks']}/{c['total_tasks']} tasks tuned; runs {c['untuned_run']}, {c['tuned_run']})")
+    if exit_code == 1:
+        print(f"error: {out['reason']}; {out['new_records']} new records kept", file=sys.stderr)
+        print("hint: bring the device back (farm devices) and rerun the same command to continue", file=sys.stderr)
+    elif exit_code == 130:
+        print(f"interrupted: every measured record is kept ({out['total_records']} for this target);"
+              " rerun the same command to continue", file=sys.stderr)
+    return exit_code
+
+
+def _tuned_vs_untuned(inventory, device, model, store, config, progress: bool) -> dict[str, Any]:
+    """Bench the model untuned and tuned on the same device, in this run."""
+    from farm.sweep import bench_cell
+
+    printer = _progress_printer(progress)
+    runs = {}
+    for tuned in (False, True):
+        cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", config, progress=printer, tuned=tuned)
+        if cell.result.status != "ok":
+            raise FarmError(f"{'tuned' if tuned else 'untuned'} bench failed at {cell.result.failed_step}: {cell.result.reason}",
+                            cell.result.hint or "see farm results")
+        runs[tuned] = cell
+    medians = {k: sorted(c.result.steady_samples_s)[len(c.result.steady_samples_s) // 2] for k, c in runs.items()}
+    return {"untuned_s": medians[False], "tuned_s": medians[True], "speedup": medians[False] / medians[True],
+            "untuned_run": runs[False].run_id, "tuned_run": runs[True].run_id,
+            "tuned_tasks": runs[True].artifact.tuned_tasks, "total_tasks": runs[True].artifact.total_tasks}
+
+
 def cmd_results(args) -> int:
     from farm.results import rows_frame, run_rows
     from farm.store import Store
@@ -490,6 +572,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="print steps to stderr (default on a TTY)")
     _add_bench_options(p)
 
+    p = add("tune", cmd_tune, "search faster schedules on a device with MetaSchedule (XGBoost cost model)",
+            "Extracts the model's tasks, tunes them on the device through the tracker (candidates built\n"
+            "for its target, measured on it), and keeps every record in the results database: bench,\n"
+            "compile and sweep then use the best records for that device's target automatically.\n"
+            "Ctrl-C or a lost device keeps what was measured; the same command again continues.\n\n"
+            "  farm tune --device x86-local --model convnet --trials 256 --report\n"
+            "  farm tune --device x86-local --model convnet --trials 0 --export shared-records/")
+    p.add_argument("--device", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
+    p.add_argument("--trials", type=int, default=64, help="trials this session (default 64; 0 = no tuning)")
+    p.add_argument("--per-task", type=int, default=None, help="at most this many trials per task")
+    p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    p.add_argument("--tasks", help="only tasks whose name contains this (see --list-tasks)")
+    p.add_argument("--list-tasks", action="store_true", help="print the model's tuning tasks and exit")
+    p.add_argument("--runner-timeout", type=float, default=60.0, help="seconds per candidate on the device (default 60)")
+    p.add_argument("--report", action="store_true", help="then bench untuned vs tuned on the device and print both")
+    p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
+    p.add_argument("--import", dest="import_dir", help="merge MetaSchedule JSON database files from DIR first")
+    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="per-batch progress on stderr (default on a TTY)")
+    _add_bench_options(p)
+
     p = add("results", cmd_results, "list stored runs with computed summaries (--json, --csv)")
     p.add_argument("--device")
     p.add_argument("--model")
@@ -518,8 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     args.devices = getattr(args, "devices", None) or os.environ.get("FARM_DEVICES", "devices.toml")
     args.db = getattr(args, "db", None) or default_db()
     args.json = getattr(args, "json", False)
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not verbose:  # MetaSchedule logs every batch at INFO; farm prints its own progress
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     try:
         return args.func(args)
     except FarmError as exc:

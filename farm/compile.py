@@ -24,7 +24,7 @@ from tvm.target import codegen
 
 from farm.errors import BuildError, first_line
 from farm.models import onnx_proto
-from farm.records import Artifact, Device, ModelSource
+from farm.records import Artifact, Device, ModelSource, TuningSet
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ def effective_target(device: Device) -> dict[str, Any]:
         cpu = host_cpu()
         if cpu and "mcpu" not in target:
             target["mcpu"] = cpu
-        target.setdefault("num-cores", os.cpu_count() or 1)
+    if device.kind in ("local", "qemu") and target["kind"] == "llvm":
+        target.setdefault("num-cores", os.cpu_count() or 1)  # this host's cores run the code (MetaSchedule needs it)
     if device.host is not None:
         target["host"] = dict(device.host)
     return target
@@ -140,20 +141,35 @@ def toolchain_for(device: Device, target: dict[str, Any]) -> str:
     )
 
 
-def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str) -> str:
+def tuning_key(target: dict[str, Any]) -> str:
+    """Tuning records are valid for one effective target and TVM version (MetaSchedule ignores the target)."""
+    blob = json.dumps({"target": target, "tvm": tvm.__version__}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
     blob = json.dumps(
         {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
-         "tvm": tvm.__version__, "pipeline": PIPELINE_VERSION},
+         "tvm": tvm.__version__, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def compile_model(model: ModelSource, device: Device, cache_dir: Path) -> Artifact:
-    """Return the cached artifact for (model, device target) or build and export it."""
+def tuning_module(model: ModelSource) -> tvm.IRModule:
+    """The module MetaSchedule sees: the "zero" pipeline first, or extract_tasks finds nothing.
+
+    Tuning and tuned compilation both start from this, so workloads match."""
+    return relax.get_pipeline("zero")(import_onnx(model))
+
+
+def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: TuningSet | None = None) -> Artifact:
+    """Return the cached artifact for (model, device target, tuning records) or build and export it."""
     target = effective_target(device)
     toolchain = toolchain_for(device, target)
-    key = artifact_key(model, device, target, toolchain)
+    if tuning is not None and not tuning.records:
+        tuning = None
+    key = artifact_key(model, device, target, toolchain, tuning.digest if tuning else "")
     folder = Path(cache_dir) / key[:24]
     meta_path = folder / "artifact.json"
     if meta_path.exists():
@@ -165,12 +181,16 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path) -> Artifa
             log.warning("rebuilding: unreadable artifact metadata %s", meta_path)
     start = time.perf_counter()
     tvm_target = make_target(target)
-    mod = import_onnx(model)
+    tuned_tasks = total_tasks = 0
     try:
-        if device.export == "system-lib":
-            executable = relax.build(mod, tvm_target, system_lib=True)
+        if tuning is not None:
+            executable, tuned_tasks, total_tasks = _compile_tuned(model, tvm_target, tuning, device.export == "system-lib")
+        elif device.export == "system-lib":
+            executable = relax.build(import_onnx(model), tvm_target, system_lib=True)
         else:
-            executable = tvm.compile(mod, tvm_target)
+            executable = tvm.compile(import_onnx(model), tvm_target)
+    except BuildError:
+        raise
     except Exception as exc:
         raise BuildError(f"TVM could not compile {model.name} for {json.dumps(target)}: {first_line(exc)}",
                          "check the target; GPU targets need a schedule (see README)") from None
@@ -200,9 +220,32 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path) -> Artifa
         cache_key=key, path=str(path), model_name=model.name, model_digest=model.digest, target=target,
         export=device.export, toolchain=toolchain or "default", tvm_version=tvm.__version__,
         file_digest=_digest(path), build_s=time.perf_counter() - start,
+        tuning_digest=tuning.digest if tuning else "", tuned_tasks=tuned_tasks, total_tasks=total_tasks,
     )
     meta_path.write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
     return artifact
+
+
+def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool):
+    """Compile with MetaSchedule records; returns (executable, tasks with a record, all tasks)."""
+    import tempfile
+
+    if system_lib:
+        raise BuildError("farm cannot yet compile tuning records into a system-lib export",
+                         "bench or compile with --untuned for this device")
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = tuning_module(model)
+    with tempfile.TemporaryDirectory(prefix="farm-tuning-") as tmp:
+        workload_path, record_path = Path(tmp) / "database_workload.json", Path(tmp) / "database_tuning_record.json"
+        workload_path.write_text("".join(line + "\n" for line in tuning.workloads))
+        record_path.write_text("".join(line + "\n" for line in tuning.records))
+        database = ms.database.JSONDatabase(str(workload_path), str(record_path), allow_missing=False)
+        tasks = ms.relax_integration.extract_tasks(mod, target)
+        tuned = sum(1 for task in tasks
+                    if database.query_tuning_record(task.dispatched[0], target, task.task_name) is not None)
+        executable = ms.relax_integration.compile_relax(database, mod, target, None)
+    return executable, tuned, len(tasks)
 
 
 def import_onnx(model: ModelSource) -> tvm.IRModule:

@@ -79,6 +79,24 @@ class Artifact:
     file_digest: str
     build_s: float
     cached: bool = False
+    tuning_digest: str = ""  # digest of the tuning records compiled in ('' = untuned)
+    tuned_tasks: int = 0  # tasks that received a record
+    total_tasks: int = 0
+
+
+@dataclass(frozen=True)
+class TuningSet:
+    """MetaSchedule database lines for one tuning key (device target + TVM version)."""
+
+    key: str
+    workloads: tuple[str, ...]
+    records: tuple[str, ...]
+
+    @property
+    def digest(self) -> str:
+        import hashlib
+
+        return hashlib.sha256("\n".join(self.workloads + ("--",) + self.records).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -12,30 +12,21 @@ import jinja2
 
 import farm
 from farm.results import run_rows
+from farm.stats import format_duration
 from farm.store import Store
-
-
-def _duration(value: float | None) -> str:
-    """Seconds with a readable unit: 1.24 ms, 11.8 µs, 2.31 s."""
-    if value is None:
-        return ""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value / 1e-9:.3g} ns"
 
 
 def render_report(store: Store, out_path: str | Path, title: str = "farm report") -> Path:
     """Write the report for the latest run of every device × model; returns its path."""
     latest = run_rows(store, latest_only=True)
-    latest.sort(key=lambda r: (r["device"], r["model"]))
+    latest.sort(key=lambda r: (r["device"], r["model"], r["tuned"]))
     for row in latest:
         row["copy_pairs"] = list(zip(row["copy_bytes"], row["copy_s"]))
     failures = [r for r in run_rows(store) if r["status"] == "failed"]
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
     )
-    env.filters["ms"] = _duration
+    env.filters["ms"] = format_duration
     html = env.get_template("report.html").render(
         title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}), db_path=str(store.path),
@@ -65,7 +56,7 @@ def _distribution_png(store: Store, rows: list[dict[str, Any]]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = [(f"{r['device']}\n{r['model']}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
+    data = [(f"{r['device']}\n{r['model']}{' (tuned)' if r['tuned'] else ''}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
     data = [(label, values) for label, values in data if values]
     if not data:
         return ""
@@ -89,7 +80,7 @@ def _phases_png(rows: list[dict[str, Any]]) -> str:
     rows = [r for r in rows if r["status"] == "ok"]
     if not rows:
         return ""
-    labels = [f"{r['device']}\n{r['model']}" for r in rows]
+    labels = [f"{r['device']}\n{r['model']}{' (tuned)' if r['tuned'] else ''}" for r in rows]
     phases = {
         "load": [r["load_s"] or 0 for r in rows],
         "first run": [r["first_run_s"] or 0 for r in rows],

@@ -67,3 +67,13 @@ def bootstrap_median_ci(values, confidence: float = 0.95, seed: int = 0, resampl
     medians = np.median(values[picks], axis=1)
     tail = (1 - confidence) / 2 * 100
     return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds with a readable unit: 1.24 ms, 11.8 µs, 2.31 s ('' for None)."""
+    if seconds is None:
+        return ""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"

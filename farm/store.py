@@ -5,6 +5,8 @@ Summaries are computed from the samples (``results.py``), never stored.
 
 SCHEMA_VERSION history:
   1  devices, models, artifacts, runs, samples (steady + copy), copies, checks
+  2  tuning: tune_sessions, tune_workloads, tune_records; artifacts.tuning_digest/tuned_tasks/total_tasks;
+     runs.tuned
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Iterator
 from farm.errors import StoreError
 from farm.records import Artifact, BenchResult, Device, ModelSource
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -55,6 +57,24 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE checks (
         run_id INTEGER PRIMARY KEY REFERENCES runs(id), status TEXT NOT NULL, max_abs_err REAL,
         rtol REAL, atol REAL, reference TEXT NOT NULL, detail TEXT NOT NULL);
+    """,
+    2: """
+    ALTER TABLE artifacts ADD COLUMN tuning_digest TEXT NOT NULL DEFAULT '';
+    ALTER TABLE artifacts ADD COLUMN tuned_tasks INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE artifacts ADD COLUMN total_tasks INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN tuned INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE tune_sessions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, finished_at TEXT, device TEXT NOT NULL,
+        key TEXT NOT NULL, model TEXT NOT NULL, model_digest TEXT NOT NULL, tuning_key TEXT NOT NULL,
+        target TEXT NOT NULL, tvm_version TEXT NOT NULL, trials_requested INTEGER NOT NULL,
+        trials_done INTEGER NOT NULL DEFAULT 0, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '');
+    CREATE TABLE tune_workloads (
+        tuning_key TEXT NOT NULL, sha TEXT NOT NULL, line TEXT NOT NULL, added_at TEXT NOT NULL,
+        PRIMARY KEY (tuning_key, sha));
+    CREATE TABLE tune_records (
+        tuning_key TEXT NOT NULL, sha TEXT NOT NULL, workload_sha TEXT NOT NULL, body TEXT NOT NULL,
+        run_s REAL, session_id INTEGER, added_at TEXT NOT NULL,
+        PRIMARY KEY (tuning_key, sha));
     """,
 }
 
@@ -136,21 +156,25 @@ class Store:
                            (model.digest, model.name, model.origin,
                             json.dumps([asdict(s) for s in model.inputs]), now))
                 if artifact is not None:
-                    db.execute("INSERT OR IGNORE INTO artifacts VALUES (?,?,?,?,?,?,?,?,?,?)",
-                               (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
-                                artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
-                                artifact.build_s, now))
+                    db.execute(
+                        """INSERT OR IGNORE INTO artifacts (cache_key, model_digest, target, export, toolchain,
+                           tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks)
+                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                        (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
+                         artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
+                         artifact.build_s, now, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks))
                 config = result.config
                 cursor = db.execute(
                     """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                        failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
-                       min_repeat_ms, emulated, farm_version, tvm_version, context, config)
-                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                     (result.started_at or now, result.device, result.key, result.model, result.model_digest,
                      result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
                      result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
                      int(device.emulated), result.context.get("farm_version", ""),
-                     result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config))))
+                     result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
+                     int(bool(artifact and artifact.tuned_tasks))))
                 run_id = int(cursor.lastrowid)
                 db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                                [(run_id, "steady", 0, i, v, result.steady_number or 0)
@@ -168,6 +192,65 @@ class Store:
             raise StoreError(f"could not write the result to {self.path}: {exc}", "check disk space and permissions") from None
         return run_id
 
+    # -- tuning records -----------------------------------------------------------------
+    # MetaSchedule's JSON database is two files: workload lines, and record lines
+    # ``[workload_index, body]``. The store keys workloads by the sha of their line and
+    # records by the sha of ``[workload_sha, body]``, so files from anywhere merge cleanly.
+
+    def start_tune_session(self, device: Device, model: ModelSource, tuning_key: str, target: dict,
+                           tvm_version: str, trials: int) -> int:
+        with self._transaction() as db:
+            cursor = db.execute(
+                """INSERT INTO tune_sessions (started_at, device, key, model, model_digest, tuning_key, target,
+                   tvm_version, trials_requested, status) VALUES (?,?,?,?,?,?,?,?,?,'running')""",
+                (_now(), device.name, device.key, model.name, model.digest, tuning_key, json.dumps(target),
+                 tvm_version, trials))
+            return int(cursor.lastrowid)
+
+    def finish_tune_session(self, session_id: int, status: str, reason: str, trials_done: int) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE tune_sessions SET finished_at=?, status=?, reason=?, trials_done=? WHERE id=?",
+                       (_now(), status, reason, trials_done, session_id))
+
+    def add_tuning_lines(self, tuning_key: str, workloads: list[str], records: list[tuple[int, str, float | None]],
+                         session_id: int | None = None) -> int:
+        """Merge database lines; ``records`` are (workload index, body json, best run seconds). Returns new records."""
+        import hashlib
+
+        def sha(text: str) -> str:
+            return hashlib.sha256(text.encode()).hexdigest()
+
+        now = _now()
+        workload_shas = [sha(line) for line in workloads]
+        added = 0
+        try:
+            with self._transaction() as db:
+                db.executemany("INSERT OR IGNORE INTO tune_workloads VALUES (?,?,?,?)",
+                               [(tuning_key, s, line, now) for s, line in zip(workload_shas, workloads)])
+                for index, body, run_s in records:
+                    wsha = workload_shas[index]
+                    cursor = db.execute("INSERT OR IGNORE INTO tune_records VALUES (?,?,?,?,?,?,?)",
+                                        (tuning_key, sha(wsha + body), wsha, body, run_s, session_id, now))
+                    added += cursor.rowcount
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not store tuning records in {self.path}: {exc}", "check disk space") from None
+        return added
+
+    def tuning_lines(self, tuning_key: str) -> tuple[list[str], list[str]]:
+        """The JSON database files' lines for ``tuning_key``: (workload lines, record lines)."""
+        workloads = self._db.execute(
+            "SELECT sha, line FROM tune_workloads WHERE tuning_key=? ORDER BY rowid", (tuning_key,)).fetchall()
+        index = {row["sha"]: i for i, row in enumerate(workloads)}
+        records = self._db.execute(
+            "SELECT workload_sha, body FROM tune_records WHERE tuning_key=? ORDER BY rowid", (tuning_key,)).fetchall()
+        return [row["line"] for row in workloads], [f"[{index[r['workload_sha']]}, {r['body']}]" for r in records]
+
+    def tune_sessions(self, device: str | None = None) -> list[dict[str, Any]]:
+        sql, params = "SELECT * FROM tune_sessions", []
+        if device:
+            sql, params = sql + " WHERE device=?", [device]
+        return [dict(row) for row in self._db.execute(sql + " ORDER BY id DESC", params)]
+
     # -- reads --------------------------------------------------------------------------
 
     def runs(self, device: str | None = None, model: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
@@ -180,9 +263,11 @@ class Store:
             where.append("r.model = ?")
             params.append(model)
         if latest_only:
-            where.append("r.id = (SELECT MAX(id) FROM runs r2 WHERE r2.device = r.device AND r2.model = r.model)")
-        sql = """SELECT r.*, c.status AS check_status, c.max_abs_err, c.rtol, c.atol, c.reference, c.detail AS check_detail
-                 FROM runs r LEFT JOIN checks c ON c.run_id = r.id"""
+            where.append("r.id = (SELECT MAX(id) FROM runs r2 WHERE r2.device = r.device AND r2.model = r.model"
+                         " AND r2.tuned = r.tuned)")
+        sql = """SELECT r.*, c.status AS check_status, c.max_abs_err, c.rtol, c.atol, c.reference, c.detail AS check_detail,
+                        a.tuned_tasks, a.total_tasks
+                 FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key"""
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY r.id DESC"
@@ -201,7 +286,8 @@ class Store:
         return [dict(row) for row in self._db.execute("SELECT * FROM samples ORDER BY run_id, metric, series, idx")]
 
     def count(self, table: str) -> int:
-        if table not in ("runs", "samples", "copies", "checks", "devices", "models", "artifacts"):
+        if table not in ("runs", "samples", "copies", "checks", "devices", "models", "artifacts", "tune_records",
+                         "tune_workloads", "tune_sessions"):
             raise ValueError(table)
         return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 

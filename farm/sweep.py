@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import compile_model
+from farm.compile import compile_model, effective_target, tuning_key
 from farm.errors import FarmError
 from farm.measure import bench_artifact
 from farm.models import load_reference_file, make_inputs, reference_outputs
-from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource, TrackerAddress
+from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource, TrackerAddress, TuningSet
 from farm.store import Store
 
 log = logging.getLogger(__name__)
@@ -31,16 +31,24 @@ class CellResult:
     artifact: Artifact | None
 
 
+def tuning_set(store: Store, device: Device) -> TuningSet:
+    """The store's tuning records for ``device``'s effective target (what its artifacts compile in)."""
+    key = tuning_key(effective_target(device))
+    workloads, records = store.tuning_lines(key)
+    return TuningSet(key, tuple(workloads), tuple(records))
+
+
 def bench_cell(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
-    config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None,
+    config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
 ) -> CellResult:
-    """Compile (cached), measure and store one cell; returns the stored run."""
+    """Compile (cached; with the store's tuning records unless ``tuned`` is False), measure and store one cell."""
     say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
-    if say:
-        say("compile", model.name)
     try:
-        artifact = compile_model(model, device, cache_dir)
+        tuning = tuning_set(store, device) if tuned and device.export != "system-lib" else None
+        if say:
+            say("compile", f"{model.name} ({len(tuning.records)} tuning records)" if tuning and tuning.records else model.name)
+        artifact = compile_model(model, device, cache_dir, tuning)
     except FarmError as exc:
         result = BenchResult(
             device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",

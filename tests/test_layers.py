@@ -20,12 +20,13 @@ ALLOWED = {
     "measure": {"errors", "records", "rpc", "__init__"},
     "results": {"stats", "store"},
     "sweep": {"errors", "records", "compile", "measure", "models", "store"},
-    "report": {"results", "store", "__init__"},
+    "report": {"results", "stats", "store", "__init__"},
+    "tune": {"compile", "errors", "records", "rpc", "store", "sweep"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
     "cli": {"*"},
     "__init__": set(),
 }
-TVM_OWNERS = {"rpc", "compile", "measure"}
+TVM_OWNERS = {"rpc", "compile", "measure", "tune"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -39,6 +39,7 @@ CROSS_CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 PLATFORM = "manylinux_2_28_aarch64"
 MARKER = "farm-rpc-server"
+RECIPE = 2  # bump when the build below changes (2: + libtvm_runtime_extra for MetaSchedule's random fill)
 SETUP_HINT = "install qemu-user and g++-aarch64-linux-gnu: bash tools/setup.sh --emulation (or apt-get install qemu-user g++-aarch64-linux-gnu)"
 
 
@@ -70,7 +71,7 @@ def ensure_board(progress=None) -> Board:
     check_prerequisites()
     tvm_version, ffi_version = _versions()
     source_digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    tag = f"{tvm_version}-{ffi_version}-{source_digest}"
+    tag = f"{tvm_version}-{ffi_version}-{source_digest}-r{RECIPE}"
     folder = cache_root() / f"board-aarch64-{tag}"
     server = folder / "farm-rpc-server"
     if server.exists():
@@ -88,7 +89,8 @@ def ensure_board(progress=None) -> Board:
         if done.returncode != 0:
             raise DeviceError(f"could not download the aarch64 TVM wheels: {done.stderr.strip().splitlines()[-1:]}",
                               "farm needs PyPI once to build the emulated board; it is cached afterwards")
-        libs = {"libtvm_runtime.so": "tvm/lib/libtvm_runtime.so", "libtvm_ffi.so": "tvm_ffi/lib/libtvm_ffi.so"}
+        libs = {"libtvm_runtime.so": "tvm/lib/libtvm_runtime.so", "libtvm_ffi.so": "tvm_ffi/lib/libtvm_ffi.so",
+                "libtvm_runtime_extra.so": "tvm/lib/libtvm_runtime_extra.so"}
         for wheel in wheels.glob("*.whl"):
             with zipfile.ZipFile(wheel) as zf:
                 for name, inner in libs.items():
@@ -102,7 +104,8 @@ def ensure_board(progress=None) -> Board:
         include = Path(importlib.util.find_spec("tvm_ffi").submodule_search_locations[0]) / "include"
         build = subprocess.run(
             [CROSS_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / "farm-rpc-server"),
-             f"-L{work}", "-ltvm_runtime", "-ltvm_ffi", "-Wl,-rpath,$ORIGIN"],
+             f"-L{work}", "-Wl,--no-as-needed", "-ltvm_runtime_extra", "-ltvm_runtime", "-ltvm_ffi",
+             "-Wl,-rpath,$ORIGIN"],
             capture_output=True, text=True)
         if build.returncode != 0:
             raise DeviceError(f"building the native RPC server failed: {build.stderr.strip()[-500:]}", SETUP_HINT)
