@@ -7,10 +7,13 @@ Exit codes: 0 success, 1 error (one ``error:`` line and a hint on stderr), 2 usa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -291,10 +294,11 @@ def cmd_compile(args) -> int:
 
         devices = [dataclasses.replace(d, export=args.export) for d in devices]
     model = load_model(args.model, _parse_shapes(args.shape))
+    tunings = _tuning_sets(args.db, devices) if not args.untuned else {}
     out, failed = [], []
     for device in devices:
         try:
-            artifact = compile_model(model, device, home_dir() / "cache")
+            artifact = compile_model(model, device, home_dir() / "cache", tunings.get(device.name))
         except FarmError as exc:
             if args.device:
                 raise
@@ -306,6 +310,7 @@ def cmd_compile(args) -> int:
                     "format": artifact.export, "target": artifact.target, "toolchain": artifact.toolchain,
                     "cached": artifact.cached, "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key,
                     "arch": ",".join(info.archs), "objects": [asdict(m) for m in info.members],
+                    "tuned_tasks": artifact.tuned_tasks, "total_tasks": artifact.total_tasks,
                     "device_code": ",".join(info.device_code)})
     if args.json:
         emit_json(out)
@@ -316,6 +321,17 @@ def cmd_compile(args) -> int:
         print(f"hint: {failed[0].hint}", file=sys.stderr)
         return 1
     return 0
+
+
+def _tuning_sets(db_path: str, devices) -> dict:
+    """Each device's tuning records from the store (none when there is no database yet)."""
+    if not Path(db_path).exists():
+        return {}
+    from farm.store import Store
+    from farm.sweep import tuning_set
+
+    with Store(db_path) as store:
+        return {d.name: tuning_set(store, d) for d in devices if d.export != "system-lib"}
 
 
 def cmd_bench(args) -> int:
@@ -330,7 +346,7 @@ def cmd_bench(args) -> int:
     config = _bench_config(args)
     with Store(args.db) as store:
         cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", config,
-                          reference_file=args.reference, progress=_progress_printer(args.progress))
+                          reference_file=args.reference, progress=_progress_printer(args.progress), tuned=not args.untuned)
     r = cell.result
     steady_median = None
     if r.steady_samples_s:
@@ -347,6 +363,7 @@ def cmd_bench(args) -> int:
                     "samples_s": list(c.samples_s)} for c in r.copies],
         "check": asdict(r.check),
         "artifact": cell.artifact.path if cell.artifact else None, "emulated": device.emulated,
+        "tuned_tasks": cell.artifact.tuned_tasks if cell.artifact else 0,
     }
     if args.json:
         emit_json(data)
@@ -392,7 +409,9 @@ def cmd_tune(args) -> int:
             config = TuneConfig(trials=args.trials, per_task=args.per_task, minutes=args.minutes, tasks=args.tasks,
                                 runner_timeout_s=args.runner_timeout, request_timeout_s=args.timeout)
             printer = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
-            outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer)
+            with _graceful_interrupt("stopping after the batch in flight; Ctrl-C again to abort") as stop:
+                outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer,
+                                     should_stop=stop.is_set)
             out.update({"session_id": outcome.session_id, "status": outcome.status, "reason": outcome.reason,
                         "trials": outcome.trials_done, "new_records": outcome.new_records,
                         "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
@@ -425,6 +444,24 @@ def cmd_tune(args) -> int:
         print(f"interrupted: every measured record is kept ({out['total_records']} for this target);"
               " rerun the same command to continue", file=sys.stderr)
     return exit_code
+
+
+@contextlib.contextmanager
+def _graceful_interrupt(message: str):
+    """First Ctrl-C sets the yielded event (work stops at a safe point); a second one aborts."""
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print(message, file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _tuned_vs_untuned(inventory, device, model, store, config, progress: bool) -> dict[str, Any]:
@@ -560,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
     p.add_argument("--export", choices=["so", "tar", "system-lib"],
                    help="override the devices' export format (e.g. tar: objects, no linker needed)")
+    p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
 
     p = add("bench", cmd_bench, "compile, push, measure, check and store one model on one device",
             "Steps: session, upload, load, first run, steady state (time_evaluator, raw repeats),\n"
@@ -569,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
     p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
     p.add_argument("--reference", help="expected outputs (.npz, np.savez order) instead of onnxruntime's")
+    p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
     p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="print steps to stderr (default on a TTY)")
     _add_bench_options(p)
 

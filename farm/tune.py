@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 FAILED_RUN_S = 1e9  # MetaSchedule stores failed candidates with 1e10 s
 
 
+class _StopTuning(Exception):
+    """Raised from the measure callback to end a session (time budget, interrupt, lost device)."""
+
+
 @dataclass(frozen=True)
 class TuneConfig:
     trials: int = 64
@@ -145,8 +149,10 @@ def _write_database(work_dir: Path, tuning: TuningSet) -> None:
 
 def tune_model(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, work_root: Path,
-    config: TuneConfig, progress: Progress | None = None,
+    config: TuneConfig, progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
 ) -> TuneOutcome:
+    """Tune ``model`` on ``device``. ``should_stop`` is polled after every batch (the CLI sets it on Ctrl-C):
+    the session then ends after the batch in flight, status "interrupted", every record kept."""
     say = progress or (lambda message: None)
     start = time.monotonic()
     if device.export != "so":
@@ -206,12 +212,12 @@ def tune_model(
                     state["reason"] = stop or f"the server for key {device.key!r} left the tracker during tuning"
             if deadline and time.monotonic() > deadline and state["status"] == "done":
                 state["status"], state["reason"] = "time-budget", f"stopped after {config.minutes:g} min"
+            if should_stop is not None and should_stop() and state["status"] == "done":
+                state["status"], state["reason"] = "interrupted", "interrupted by the user"
             if state["status"] != "done":
-                for index in range(len(tasks)):
-                    try:
-                        task_scheduler.terminate_task(index)
-                    except Exception:  # already terminated
-                        pass
+                # Terminating tasks from a callback trips the scheduler's checks; an exception ends
+                # tune_tasks cleanly instead, after this batch's records were synced above.
+                raise _StopTuning(state["reason"])
 
     builder = LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=_build,
                            f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count())
@@ -235,6 +241,11 @@ def tune_model(
         )
     except KeyboardInterrupt:
         state["status"], state["reason"] = "interrupted", "interrupted by the user"
+    except Exception:  # _StopTuning comes back wrapped by TVM's FFI; an interrupt inside C++ too
+        if state["status"] == "done":
+            if should_stop is None or not should_stop():
+                raise
+            state["status"], state["reason"] = "interrupted", "interrupted by the user"
     finally:
         state["new"] += _sync(work_dir, store, key, session_id)
         store.finish_tune_session(session_id, state["status"], state["reason"], state["trials"])

@@ -66,3 +66,21 @@ def test_newer_schema_is_refused(tmp_path):
     db.commit()
     with pytest.raises(StoreError, match="newer than this farm"):
         Store(tmp_path / "r.db")
+
+
+def test_version_1_database_is_migrated_keeping_its_runs(tmp_path):
+    from farm.store import MIGRATIONS
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(MIGRATIONS[1] + "INSERT INTO meta VALUES ('schema_version', '1');")
+    db.execute("""INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status, failed_step,
+                  reason, steady_repeat, min_repeat_ms, emulated, farm_version, tvm_version, context, config)
+                  VALUES ('t', 'cpu', 'cpu', 'mlp', 'd', 'a', 'ok', '', '', 3, 5, 0, '0', '0', '{}', '{}')""")
+    db.commit()
+    db.close()
+    with Store(path) as store:
+        rows = run_rows(store)
+        assert store.count("tune_records") == 0
+    assert [(r["device"], r["tuned"]) for r in rows] == [("cpu", False)]
+    assert sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0] == "2"
