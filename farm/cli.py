@@ -482,6 +482,77 @@ def _tuned_vs_untuned(inventory, device, model, store, config, progress: bool) -
             "tuned_tasks": runs[True].artifact.tuned_tasks, "total_tasks": runs[True].artifact.total_tasks}
 
 
+def cmd_sweep(args) -> int:
+    from farm.models import BUILTINS
+    from farm.records import BenchConfig
+    from farm.store import Store
+    from farm.sweep import SweepSpec, run_sweep
+
+    inventory = _inventory(args)
+    sweep_id = None
+    if args.resume is not None:
+        _require_db(args.db)
+        with Store(args.db) as store:
+            sweep = store.sweep(None if args.resume == "latest" else int(args.resume))
+        if sweep is None:
+            raise FarmError(f"no sweep {args.resume} in {args.db}", "see farm results --json for sweep ids")
+        spec, sweep_id = SweepSpec.from_json(sweep["spec"]), sweep["id"]
+    else:
+        file_spec = _sweep_file(args.file) if args.file else {}
+        devices = tuple(args.device or file_spec.get("devices") or inventory.devices)
+        models = tuple(args.model or file_spec.get("models") or BUILTINS)
+        reference = args.reference if args.reference is not None else file_spec.get("reference", "mlp")
+        config = _bench_config(args)
+        if "bench" in file_spec:
+            config = BenchConfig(**{**asdict(config), **file_spec["bench"]})
+        spec = SweepSpec(devices, models, None if reference in ("", "none") else reference, config,
+                         retries=args.retries, tuned=not args.untuned)
+    outcome = run_sweep(inventory.tracker, inventory.devices, spec, Path(args.db), home_dir() / "cache",
+                        progress=_progress_printer(args.progress), sweep_id=sweep_id)
+    report = None
+    if not args.no_report:
+        from farm.report import render_report
+
+        with Store(args.db) as store:
+            report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
+                                   title=f"farm sweep {outcome.sweep_id}")
+    final = {}
+    for cell in outcome.cells:  # the last attempt of each cell
+        final[(cell.result.device, cell.result.model)] = cell
+    failed = [c for c in final.values() if c.result.status != "ok"]
+    if args.json:
+        emit_json({"sweep_id": outcome.sweep_id, "status": outcome.status, "seconds": round(outcome.seconds, 1),
+                   "skipped": outcome.skipped, "report": str(report) if report else None,
+                   "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
+                              "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason}
+                             for c in final.values()]})
+    else:
+        print(f"sweep {outcome.sweep_id}: {len(final)} cell(s) measured, {len(failed)} failed, "
+              f"{outcome.skipped} already done, {outcome.seconds:.0f} s")
+        for (device, model), c in sorted(final.items()):
+            med = sorted(c.result.steady_samples_s)[len(c.result.steady_samples_s) // 2] if c.result.steady_samples_s else None
+            print(f"  {device:16s} {model:14s} {c.result.status:6s} {_ms(med):>10s}"
+                  + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
+        if report:
+            print(f"report: {report}")
+    return 0
+
+
+def _sweep_file(path: str) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FarmError(f"sweep file {path} does not exist", "write devices = [...] and models = [...] in a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FarmError(f"{path}: not valid TOML: {exc}", "fix the syntax at that line") from None
+    unknown = set(data) - {"devices", "models", "reference", "bench"}
+    if unknown:
+        raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}", "allowed: devices, models, reference, [bench]")
+    return data
+
+
 def cmd_results(args) -> int:
     from farm.results import rows_frame, run_rows
     from farm.store import Store
@@ -631,6 +702,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
     p.add_argument("--import", dest="import_dir", help="merge MetaSchedule JSON database files from DIR first")
     p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="per-batch progress on stderr (default on a TTY)")
+    _add_bench_options(p)
+
+    p = add("sweep", cmd_sweep, "measure every device × model in parallel (one worker per device), resumable",
+            "Compiles each artifact once (cached, with tuning records) while the devices measure, one\n"
+            "worker per device; a dropped session is retried; a failed cell is stored with its reason.\n"
+            "A reference model runs first on every device in every sweep, so device drift can be told\n"
+            "from model regressions. After a crash: farm sweep --resume finishes only the missing cells.\n\n"
+            "  farm sweep                                   # every device × the built-in models\n"
+            "  farm sweep --device x86-local --model convnet --model my.onnx\n"
+            "  farm sweep --file nightly.toml               # devices = [...], models = [...], [bench] repeat = 30\n"
+            "  farm sweep --resume                          # the latest sweep (or --resume ID)")
+    p.add_argument("--device", action="append", help="a device (repeatable; default: every inventory device)")
+    p.add_argument("--model", action="append", help="a model (repeatable; default: the built-in zoo)")
+    p.add_argument("--file", help="sweep file (TOML: devices, models, reference, [bench])")
+    p.add_argument("--reference", default=None, help="reference model run on every device first (default mlp; none to skip)")
+    p.add_argument("--retries", type=int, default=1, help="retries of a cell whose session dropped (default 1)")
+    p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
+    p.add_argument("--resume", nargs="?", const="latest", help="finish a crashed sweep (default: the latest)")
+    p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="per-device steps on stderr (default on a TTY)")
     _add_bench_options(p)
 
     p = add("results", cmd_results, "list stored runs with computed summaries (--json, --csv)")

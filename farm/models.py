@@ -78,6 +78,30 @@ def build_convnet() -> onnx.ModelProto:
     return _finish(graph)
 
 
+def build_mobile_block() -> onnx.ModelProto:
+    """x[1,16,32,32] → depthwise 3×3 → relu → pointwise 32 → relu → GAP → fc10: a MobileNet block. Seed 3."""
+    rng = np.random.default_rng(3)
+    inits = [
+        _init(rng, "dww", (16, 1, 3, 3), 9), _init(rng, "dwb", (16,), 9),
+        _init(rng, "pww", (32, 16, 1, 1), 16), _init(rng, "pwb", (32,), 16),
+        _init(rng, "fcw", (32, 10), 32), _init(rng, "fcb", (10,), 32),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "dww", "dwb"], ["dw"], pads=[1, 1, 1, 1], group=16),
+        helper.make_node("Relu", ["dw"], ["r1"]),
+        helper.make_node("Conv", ["r1", "pww", "pwb"], ["pw"]),
+        helper.make_node("Relu", ["pw"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fcw", "fcb"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mobile_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], inits,
+    )
+    return _finish(graph)
+
+
 def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="farm")
     model.ir_version = 8
@@ -85,7 +109,9 @@ def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
     return model
 
 
-BUILTINS: dict[str, Callable[[], onnx.ModelProto]] = {"mlp": build_mlp, "convnet": build_convnet}
+BUILTINS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "mlp": build_mlp, "convnet": build_convnet, "mobile-block": build_mobile_block,
+}
 
 
 def list_models() -> list[dict[str, str]]:

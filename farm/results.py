@@ -12,14 +12,16 @@ COLUMNS = [
     "run_id", "started_at", "device", "key", "model", "status", "failed_step", "reason",
     "upload_s", "load_s", "first_run_s", "steady_number", "steady_n", "steady_median_s", "steady_p10_s",
     "steady_p90_s", "steady_ci_low_s", "steady_ci_high_s", "steady_cv", "unstable", "copy_s", "copy_bytes",
-    "check", "max_abs_err", "emulated", "tuned", "tuned_tasks", "total_tasks", "artifact_key", "tvm_version",
+    "check", "max_abs_err", "emulated", "tuned", "tuned_tasks", "total_tasks", "sweep_id", "attempt",
+    "artifact_key", "tvm_version",
     "farm_version",
 ]
 
 
-def run_rows(store: Store, device: str | None = None, model: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
+def run_rows(store: Store, device: str | None = None, model: str | None = None, latest_only: bool = False,
+             sweep_id: int | None = None) -> list[dict[str, Any]]:
     rows = []
-    for run in store.runs(device=device, model=model, latest_only=latest_only):
+    for run in store.runs(device=device, model=model, latest_only=latest_only, sweep_id=sweep_id):
         steady = summarize(store.samples(run["id"]))
         copies = store.copies(run["id"])
         copy_medians = []
@@ -42,7 +44,7 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
             "copy_s": copy_medians, "copy_bytes": [c["nbytes"] for c in copies],
             "check": run["check_status"] or "skipped", "max_abs_err": run["max_abs_err"],
             "emulated": bool(run["emulated"]), "artifact_key": run["artifact_key"],
-            "tuned": bool(run["tuned"]), "tuned_tasks": run["tuned_tasks"] or 0, "total_tasks": run["total_tasks"] or 0,
+            "tuned": bool(run["tuned"]), "sweep_id": run["sweep_id"], "attempt": run["attempt"], "tuned_tasks": run["tuned_tasks"] or 0, "total_tasks": run["total_tasks"] or 0,
             "tvm_version": run["tvm_version"], "farm_version": run["farm_version"],
             "context": json.loads(run["context"]),
         })

@@ -7,6 +7,7 @@ SCHEMA_VERSION history:
   1  devices, models, artifacts, runs, samples (steady + copy), copies, checks
   2  tuning: tune_sessions, tune_workloads, tune_records; artifacts.tuning_digest/tuned_tasks/total_tasks;
      runs.tuned
+  3  sweeps; runs.sweep_id, runs.attempt
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Iterator
 from farm.errors import StoreError
 from farm.records import Artifact, BenchResult, Device, ModelSource
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -75,6 +76,14 @@ MIGRATIONS: dict[int, str] = {
         tuning_key TEXT NOT NULL, sha TEXT NOT NULL, workload_sha TEXT NOT NULL, body TEXT NOT NULL,
         run_s REAL, session_id INTEGER, added_at TEXT NOT NULL,
         PRIMARY KEY (tuning_key, sha));
+    """,
+    3: """
+    CREATE TABLE sweeps (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, finished_at TEXT, status TEXT NOT NULL,
+        spec TEXT NOT NULL);
+    ALTER TABLE runs ADD COLUMN sweep_id INTEGER REFERENCES sweeps(id);
+    ALTER TABLE runs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX runs_sweep ON runs (sweep_id, device, model);
     """,
 }
 
@@ -141,7 +150,8 @@ class Store:
 
     # -- writes -------------------------------------------------------------------------
 
-    def record_result(self, result: BenchResult, device: Device, model: ModelSource, artifact: Artifact | None) -> int:
+    def record_result(self, result: BenchResult, device: Device, model: ModelSource, artifact: Artifact | None,
+                      sweep_id: int | None = None, attempt: int = 1) -> int:
         """Store one bench result with its samples, copies and check, atomically. Returns the run id."""
         now = _now()
         try:
@@ -167,14 +177,14 @@ class Store:
                 cursor = db.execute(
                     """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                        failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
-                       min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned)
-                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                     (result.started_at or now, result.device, result.key, result.model, result.model_digest,
                      result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
                      result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
                      int(device.emulated), result.context.get("farm_version", ""),
                      result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
-                     int(bool(artifact and artifact.tuned_tasks))))
+                     int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt))
                 run_id = int(cursor.lastrowid)
                 db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                                [(run_id, "steady", 0, i, v, result.steady_number or 0)
@@ -245,6 +255,31 @@ class Store:
             "SELECT workload_sha, body FROM tune_records WHERE tuning_key=? ORDER BY rowid", (tuning_key,)).fetchall()
         return [row["line"] for row in workloads], [f"[{index[r['workload_sha']]}, {r['body']}]" for r in records]
 
+    def start_sweep(self, spec: dict[str, Any]) -> int:
+        with self._transaction() as db:
+            return int(db.execute("INSERT INTO sweeps (started_at, status, spec) VALUES (?, 'running', ?)",
+                                  (_now(), json.dumps(spec))).lastrowid)
+
+    def finish_sweep(self, sweep_id: int, status: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE sweeps SET finished_at=?, status=? WHERE id=?", (_now(), status, sweep_id))
+
+    def sweep(self, sweep_id: int | None = None) -> dict[str, Any] | None:
+        """One sweep (the latest when ``sweep_id`` is None), with its spec parsed."""
+        if sweep_id is None:
+            row = self._db.execute("SELECT * FROM sweeps ORDER BY id DESC LIMIT 1").fetchone()
+        else:
+            row = self._db.execute("SELECT * FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
+        return None if row is None else {**dict(row), "spec": json.loads(row["spec"])}
+
+    def sweep_attempts(self, sweep_id: int) -> dict[tuple[str, str], list[tuple[int, str]]]:
+        """(device, model) -> [(attempt, status), ...] of a sweep's stored runs."""
+        cells: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for row in self._db.execute("SELECT device, model, attempt, status FROM runs WHERE sweep_id=? ORDER BY id",
+                                    (sweep_id,)):
+            cells.setdefault((row["device"], row["model"]), []).append((row["attempt"], row["status"]))
+        return cells
+
     def tune_sessions(self, device: str | None = None) -> list[dict[str, Any]]:
         sql, params = "SELECT * FROM tune_sessions", []
         if device:
@@ -253,9 +288,13 @@ class Store:
 
     # -- reads --------------------------------------------------------------------------
 
-    def runs(self, device: str | None = None, model: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
+    def runs(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+             sweep_id: int | None = None) -> list[dict[str, Any]]:
         """Runs joined with their check, newest first."""
         where, params = [], []
+        if sweep_id is not None:
+            where.append("r.sweep_id = ?")
+            params.append(sweep_id)
         if device:
             where.append("r.device = ?")
             params.append(device)
@@ -287,7 +326,7 @@ class Store:
 
     def count(self, table: str) -> int:
         if table not in ("runs", "samples", "copies", "checks", "devices", "models", "artifacts", "tune_records",
-                         "tune_workloads", "tune_sessions"):
+                         "tune_workloads", "tune_sessions", "sweeps"):
             raise ValueError(table)
         return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 

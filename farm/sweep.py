@@ -1,27 +1,36 @@
-"""Orchestration: compile, measure, check and store model × device cells.
+"""Orchestration: compile, measure, check and store model × device cells; parallel sweeps.
 
 Every cell ends as a stored result, ok or failed; only bad input (unknown model,
 bad inventory) stops before the first cell.
+
+A sweep compiles in the calling thread (each artifact once, cached) and hands the
+artifacts to one worker thread per device, so compilation overlaps measurement and
+devices measure in parallel. Each worker has its own database connection; every
+result is one transaction, so a killed sweep loses at most the cells in flight and
+``resume_sweep`` finishes exactly the missing ones.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from farm.compile import compile_model, effective_target, tuning_key
-from farm.errors import FarmError
+from farm.errors import FarmError, StoreError
 from farm.measure import bench_artifact
-from farm.models import load_reference_file, make_inputs, reference_outputs
+from farm.models import load_model, load_reference_file, make_inputs, reference_outputs
 from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource, TrackerAddress, TuningSet
 from farm.store import Store
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
+RETRYABLE_STEPS = ("session", "upload", "load", "first", "steady", "copy")  # a dropped session, not a wrong output
 
 
 @dataclass(frozen=True)
@@ -38,26 +47,27 @@ def tuning_set(store: Store, device: Device) -> TuningSet:
     return TuningSet(key, tuple(workloads), tuple(records))
 
 
-def bench_cell(
-    tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
-    config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
-) -> CellResult:
-    """Compile (cached; with the store's tuning records unless ``tuned`` is False), measure and store one cell."""
+def compile_cell(device: Device, model: ModelSource, store: Store, cache_dir: Path, tuned: bool = True) -> Artifact:
+    """The cell's artifact, with the store's tuning records for the device unless ``tuned`` is False."""
+    tuning = tuning_set(store, device) if tuned and device.export != "system-lib" else None
+    return compile_model(model, device, cache_dir, tuning)
+
+
+def compile_failure(device: Device, model: ModelSource, config: BenchConfig, exc: FarmError) -> BenchResult:
+    return BenchResult(
+        device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",
+        reason=exc.message, failed_step="compile", hint=exc.hint, config=config,
+        check=CheckResult("skipped", detail="not reached: failed at compile"),
+        context={"device_kind": device.kind, "emulated": device.emulated, "target": device.target},
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+    )
+
+
+def measure_cell(
+    tracker: TrackerAddress, device: Device, model: ModelSource, artifact: Artifact, config: BenchConfig,
+    reference_file: str | None = None, progress: Progress | None = None,
+) -> BenchResult:
     say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
-    try:
-        tuning = tuning_set(store, device) if tuned and device.export != "system-lib" else None
-        if say:
-            say("compile", f"{model.name} ({len(tuning.records)} tuning records)" if tuning and tuning.records else model.name)
-        artifact = compile_model(model, device, cache_dir, tuning)
-    except FarmError as exc:
-        result = BenchResult(
-            device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",
-            reason=exc.message, failed_step="compile", hint=exc.hint, config=config,
-            check=CheckResult("skipped", detail="not reached: failed at compile"),
-            context={"device_kind": device.kind, "emulated": device.emulated, "target": device.target},
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        )
-        return CellResult(store.record_result(result, device, model, None), result, None)
     inputs = make_inputs(model, config.seed)
     reference_name = "onnxruntime"
     try:
@@ -68,7 +78,22 @@ def bench_cell(
     except FarmError as exc:
         log.warning("%s; output check skipped", exc.message)
         reference = None
-    result = bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
+    return bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
+
+
+def bench_cell(
+    tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
+    config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
+) -> CellResult:
+    """Compile (cached; with the store's tuning records unless ``tuned`` is False), measure and store one cell."""
+    if progress:
+        progress(device.name, model.name, "compile", model.name)
+    try:
+        artifact = compile_cell(device, model, store, cache_dir, tuned)
+    except FarmError as exc:
+        result = compile_failure(device, model, config, exc)
+        return CellResult(store.record_result(result, device, model, None), result, None)
+    result = measure_cell(tracker, device, model, artifact, config, reference_file, progress)
     return CellResult(store.record_result(result, device, model, artifact), result, artifact)
 
 
@@ -86,3 +111,132 @@ def run_matrix(
                 time.sleep(device.cooldown_s)
             cells.append(bench_cell(tracker, device, model, store, cache_dir, config, progress=progress))
     return cells
+
+
+# -- sweeps ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep measures. Stored with the sweep, so ``--resume`` needs nothing else."""
+
+    devices: tuple[str, ...]
+    models: tuple[str, ...]
+    reference: str | None = "mlp"  # measured first on every device, every sweep: tells drift from regressions
+    config: BenchConfig = BenchConfig()
+    retries: int = 1
+    tuned: bool = True
+
+    def cell_models(self) -> tuple[str, ...]:
+        ref = (self.reference,) if self.reference else ()
+        return ref + tuple(m for m in self.models if m != self.reference)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "config": asdict(self.config)}
+
+    @staticmethod
+    def from_json(data: dict) -> "SweepSpec":
+        return SweepSpec(devices=tuple(data["devices"]), models=tuple(data["models"]), reference=data["reference"],
+                         config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"])
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: int
+    status: str
+    cells: list[CellResult] = field(default_factory=list)
+    skipped: int = 0  # cells already done (resume)
+    seconds: float = 0.0
+
+
+def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, str]]]) -> list[tuple[str, str]]:
+    """Cells without an ok run and with retries left, in sweep order."""
+    todo = []
+    for device in spec.devices:
+        for model in spec.cell_models():
+            attempts = done.get((device, model), [])
+            if any(status == "ok" for _, status in attempts) or len(attempts) > spec.retries:
+                continue
+            todo.append((device, model))
+    return todo
+
+
+def run_sweep(
+    tracker: TrackerAddress, devices: dict[str, Device], spec: SweepSpec, db_path: Path, cache_dir: Path,
+    progress: Progress | None = None, sweep_id: int | None = None,
+) -> SweepOutcome:
+    """Run (or, with ``sweep_id``, resume) a sweep: one worker per device, compile pipelined with measurement."""
+    start = time.monotonic()
+    unknown = [d for d in spec.devices if d not in devices]
+    if unknown:
+        raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
+    models = {name: load_model(name) for name in spec.cell_models()}  # bad names fail before any work
+    with Store(db_path) as store:
+        if sweep_id is None:
+            sweep_id = store.start_sweep(spec.to_json())
+            done: dict = {}
+        else:
+            done = store.sweep_attempts(sweep_id)
+        todo = missing_cells(spec, done)
+        outcome = SweepOutcome(sweep_id, "running",
+                               skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
+        queues: dict[str, queue.Queue] = {name: queue.Queue() for name in spec.devices}
+        lock = threading.Lock()
+        workers = [threading.Thread(target=_device_worker, name=f"sweep-{name}", daemon=True,
+                                    args=(tracker, devices[name], queues[name], spec, db_path, sweep_id, done,
+                                          outcome, lock, progress))
+                   for name in spec.devices]
+        for worker in workers:
+            worker.start()
+        try:
+            # compile in sweep order; each device's queue gets its cells as soon as they are built
+            for device_name, model_name in todo:
+                device, model = devices[device_name], models[model_name]
+                if progress:
+                    progress(device_name, model_name, "compile", "")
+                try:
+                    artifact: Artifact | FarmError = compile_cell(device, model, store, cache_dir, spec.tuned)
+                except FarmError as exc:
+                    artifact = exc
+                queues[device_name].put((model, artifact))
+        finally:
+            for q in queues.values():
+                q.put(None)
+            for worker in workers:
+                worker.join()
+        outcome.status = "done"
+        store.finish_sweep(sweep_id, "done")
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: Path, sweep_id: int,
+                   done: dict, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None) -> None:
+    """Measure one device's cells in order: cooldown, measure, retry a dropped session once, store."""
+    with Store(db_path) as store:
+        first = True
+        while (item := cells.get()) is not None:
+            model, artifact = item
+            previous = len(done.get((device.name, model.name), []))
+            for attempt in range(previous + 1, spec.retries + 2):
+                if not first and device.cooldown_s:
+                    if progress:
+                        progress(device.name, model.name, "cooldown", f"{device.cooldown_s:g} s")
+                    time.sleep(device.cooldown_s)
+                first = False
+                if isinstance(artifact, FarmError):
+                    result, stored_artifact = compile_failure(device, model, spec.config, artifact), None
+                else:
+                    result = measure_cell(tracker, device, model, artifact, spec.config, progress=progress)
+                    stored_artifact = artifact
+                try:
+                    run_id = store.record_result(result, device, model, stored_artifact, sweep_id, attempt)
+                except StoreError as exc:  # never lose the sweep over one write; the cell stays missing
+                    log.error("%s", exc.message)
+                    break
+                with lock:
+                    outcome.cells.append(CellResult(run_id, result, stored_artifact))
+                retry = result.status != "ok" and result.failed_step in RETRYABLE_STEPS
+                if not retry:
+                    break
+                if progress and attempt <= spec.retries:
+                    progress(device.name, model.name, "retry", result.reason)

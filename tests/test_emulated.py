@@ -4,6 +4,7 @@ Slow (builds the board on first use; cached in $FARM_CACHE afterwards), but CI r
 """
 
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -73,3 +74,32 @@ target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
         text, errors, _ = open_in_chromium(report)
         assert errors == []
         assert "board emulated" in text and "run under qemu" in text
+
+
+def test_sweep_three_models_on_local_and_emulated_devices(farm_net, farm_env, tmp_path):
+    from farm.devices.emulated import bring_up
+    from farm.inventory import parse_inventory
+    from farm.rpc.processes import stop_process
+    from farm.rpc.tracker import wait_for_servers
+
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(farm_net.inventory_text(
+        '\n[devices.board]\nkind = "qemu"\nkey = "sweep-arm64"\ntarget = { kind = "llvm", mtriple = "aarch64-linux-gnu" }\n'))
+    board = parse_inventory(inventory.read_text()).devices["board"]
+    started = bring_up(board, farm_net.tracker, tmp_path)
+    try:
+        wait_for_servers(farm_net.tracker, {"sweep-arm64": 1}, timeout_s=30)
+        proc = run_farm("--devices", str(inventory), "sweep", "--device", "cpu-a", "--device", "cpu-b",
+                        "--device", "board", "--repeat", "3", "--min-repeat-ms", "5",
+                        "--report-dir", str(tmp_path / "reports"), "--json", env=farm_env)
+    finally:
+        for record in started:
+            stop_process(record)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    cells = {(c["device"], c["model"]): c["status"] for c in out["cells"]}
+    assert cells == {(d, m): "ok" for d in ("cpu-a", "cpu-b", "board") for m in ("mlp", "convnet", "mobile-block")}
+    if CHROMIUM:
+        text, errors, images = open_in_chromium(Path(out["report"]))
+        assert errors == [] and images
+        assert "board emulated" in text and "mobile-block" in text

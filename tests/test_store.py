@@ -83,4 +83,4 @@ def test_version_1_database_is_migrated_keeping_its_runs(tmp_path):
         rows = run_rows(store)
         assert store.count("tune_records") == 0
     assert [(r["device"], r["tuned"]) for r in rows] == [("cpu", False)]
-    assert sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0] == "2"
+    assert sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)

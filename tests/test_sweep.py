@@ -54,3 +54,78 @@ def test_absent_device_is_stored_as_failed_session(farm_net, tmp_path):
         row = run_rows(store)[0]
     assert cell.result.status == "failed" and cell.result.failed_step == "session"
     assert row["reason"] == "no free device for key 'test-nobody-serves-this' after 1 s"
+
+
+# -- sweeps ---------------------------------------------------------------------------------
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+from farm.sweep import SweepSpec, missing_cells
+from tests.conftest import REPO, run_farm
+
+
+def test_missing_cells_skips_ok_and_exhausted_cells():
+    spec = SweepSpec(devices=("a", "b"), models=("m1", "m2"), reference="ref", retries=1)
+    done = {("a", "ref"): [(1, "ok")], ("a", "m1"): [(1, "failed")], ("a", "m2"): [(1, "failed"), (2, "failed")],
+            ("b", "ref"): [(1, "failed"), (2, "ok")]}
+    assert missing_cells(spec, done) == [("a", "m1"), ("b", "m1"), ("b", "m2")]
+    assert spec.cell_models() == ("ref", "m1", "m2")
+
+
+def test_sweep_keeps_going_when_one_device_is_missing(farm_net, inventory_file, farm_env):
+    proc = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--device", "ghost",
+                    "--model", "mlp", "--model", "convnet", "--repeat", "3", "--min-repeat-ms", "5", "--timeout", "1",
+                    "--no-report", "--json", env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    cells = {(c["device"], c["model"]): c for c in json.loads(proc.stdout)["cells"]}
+    assert {k for k, c in cells.items() if c["status"] == "ok"} == {("cpu-a", "mlp"), ("cpu-a", "convnet")}
+    assert all(c["failed_step"] == "session" for (d, _), c in cells.items() if d == "ghost")
+    attempts = json.loads(run_farm("results", "--device", "ghost", "--json", env=farm_env).stdout)
+    assert sorted(r["attempt"] for r in attempts) == [1, 1, 2, 2]  # the dropped session was retried once per cell
+
+
+def _sweep_cells(db_path, sweep_id):
+    with sqlite3.connect(db_path) as db:
+        return db.execute("SELECT device, model, status FROM runs WHERE sweep_id=? ORDER BY device, model",
+                          (sweep_id,)).fetchall()
+
+
+def test_sigkill_mid_sweep_then_resume_gives_the_same_cells(farm_net, farm_env, tmp_path):
+    inventory = tmp_path / "devices.toml"
+    text = farm_net.inventory_text().replace('key = "test-a"', 'key = "test-a"\ncooldown_s = 1').replace(
+        'key = "test-b"', 'key = "test-b"\ncooldown_s = 1')
+    inventory.write_text(text)
+    args = ["--devices", str(inventory), "sweep", "--device", "cpu-a", "--device", "cpu-b", "--model", "mlp",
+            "--model", "convnet", "--model", "mobile-block", "--repeat", "3", "--min-repeat-ms", "5", "--no-report"]
+    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", *args], cwd=REPO, env={**os.environ, **farm_env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    db_path = tmp_path / "results.db"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if len(_sweep_cells(db_path, 1)) >= 2:
+                    break
+            except sqlite3.OperationalError:
+                pass
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    before = _sweep_cells(db_path, 1)
+    assert 2 <= len(before) < 8  # killed midway: some cells stored, some missing
+    resumed = run_farm(*args[:3], "--resume", "--json", "--no-report", env=farm_env)
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert out["sweep_id"] == 1 and out["skipped"] == len(before)
+    after = _sweep_cells(db_path, 1)
+    expected = sorted((d, m, "ok") for d in ("cpu-a", "cpu-b") for m in ("convnet", "mlp", "mobile-block"))
+    assert after == expected  # every cell exactly once, reference (mlp) included, nothing duplicated
