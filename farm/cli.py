@@ -510,12 +510,14 @@ def cmd_sweep(args) -> int:
     outcome = run_sweep(inventory.tracker, inventory.devices, spec, Path(args.db), home_dir() / "cache",
                         progress=_progress_printer(args.progress), sweep_id=sweep_id)
     report = None
-    if not args.no_report:
-        from farm.report import render_report
+    with Store(args.db) as store:
+        alerts, _ = detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
+                                       _progress_printer(args.progress))
+        if not args.no_report:
+            from farm.report import render_report
 
-        with Store(args.db) as store:
             report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
-                                   title=f"farm sweep {outcome.sweep_id}")
+                                   title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id)
     final = {}
     for cell in outcome.cells:  # the last attempt of each cell
         final[(cell.result.device, cell.result.model)] = cell
@@ -523,6 +525,7 @@ def cmd_sweep(args) -> int:
     if args.json:
         emit_json({"sweep_id": outcome.sweep_id, "status": outcome.status, "seconds": round(outcome.seconds, 1),
                    "skipped": outcome.skipped, "report": str(report) if report else None,
+                   "alerts": [{k: a[k] for k in ("device", "model", "metric", "status", "change", "z")} for a in alerts],
                    "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
                               "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason}
                              for c in final.values()]})
@@ -533,6 +536,8 @@ def cmd_sweep(args) -> int:
             med = sorted(c.result.steady_samples_s)[len(c.result.steady_samples_s) // 2] if c.result.steady_samples_s else None
             print(f"  {device:16s} {model:14s} {c.result.status:6s} {_ms(med):>10s}"
                   + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
+        for a in alerts:
+            print(f"  alert: {a['device']} · {a['model']} · {a['metric']}: {a['status']} ({a['change']:+.1%}, z {a['z']:.1f})")
         if report:
             print(f"report: {report}")
     return 0
@@ -551,6 +556,98 @@ def _sweep_file(path: str) -> dict[str, Any]:
     if unknown:
         raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}", "allowed: devices, models, reference, [bench]")
     return data
+
+
+def cmd_regressions(args) -> int:
+    from farm.store import Store
+
+    _require_db(args.db)
+    inventory = _inventory(args) if args.confirm else None
+    with Store(args.db) as store:
+        alerts, sweep_id = detect_and_confirm(store, inventory, None if args.sweep is None else int(args.sweep),
+                                              args.confirm, _bench_config(args), _progress_printer(args.progress))
+    if args.json:
+        emit_json({"sweep_id": sweep_id, "alerts": alerts})
+    else:
+        print(f"sweep {sweep_id}: {len(alerts)} alert(s)")
+        print_table([{**a, "change": f"{a['change']:+.1%}", "z": f"{a['z']:.1f}", "value": _ms(a["value"]),
+                      "centre": _ms(a["baseline"]["centre"])} for a in alerts],
+                    ["device", "model", "metric", "status", "value", "centre", "change", "z"])
+    return 0
+
+
+def detect_and_confirm(store, inventory, sweep_id, confirm_candidates: bool, config, progress=None):
+    """Store the sweep's candidate/improved verdicts as alerts; with ``confirm_candidates``, rerun
+    old and new artifacts interleaved on the device and store the confirmation."""
+    from farm.regress import METHOD, confirm, detect
+    from farm.results import run_rows
+
+    sweep = store.sweep(sweep_id)
+    if sweep is None:
+        raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
+                        "run farm sweep first; regressions compare sweeps")
+    verdicts = [v for v in detect(run_rows(store), sweep["id"]) if v["status"] in ("candidate", "improved")]
+    for verdict in verdicts:
+        store.save_alert(verdict, METHOD.to_json())
+        if not (confirm_candidates and verdict["status"] == "candidate" and verdict["metric"] == "steady"):
+            continue
+        status, detail = _confirm_one(store, inventory, verdict, config, confirm, progress)
+        store.save_alert(verdict, METHOD.to_json(), status, detail)
+    return store.alerts(sweep["id"]), sweep["id"]
+
+
+def _confirm_one(store, inventory, verdict, config, confirm, progress):
+    from farm.measure import interleaved_samples
+    from farm.models import load_model, make_inputs
+    from farm.records import Artifact
+
+    if verdict["artifact_key"] == verdict["baseline_artifact_key"]:
+        return "drift", {"reason": "same artifact as the baseline: the device changed, not the model"}
+    rows = [store.artifact(verdict["baseline_artifact_key"] or ""), store.artifact(verdict["artifact_key"])]
+    if any(r is None or not Path(r["path"]).exists() for r in rows):
+        return "unknown", {"reason": "an artifact is no longer in the cache; cannot rerun"}
+    old, new = [Artifact(cache_key=r["cache_key"], path=r["path"], model_name=verdict["model"],
+                         model_digest=r["model_digest"], target=r["target"], export=r["export"],
+                         toolchain=r["toolchain"], tvm_version=r["tvm_version"], file_digest=r["file_digest"],
+                         build_s=r["build_s"]) for r in rows]
+    device = inventory.devices.get(verdict["device"])
+    if device is None:
+        return "unknown", {"reason": f"device {verdict['device']!r} is not in the inventory"}
+    try:
+        inputs = make_inputs(load_model(verdict["model"]), config.seed)
+    except FarmError as exc:
+        return "unknown", {"reason": exc.message}
+    if progress:
+        progress(device.name, verdict["model"], "confirm", "old and new artifacts interleaved")
+    try:
+        status, comparison = confirm(lambda n: interleaved_samples(inventory.tracker, device, old, new, inputs, n, config))
+    except FarmError as exc:
+        return "unknown", {"reason": exc.message}
+    return status, {"method": "interleaved rerun, Mann-Whitney U and KS", **asdict(comparison)}
+
+
+def cmd_compare(args) -> int:
+    from farm.regress import compare_samples
+    from farm.store import Store
+
+    _require_db(args.db)
+    with Store(args.db) as store:
+        runs = {r["id"]: r for r in store.runs()}
+        for run_id in (args.run_a, args.run_b):
+            if run_id not in runs:
+                raise FarmError(f"no run {run_id} in {args.db}", "see farm results")
+        a, b = store.samples(args.run_a), store.samples(args.run_b)
+    if len(a) < 3 or len(b) < 3:
+        raise FarmError("each run needs at least 3 steady samples to compare", "bench with --repeat 20")
+    result = compare_samples(a, b)
+    data = {"run_a": args.run_a, "run_b": args.run_b, **asdict(result)}
+    if args.json:
+        emit_json(data)
+    else:
+        print(f"run {args.run_a}: {runs[args.run_a]['device']} · {runs[args.run_a]['model']}  median {_ms(result.median_old)} ({result.n_old} samples)")
+        print(f"run {args.run_b}: {runs[args.run_b]['device']} · {runs[args.run_b]['model']}  median {_ms(result.median_new)} ({result.n_new} samples)")
+        print(f"change {result.change:+.2%}; Mann-Whitney U p={result.mann_whitney_p:.3g}, KS p={result.ks_p:.3g}: {result.verdict}")
+    return 0
 
 
 def cmd_results(args) -> int:
@@ -722,8 +819,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const="latest", help="finish a crashed sweep (default: the latest)")
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--confirm", action="store_true", help="confirm regression candidates by interleaved reruns")
     p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="per-device steps on stderr (default on a TTY)")
     _add_bench_options(p)
+
+    p = add("regressions", cmd_regressions, "judge a sweep against the nightly baseline; confirm candidates",
+            "For every series (model × device × tuned, per metric) of the sweep (default: the latest), the\n"
+            "baseline is the last 20 accepted nightly medians (median, 1.4826·MAD). Candidates pass a robust z\n"
+            "and a relative change (generous); --confirm reruns old and new artifacts interleaved on the\n"
+            "device and needs Mann-Whitney U and KS p < 0.01 (strict). Alerts are stored with method,\n"
+            "parameters, baseline and confirmation, so every verdict can be reproduced.")
+    p.add_argument("--sweep", help="sweep id (default: the latest)")
+    p.add_argument("--confirm", action="store_true", help="rerun candidates' old and new artifacts interleaved on the device")
+    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty())
+    _add_bench_options(p)
+
+    p = add("compare", cmd_compare, "compare two runs' raw samples (Mann-Whitney U, Kolmogorov-Smirnov)")
+    p.add_argument("run_a", type=int)
+    p.add_argument("run_b", type=int)
 
     p = add("results", cmd_results, "list stored runs with computed summaries (--json, --csv)")
     p.add_argument("--device")

@@ -233,3 +233,44 @@ def _is_connection_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return isinstance(exc, (ConnectionError, OSError)) or "socket" in text or "connection" in text or "rpc" in text
 
+
+
+def interleaved_samples(
+    tracker: TrackerAddress, device: Device, old: Artifact, new: Artifact, inputs: dict[str, np.ndarray],
+    n: int, config: BenchConfig,
+) -> tuple[list[float], list[float]]:
+    """Run two artifacts alternately in one session, ``n`` repeats each (same number of calls per repeat).
+
+    What changed between nights (temperature, load, clocks) hits both equally, so the comparison
+    tests the artifacts. Raises MeasurementError on any failure."""
+    from farm.errors import MeasurementError
+
+    session = request_session(tracker, device.key, config.timeout_s, device.session_timeout_s)
+    names = [f"farm-interleave-{i}-{os.path.basename(a.path)}" for i, a in enumerate((old, new))]
+    try:
+        timers = []
+        for name, artifact in zip(names, (old, new)):
+            session.upload(artifact.path, name)
+            dev = session.device(DEVICE_TYPE[artifact.target["kind"]], 0)
+            vm = relax.VirtualMachine(session.load_module(name), dev)
+            vm.set_input("main", *[tvm.runtime.tensor(value, dev) for value in inputs.values()])
+            timers.append((vm, dev))
+        new_vm, new_dev = timers[1]
+        number = config.number or _calibrate(
+            lambda k, r: new_vm.time_evaluator("invoke_stateful", new_dev, number=k, repeat=r)("main").results,
+            config.min_repeat_ms)
+        evaluators = [vm.time_evaluator("invoke_stateful", dev, number=number, repeat=1) for vm, dev in timers]
+        old_s, new_s = [], []
+        for _ in range(n):
+            old_s.append(float(evaluators[0]("main").results[0]))
+            new_s.append(float(evaluators[1]("main").results[0]))
+        return old_s, new_s
+    except Exception as exc:
+        raise MeasurementError(f"interleaved rerun on {device.name!r} failed: {first_line(exc)}",
+                               "check the device (farm devices) and that both artifacts still exist") from None
+    finally:
+        for name in names:
+            try:
+                session.remove(name)
+            except Exception:
+                pass

@@ -16,8 +16,8 @@ from farm.stats import format_duration
 from farm.store import Store
 
 
-def render_report(store: Store, out_path: str | Path, title: str = "farm report") -> Path:
-    """Write the report for the latest run of every device × model; returns its path."""
+def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None) -> Path:
+    """Write the report for the latest run of every device × model (and the sweep's alerts); returns its path."""
     latest = run_rows(store, latest_only=True)
     latest.sort(key=lambda r: (r["device"], r["model"], r["tuned"]))
     for row in latest:
@@ -32,6 +32,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}), db_path=str(store.path),
         runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
         distribution_png=_distribution_png(store, latest), phases_png=_phases_png(latest),
+        alerts=store.alerts(sweep_id) if sweep_id is not None else [], sweep_id=sweep_id,
     )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

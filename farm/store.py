@@ -8,6 +8,7 @@ SCHEMA_VERSION history:
   2  tuning: tune_sessions, tune_workloads, tune_records; artifacts.tuning_digest/tuned_tasks/total_tasks;
      runs.tuned
   3  sweeps; runs.sweep_id, runs.attempt
+  4  alerts (regression verdicts with method, baseline and confirmation, reproducible)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 from farm.errors import StoreError
 from farm.records import Artifact, BenchResult, Device, ModelSource
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -84,6 +85,15 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE runs ADD COLUMN sweep_id INTEGER REFERENCES sweeps(id);
     ALTER TABLE runs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
     CREATE INDEX runs_sweep ON runs (sweep_id, device, model);
+    """,
+    4: """
+    CREATE TABLE alerts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+        sweep_id INTEGER NOT NULL, device TEXT NOT NULL, model TEXT NOT NULL, tuned INTEGER NOT NULL,
+        metric TEXT NOT NULL, run_id INTEGER NOT NULL, baseline_run_id INTEGER, status TEXT NOT NULL,
+        value REAL NOT NULL, z REAL, change REAL, baseline TEXT NOT NULL, method TEXT NOT NULL,
+        confirmation TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (sweep_id, device, model, tuned, metric));
     """,
 }
 
@@ -280,6 +290,38 @@ class Store:
             cells.setdefault((row["device"], row["model"]), []).append((row["attempt"], row["status"]))
         return cells
 
+    def save_alert(self, verdict: dict[str, Any], method: dict[str, Any], status: str | None = None,
+                   confirmation: dict[str, Any] | None = None) -> int:
+        """Insert or update the alert of one series in one sweep; returns its id."""
+        now = _now()
+        with self._transaction() as db:
+            db.execute(
+                """INSERT INTO alerts (created_at, updated_at, sweep_id, device, model, tuned, metric, run_id,
+                   baseline_run_id, status, value, z, change, baseline, method, confirmation)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   ON CONFLICT (sweep_id, device, model, tuned, metric) DO UPDATE SET updated_at=excluded.updated_at,
+                   status=excluded.status, confirmation=excluded.confirmation""",
+                (now, now, verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
+                 verdict["metric"], verdict["run_id"], verdict["baseline_run_id"], status or verdict["status"],
+                 verdict["value"], verdict["z"], verdict["change"], json.dumps(verdict["baseline"]),
+                 json.dumps(method), json.dumps(confirmation or {})))
+            row = db.execute("SELECT id FROM alerts WHERE sweep_id=? AND device=? AND model=? AND tuned=? AND metric=?",
+                             (verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
+                              verdict["metric"])).fetchone()
+        return int(row[0])
+
+    def alerts(self, sweep_id: int | None = None) -> list[dict[str, Any]]:
+        sql, params = "SELECT * FROM alerts", []
+        if sweep_id is not None:
+            sql, params = sql + " WHERE sweep_id=?", [sweep_id]
+        rows = self._db.execute(sql + " ORDER BY id", params).fetchall()
+        return [{**dict(r), "baseline": json.loads(r["baseline"]), "method": json.loads(r["method"]),
+                 "confirmation": json.loads(r["confirmation"])} for r in rows]
+
+    def artifact(self, cache_key: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM artifacts WHERE cache_key=?", (cache_key,)).fetchone()
+        return None if row is None else {**dict(row), "target": json.loads(row["target"])}
+
     def tune_sessions(self, device: str | None = None) -> list[dict[str, Any]]:
         sql, params = "SELECT * FROM tune_sessions", []
         if device:
@@ -326,7 +368,7 @@ class Store:
 
     def count(self, table: str) -> int:
         if table not in ("runs", "samples", "copies", "checks", "devices", "models", "artifacts", "tune_records",
-                         "tune_workloads", "tune_sessions", "sweeps"):
+                         "tune_workloads", "tune_sessions", "sweeps", "alerts"):
             raise ValueError(table)
         return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 

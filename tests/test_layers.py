@@ -10,6 +10,7 @@ ALLOWED = {
     "errors": set(),
     "records": set(),
     "stats": set(),
+    "regress": set(),
     "artifacts": set(),
     "inventory": {"errors", "records"},
     "store": {"errors", "records"},

@@ -1,0 +1,198 @@
+"""Regression detection over nightly history. No TVM, no database writes (store.py writes alerts).
+
+A *series* is one model on one device, tuned or not, one metric. Its *baseline* is the last
+N accepted nightly medians (accepted: status ok and not unstable); centre = their median,
+spread = 1.4826·MAD, floored at a fraction of the centre.
+
+A night is a *candidate* when both its robust z and its relative change pass the metric's
+thresholds. A nightly z alone cannot tell a 10 % step from 3 % night-to-night noise, so the
+candidate rule is generous; *confirmation* is strict: old and new artifacts rerun
+interleaved on the same device, then Mann-Whitney U and Kolmogorov-Smirnov must both give
+p < 0.01. Interleaving cancels what changed between nights (temperature, load), so it tests
+the artifacts, not the night.
+
+Thresholds (``METHOD``), chosen with ``tools/bench_detect.py`` on generated series (3 %
+night-to-night noise, 20-night baselines): steady latency candidates at z ≥ 1.0 and
+change ≥ 2 %; load, first-run and copy times are noisier and need z ≥ 2 and ≥ 5 %.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+METRICS = ("steady", "load", "first_run", "copy")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    z: float
+    rel: float
+
+
+@dataclass(frozen=True)
+class Method:
+    baseline_n: int = 20
+    baseline_min: int = 5
+    spread_floor: float = 0.005  # of the centre
+    thresholds: dict[str, Thresholds] = field(default_factory=lambda: {
+        "steady": Thresholds(1.0, 0.02),
+        "load": Thresholds(2.0, 0.05),
+        "first_run": Thresholds(2.0, 0.05),
+        "copy": Thresholds(2.0, 0.05),
+    })
+    p_confirm: float = 0.01
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "thresholds": {k: asdict(v) for k, v in self.thresholds.items()}}
+
+
+METHOD = Method()
+
+
+@dataclass(frozen=True)
+class Baseline:
+    n: int
+    centre: float
+    spread: float
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one night says about one series."""
+
+    status: str  # ok | candidate | improved | no-baseline | unstable
+    value: float
+    baseline: Baseline | None
+    z: float | None
+    change: float | None  # relative: +0.10 = 10 % slower
+
+
+def baseline_of(history: Sequence[float], method: Method = METHOD) -> Baseline | None:
+    """Baseline from accepted nightly values, oldest first; None below ``baseline_min``."""
+    values = np.asarray(list(history)[-method.baseline_n:], dtype=np.float64)
+    if values.size < method.baseline_min:
+        return None
+    centre = float(np.median(values))
+    spread = max(float(1.4826 * np.median(np.abs(values - centre))), method.spread_floor * centre)
+    return Baseline(int(values.size), centre, spread, tuple(float(v) for v in values))
+
+
+def judge(value: float, history: Sequence[float], metric: str = "steady", unstable: bool = False,
+          method: Method = METHOD) -> Verdict:
+    """Candidate regression (slower) or improvement (faster) of ``value`` against ``history``."""
+    base = baseline_of(history, method)
+    if base is None:
+        return Verdict("no-baseline", value, None, None, None)
+    z = (value - base.centre) / base.spread
+    change = (value - base.centre) / base.centre
+    if unstable:
+        return Verdict("unstable", value, base, z, change)
+    limit = method.thresholds[metric]
+    if z >= limit.z and change >= limit.rel:
+        return Verdict("candidate", value, base, z, change)
+    if z <= -limit.z and change <= -limit.rel:
+        return Verdict("improved", value, base, z, change)
+    return Verdict("ok", value, base, z, change)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two sets of raw samples (old vs new artifact, or run A vs run B)."""
+
+    n_old: int
+    n_new: int
+    median_old: float
+    median_new: float
+    change: float
+    mann_whitney_p: float
+    ks_p: float
+    verdict: str  # slower | faster | same | inconclusive
+
+
+def compare_samples(old: Sequence[float], new: Sequence[float], method: Method = METHOD) -> Comparison:
+    old_a, new_a = np.asarray(old, dtype=np.float64), np.asarray(new, dtype=np.float64)
+    if old_a.size < 3 or new_a.size < 3:
+        raise ValueError("need at least 3 samples on each side")
+    mw = float(scipy_stats.mannwhitneyu(new_a, old_a, alternative="two-sided").pvalue)
+    ks = float(scipy_stats.ks_2samp(new_a, old_a).pvalue)
+    m_old, m_new = float(np.median(old_a)), float(np.median(new_a))
+    change = (m_new - m_old) / m_old
+    if mw < method.p_confirm and ks < method.p_confirm:
+        verdict = "slower" if change > 0 else "faster"
+    elif mw > 0.2 and ks > 0.2:
+        verdict = "same"
+    else:
+        verdict = "inconclusive"
+    return Comparison(int(old_a.size), int(new_a.size), m_old, m_new, change, mw, ks, verdict)
+
+
+def series_value(metric: str, row: dict[str, Any]) -> float | None:
+    """A run's value for ``metric`` (rows from results.run_rows)."""
+    if metric == "steady":
+        return row["steady_median_s"]
+    if metric == "load":
+        return row["load_s"]
+    if metric == "first_run":
+        return row["first_run_s"]
+    copies = [c for c in row["copy_s"] if c is not None]
+    return sum(copies) if copies else None
+
+
+def detect(rows: list[dict[str, Any]], sweep_id: int, method: Method = METHOD) -> list[dict[str, Any]]:
+    """Verdicts for every series of ``sweep_id`` against the earlier sweeps' accepted values.
+
+    ``rows``: results.run_rows of all sweeps, any order. Only the final attempt of a cell counts."""
+    by_series: dict[tuple, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: r["run_id"]):
+        if row["sweep_id"] is None:
+            continue
+        by_series.setdefault((row["device"], row["model"], row["tuned"]), []).append(row)
+    verdicts = []
+    for (device, model, tuned), runs in sorted(by_series.items()):
+        current = [r for r in runs if r["sweep_id"] == sweep_id and r["status"] == "ok"]
+        if not current:
+            continue
+        now = current[-1]
+        earlier = {}
+        for r in runs:  # one accepted value per earlier sweep: its last ok, stable run
+            if r["sweep_id"] < sweep_id and r["status"] == "ok" and not r["unstable"]:
+                earlier[r["sweep_id"]] = r
+        history_rows = [earlier[k] for k in sorted(earlier)]
+        for metric in METRICS:
+            value = series_value(metric, now)
+            history = [v for v in (series_value(metric, r) for r in history_rows) if v is not None]
+            if value is None:
+                continue
+            verdict = judge(value, history, metric, unstable=now["unstable"] and metric == "steady", method=method)
+            verdicts.append({
+                "device": device, "model": model, "tuned": tuned, "metric": metric, "sweep_id": sweep_id,
+                "run_id": now["run_id"], "artifact_key": now["artifact_key"],
+                "baseline_run_id": history_rows[-1]["run_id"] if history_rows else None,
+                "baseline_artifact_key": history_rows[-1]["artifact_key"] if history_rows else None,
+                "status": verdict.status, "value": verdict.value, "z": verdict.z, "change": verdict.change,
+                "baseline": asdict(verdict.baseline) if verdict.baseline else None,
+            })
+    return verdicts
+
+
+def confirm(sample_pair, rounds: Sequence[int] = (20, 60), method: Method = METHOD) -> tuple[str, Comparison | None]:
+    """Confirm a candidate: ``sample_pair(n)`` reruns old and new artifacts interleaved and returns
+    (old samples, new samples). Inconclusive → more repeats; still inconclusive → "unknown".
+
+    Returns ("confirmed" | "rejected" | "improved" | "unknown", the last comparison)."""
+    comparison = None
+    for n in rounds:
+        old, new = sample_pair(n)
+        comparison = compare_samples(old, new, method)
+        if comparison.verdict == "slower":
+            return "confirmed", comparison
+        if comparison.verdict == "faster":
+            return "improved", comparison
+        if comparison.verdict == "same":
+            return "rejected", comparison
+    return "unknown", comparison

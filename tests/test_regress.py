@@ -1,0 +1,98 @@
+"""Regression detection: literal numbers in, exact verdicts out; then a real slowdown, end to end."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.regress import Method, Thresholds, baseline_of, compare_samples, confirm, judge
+from tests.conftest import run_farm
+from tests.test_report import CHROMIUM, open_in_chromium
+
+HISTORY = [1.00, 1.02, 0.98, 1.01, 0.99, 1.00, 1.03, 0.97]
+
+
+def test_baseline_is_median_and_scaled_mad_with_floor():
+    base = baseline_of(HISTORY)
+    assert base.n == 8 and base.centre == 1.0
+    assert base.spread == pytest.approx(1.4826 * 0.015)
+    flat = baseline_of([2.0] * 6)
+    assert flat.spread == pytest.approx(0.01)  # 0.5 % floor of the centre
+    assert baseline_of([1.0] * 4) is None  # fewer than 5 nights
+
+
+def test_judge_verdicts():
+    assert judge(1.10, HISTORY).status == "candidate"
+    assert judge(1.01, HISTORY).status == "ok"
+    assert judge(0.90, HISTORY).status == "improved"
+    assert judge(1.10, HISTORY[:3]).status == "no-baseline"
+    assert judge(1.10, HISTORY, unstable=True).status == "unstable"
+    # load times need a larger change than steady latency
+    assert judge(1.04, HISTORY, "steady").status == "candidate"
+    assert judge(1.04, HISTORY, "load").status == "ok"
+    strict = Method(thresholds={"steady": Thresholds(5.0, 0.2)})
+    assert judge(1.10, HISTORY, method=strict).status == "ok"
+
+
+def test_compare_and_confirm():
+    old = [1.00, 1.01, 0.99, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00, 1.01]
+    slower = [v * 1.2 for v in old]
+    assert compare_samples(old, slower).verdict == "slower"
+    assert compare_samples(old, old).verdict == "same"
+    assert confirm(lambda n: (old, slower))[0] == "confirmed"
+    assert confirm(lambda n: (slower, old))[0] == "improved"
+    assert confirm(lambda n: (old, list(old)))[0] == "rejected"
+    calls = []
+    mixed_new = [1.00, 1.05, 0.99, 1.06, 0.98, 1.04, 1.01, 1.05, 1.00, 1.06]
+
+    def inconclusive(n):
+        calls.append(n)
+        return old, mixed_new
+    status, comparison = confirm(inconclusive)
+    assert comparison.verdict == "inconclusive" and status == "unknown" and calls == [20, 60]
+
+
+def _mlp(hidden: int, layers: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(5)
+    inits, nodes, prev, width = [], [], "x", 64
+    for i in range(layers):
+        inits += [numpy_helper.from_array((rng.standard_normal((width, hidden)) * 0.05).astype("float32"), f"w{i}")]
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"h{i}"]), helper.make_node("Relu", [f"h{i}"], [f"r{i}"])]
+        prev, width = f"r{i}", hidden
+    inits.append(numpy_helper.from_array((rng.standard_normal((width, 10)) * 0.05).astype("float32"), "wo"))
+    nodes.append(helper.make_node("MatMul", [prev, "wo"], ["y"]))
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inventory_file, farm_env, tmp_path):
+    net = tmp_path / "net.onnx"
+    onnx.save(_mlp(512, 3), net)
+    sweep = ["--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", str(net), "--reference", "none",
+             "--repeat", "10", "--min-repeat-ms", "20", "--json", "--report-dir", str(tmp_path / "reports")]
+    for _ in range(6):
+        night = run_farm(*sweep, env=farm_env)
+        assert night.returncode == 0, night.stderr
+    # the model file changes under the same name: 4 layers of 2048 instead of 3 of 512 — a real, slower artifact
+    onnx.save(_mlp(2048, 4), net)
+    slow = run_farm(*sweep, "--confirm", env=farm_env)
+    assert slow.returncode == 0, slow.stderr
+    out = json.loads(slow.stdout)
+    steady = [a for a in out["alerts"] if a["metric"] == "steady"]
+    rows = json.loads(run_farm("results", "--json", env=farm_env).stdout)
+    assert steady and steady[0]["status"] == "confirmed" and steady[0]["change"] > 0.5, (out["alerts"], [(r["sweep_id"], r["model"], r["steady_median_s"], r["steady_cv"], r["unstable"]) for r in rows])
+    stored = json.loads(run_farm("--devices", str(inventory_file), "regressions", "--json", env=farm_env).stdout)
+    alert = next(a for a in stored["alerts"] if a["metric"] == "steady")
+    assert alert["confirmation"]["mann_whitney_p"] < 0.01 and alert["confirmation"]["ks_p"] < 0.01
+    assert alert["baseline"]["n"] >= 5 and alert["method"]["baseline_n"] == 20
+    if CHROMIUM:
+        from pathlib import Path
+
+        text, errors, _ = open_in_chromium(Path(out["report"]))
+        assert errors == []
+        assert "Regressions in sweep 7" in text and "confirmed" in text

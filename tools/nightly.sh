@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Nightly sweep: every inventory device × the models below, regressions confirmed, report written.
+# Run from the farm checkout. Logs to .farm/nightly-DATE.log; exit code is farm's.
+#
+# cron (02:30 every night):
+#   30 2 * * *  cd /srv/farm && bash tools/nightly.sh >> .farm/cron.log 2>&1
+# systemd timer: see the unit files printed by `bash tools/nightly.sh --systemd`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--systemd" ]; then
+  cat <<UNIT
+# /etc/systemd/system/farm-nightly.service
+[Unit]
+Description=farm nightly sweep
+[Service]
+Type=oneshot
+WorkingDirectory=$PWD
+ExecStart=/usr/bin/env bash $PWD/tools/nightly.sh
+
+# /etc/systemd/system/farm-nightly.timer
+[Unit]
+Description=farm nightly sweep at 02:30
+[Timer]
+OnCalendar=*-*-* 02:30:00
+Persistent=true
+[Install]
+WantedBy=timers.target
+UNIT
+  exit 0
+fi
+
+farm=.venv/bin/farm
+log=".farm/nightly-$(date +%Y%m%d).log"
+mkdir -p .farm
+models=${FARM_NIGHTLY_MODELS:-"mlp convnet mobile-block"}
+model_args=()
+for m in $models; do model_args+=(--model "$m"); done
+
+# A sweep killed mid-way (reboot, OOM) is finished first, then tonight's runs.
+if "$farm" results --json 2>/dev/null | grep -q '"sweep_id"'; then
+  "$farm" sweep --resume --no-report >>"$log" 2>&1 || true
+fi
+"$farm" tracker start >>"$log" 2>&1
+"$farm" serve >>"$log" 2>&1 || echo "some devices did not come up; the sweep records them as failed" >>"$log"
+"$farm" sweep "${model_args[@]}" --confirm --json >".farm/nightly-$(date +%Y%m%d).json" 2>>"$log"
+echo "nightly done: $(grep -o '"report": "[^"]*"' ".farm/nightly-$(date +%Y%m%d).json")" >>"$log"
