@@ -260,11 +260,26 @@ def cmd_devices(args) -> int:
                      "servers": status.servers, "free": status.free, "pending": status.pending})
     known = {d.key for d in inventory.devices.values()}
     extra = sorted(k for k in summary.keys if k not in known and summary.keys[k].servers)
+    columns = ["device", "kind", "key", "target", "state", "servers", "free", "pending"]
+    if args.probe:
+        from farm.devices.probe import probe_all
+        from farm.store import Store
+
+        probes = {p.device: p for p in probe_all(inventory.tracker, list(inventory.devices.values()), summary, args.timeout)}
+        with Store(args.db) as store:
+            store.record_probes(list(probes.values()))
+            seen = store.last_online()
+        now = time.time()
+        for row in rows:
+            p = probes[row["device"]]
+            row.update(state=p.state, reason=p.reason, probe_ms=None if p.latency_s is None else round(p.latency_s * 1000, 1),
+                       last_seen_s_ago=None if row["device"] not in seen else round(now - seen[row["device"]], 1))
+        columns = ["device", "kind", "key", "state", "probe_ms", "last_seen_s_ago", "reason"]
     if args.json:
         emit_json({"tracker": str(inventory.tracker), "devices": rows, "unknown_keys": extra})
     else:
         print(f"tracker {inventory.tracker}")
-        print_table(rows, ["device", "kind", "key", "target", "state", "servers", "free", "pending"])
+        print_table(rows, columns)
         if extra:
             print(f"keys registered but not in {inventory.path}: {', '.join(extra)}")
     return 0
@@ -751,8 +766,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("down", cmd_down, "stop every server and tracker farm started")
 
-    add("devices", cmd_devices, "inventory merged with the tracker's live summary",
-        "Each device's state: online (a free server), busy (servers, none free), missing (no server).")
+    p = add("devices", cmd_devices, "inventory merged with the tracker's live summary; --probe checks each device",
+            "Each device's state: online (a free server), busy (servers, none free), missing (no server).\n"
+            "--probe opens a no-op session on every device at once (bounded by --timeout): online, busy,\n"
+            "missing or unreachable with the reason and when it was last seen online; probes are stored.")
+    p.add_argument("--probe", action="store_true", help="health-check every device with a no-op session")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds per probe (default 3)")
 
     add("models", cmd_models, "list the built-in models and the onnx package's architectures")
 

@@ -9,6 +9,7 @@ SCHEMA_VERSION history:
      runs.tuned
   3  sweeps; runs.sweep_id, runs.attempt
   4  alerts (regression verdicts with method, baseline and confirmation, reproducible)
+  5  probes (device health checks)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Iterator
 from farm.errors import StoreError
 from farm.records import Artifact, BenchResult, Device, ModelSource
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -94,6 +95,12 @@ MIGRATIONS: dict[int, str] = {
         value REAL NOT NULL, z REAL, change REAL, baseline TEXT NOT NULL, method TEXT NOT NULL,
         confirmation TEXT NOT NULL DEFAULT '{}',
         UNIQUE (sweep_id, device, model, tuned, metric));
+    """,
+    5: """
+    CREATE TABLE probes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, device TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL,
+        state TEXT NOT NULL, reason TEXT NOT NULL, latency_s REAL);
+    CREATE INDEX probes_device ON probes (device, at);
     """,
 }
 
@@ -310,6 +317,17 @@ class Store:
                               verdict["metric"])).fetchone()
         return int(row[0])
 
+    def record_probes(self, probes: list[Any]) -> None:
+        with self._transaction() as db:
+            db.executemany("INSERT INTO probes (device, key, at, state, reason, latency_s) VALUES (?,?,?,?,?,?)",
+                           [(p.device, p.key, p.at, p.state, p.reason, p.latency_s) for p in probes])
+
+    def last_online(self) -> dict[str, float]:
+        """device -> time.time() it was last seen online (a probe or a successful run)."""
+        seen = {row[0]: row[1] for row in self._db.execute(
+            "SELECT device, MAX(at) FROM probes WHERE state='online' GROUP BY device")}
+        return seen
+
     def alerts(self, sweep_id: int | None = None) -> list[dict[str, Any]]:
         sql, params = "SELECT * FROM alerts", []
         if sweep_id is not None:
@@ -368,7 +386,7 @@ class Store:
 
     def count(self, table: str) -> int:
         if table not in ("runs", "samples", "copies", "checks", "devices", "models", "artifacts", "tune_records",
-                         "tune_workloads", "tune_sessions", "sweeps", "alerts"):
+                         "tune_workloads", "tune_sessions", "sweeps", "alerts", "probes"):
             raise ValueError(table)
         return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 

@@ -185,3 +185,27 @@ def test_usage_error_exits_2():
     proc = run_farm("bench", "--model", "mlp")
     assert proc.returncode == 2
     assert "error: the following arguments are required: --device" in proc.stderr
+
+
+def test_devices_probe_reports_a_killed_server_within_10_s(farm_net, farm_env, tmp_path):
+    from farm.rpc.processes import start_server, stop_process
+    from farm.rpc.tracker import wait_for_servers
+
+    victim = start_server(farm_net.tracker, "victim", "probe-victim", tmp_path)
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(farm_net.inventory_text(
+        '\n[devices.victim]\nkind = "local"\nkey = "probe-victim"\ntarget = { kind = "llvm" }\n'))
+    try:
+        wait_for_servers(farm_net.tracker, {"probe-victim": 1}, timeout_s=30)
+        first = json.loads(run_farm("--devices", str(inventory), "devices", "--probe", "--json", env=farm_env).stdout)
+        states = {d["device"]: d for d in first["devices"]}
+        assert states["victim"]["state"] == "online" and states["victim"]["probe_ms"] > 0
+        assert states["ghost"]["state"] == "missing"
+    finally:
+        stop_process(victim)
+    killed_at = time.monotonic()
+    second = run_farm("--devices", str(inventory), "devices", "--probe", "--json", env=farm_env)
+    assert time.monotonic() - killed_at < 10
+    victim_row = next(d for d in json.loads(second.stdout)["devices"] if d["device"] == "victim")
+    assert victim_row["state"] == "missing" and "probe-victim" in victim_row["reason"]
+    assert victim_row["last_seen_s_ago"] is not None and victim_row["last_seen_s_ago"] < 10
