@@ -200,7 +200,13 @@ def cmd_serve(args) -> int:
             failures.append((name, exc))
     records = [r for r in records if processes.is_running(r)] + started
     processes.save_records(state, records)
-    wait_for_servers(tracker, {r.key: 1 for r in started}, timeout_s=args.wait)
+    # an RPC proxy (ios) registers its device only once the phone's app connects: do not wait for it
+    waiting = {r.key: 1 for r in started if r.marker != "tvm.exec.rpc_proxy"}
+    wait_for_servers(tracker, waiting, timeout_s=args.wait)
+    for r in started:
+        if r.marker == "tvm.exec.rpc_proxy":
+            print(f"{r.name}: RPC proxy listening on port {r.port}; in the iOS RPC app set that proxy address "
+                  f"and key {r.key!r}", file=sys.stderr)
     rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
             for r in records if r.role == "server"]
     if args.json:

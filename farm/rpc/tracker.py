@@ -74,10 +74,15 @@ def parse_summary(raw: dict) -> TrackerSummary:
     servers = []
     counts: dict[str, int] = {}
     for item in raw.get("server_info", []):
-        key = item["key"].split(":", 1)[1] if ":" in item["key"] else item["key"]
+        name = item["key"].split(":", 1)[1] if ":" in item["key"] else item["key"]  # "server:KEY"
+        if name.startswith("proxy[") and name.endswith("]"):  # "server:proxy[k1,k2]": a proxy relaying iOS apps
+            keys = [k for k in name[6:-1].split(",") if k]
+        else:
+            keys = [name]
         host, port = item["addr"][0], int(item["addr"][1])
-        servers.append((key, str(host), port))
-        counts[key] = counts.get(key, 0) + 1
+        for key in keys:
+            servers.append((key, str(host), port))
+            counts[key] = counts.get(key, 0) + 1
     keys = {}
     for key, info in raw.get("queue_info", {}).items():
         keys[key] = KeyStatus(key, counts.get(key, 0), int(info["free"]), int(info["pending"]))
