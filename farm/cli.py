@@ -671,6 +671,21 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_dashboard(args) -> int:
+    from farm.dashboard import serve_dashboard
+
+    inventory = _inventory(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("the dashboard binds %s: anyone who reaches it sees the farm's devices and results", args.host)
+    url = f"http://{args.host}:{args.port}/"
+    try:
+        serve_dashboard(inventory, Path(args.db), args.host, args.port,
+                        on_ready=lambda: print(f"farm dashboard on {url} (Ctrl-C stops it)", flush=True))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def cmd_results(args) -> int:
     from farm.results import rows_frame, run_rows
     from farm.store import Store
@@ -862,6 +877,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("compare", cmd_compare, "compare two runs' raw samples (Mann-Whitney U, Kolmogorov-Smirnov)")
     p.add_argument("run_a", type=int)
     p.add_argument("run_b", type=int)
+
+    p = add("dashboard", cmd_dashboard, "a live, read-only web view: devices, running sweep, results, alerts",
+            "Serves a small page (tornado) that refreshes every 5 s from the tracker and the results\n"
+            "database, opened read-only. Binds 127.0.0.1 unless --host says otherwise.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8090)
 
     p = add("results", cmd_results, "list stored runs with computed summaries (--json, --csv)")
     p.add_argument("--device")

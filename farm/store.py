@@ -112,9 +112,16 @@ def _now() -> str:
 class Store:
     """An open results database. Use as a context manager or call ``close``."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
         try:
+            if readonly:  # readers (dashboard) never create, migrate or lock for writing
+                self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30,
+                                           isolation_level=None, check_same_thread=False)
+                self._db.row_factory = sqlite3.Row
+                if self._version() > SCHEMA_VERSION:
+                    raise StoreError(f"{self.path} has a newer schema than this farm", "upgrade farm")
+                return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             self._db.row_factory = sqlite3.Row
@@ -339,6 +346,21 @@ class Store:
     def artifact(self, cache_key: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT * FROM artifacts WHERE cache_key=?", (cache_key,)).fetchone()
         return None if row is None else {**dict(row), "target": json.loads(row["target"])}
+
+    def recent_runs(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest runs with the median of their steady samples."""
+        rows = [dict(r) for r in self._db.execute(
+            """SELECT id, started_at, device, model, status, failed_step, reason, sweep_id, context
+               FROM runs ORDER BY id DESC LIMIT ?""", (limit,))]
+        for row in rows:
+            values = sorted(self.samples(row["id"]))
+            row["steady_median_s"] = values[len(values) // 2] if values else None
+        return rows
+
+    def latest_probes(self) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("""SELECT p.* FROM probes p JOIN (SELECT device, MAX(at) AS at FROM probes GROUP BY device) l
+                                   ON p.device = l.device AND p.at = l.at""").fetchall()
+        return {r["device"]: dict(r) for r in rows}
 
     def tune_sessions(self, device: str | None = None) -> list[dict[str, Any]]:
         sql, params = "SELECT * FROM tune_sessions", []

@@ -24,6 +24,7 @@ ALLOWED = {
     "report": {"results", "stats", "store", "__init__"},
     "tune": {"compile", "errors", "records", "rpc", "store", "sweep"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
+    "dashboard": {"errors", "records", "rpc", "store"},
     "cli": {"*"},
     "__init__": set(),
 }

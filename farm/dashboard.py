@@ -1,0 +1,168 @@
+"""``farm dashboard``: a small read-only web view of the farm (tornado, 127.0.0.1 by default).
+
+Devices (tracker state, last probe, temperature of the last local run), the running sweep's
+progress, recent results and open alerts. The page polls ``/api/state`` every 5 s; every
+request opens the store read-only, so the dashboard never blocks or changes a sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import tornado.ioloop
+import tornado.web
+
+from farm.errors import FarmError, StoreError
+from farm.records import Inventory
+from farm.rpc.tracker import query_summary
+from farm.store import Store
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>farm dashboard</title><link rel="icon" href="data:,">
+<style>
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+th { background: #f3f3f3; }
+.online, .ok, .done { color: #1a7f37; } .missing, .failed, .unreachable, .confirmed { color: #cf222e; font-weight: bold; }
+.busy, .candidate, .running { color: #9a6700; }
+#updated { color: #666; font-size: 0.85em; }
+</style></head>
+<body>
+<h1>farm dashboard</h1>
+<p id="updated">loading…</p>
+<h2>Devices</h2><table id="devices"></table>
+<h2>Sweep</h2><div id="sweep"></div>
+<h2>Open alerts</h2><table id="alerts"></table>
+<h2>Recent results</h2><table id="runs"></table>
+<script>
+function cell(value, cls) {
+  const td = document.createElement("td");
+  td.textContent = value === null || value === undefined ? "" : String(value);
+  if (cls) td.className = cls;
+  return td;
+}
+function fill(id, columns, rows, classOf) {
+  const table = document.getElementById(id);
+  table.replaceChildren();
+  const head = document.createElement("tr");
+  columns.forEach(c => { const th = document.createElement("th"); th.textContent = c; head.appendChild(th); });
+  table.appendChild(head);
+  if (!rows.length) { const tr = document.createElement("tr"); tr.appendChild(cell("none")); table.appendChild(tr); return; }
+  rows.forEach(r => {
+    const tr = document.createElement("tr");
+    columns.forEach(c => tr.appendChild(cell(r[c], classOf && classOf[c] ? r[c] : "")));
+    table.appendChild(tr);
+  });
+}
+function ms(s) { return s === null || s === undefined ? "" : (s * 1000).toPrecision(3) + " ms"; }
+async function refresh() {
+  try {
+    const state = await (await fetch("api/state")).json();
+    fill("devices", ["device", "kind", "key", "state", "servers", "free", "last_probe", "probe_state", "temperature_c"],
+         state.devices, {state: 1, probe_state: 1});
+    const sweep = document.getElementById("sweep");
+    sweep.textContent = state.sweep ? `sweep ${state.sweep.id}: ${state.sweep.status}, ${state.sweep.cells_done}/${state.sweep.cells_total} cells, started ${state.sweep.started_at}` : "no sweep yet";
+    sweep.className = state.sweep ? state.sweep.status : "";
+    fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change"], state.alerts, {status: 1});
+    fill("runs", ["id", "started_at", "device", "model", "status", "steady", "reason"],
+         state.runs.map(r => Object.assign({}, r, {steady: ms(r.steady_median_s)})), {status: 1});
+    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString() +
+      (state.tracker_error ? " · tracker: " + state.tracker_error : "");
+  } catch (e) {
+    document.getElementById("updated").textContent = "cannot reach farm dashboard: " + e;
+  }
+}
+refresh();
+setInterval(refresh, 5000);
+</script>
+</body></html>
+"""
+
+
+def collect_state(inventory: Inventory, db_path: Path) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready data."""
+    state: dict[str, Any] = {"devices": [], "sweep": None, "alerts": [], "runs": [], "tracker_error": None}
+    try:
+        summary = query_summary(inventory.tracker, timeout_s=2.0)
+    except FarmError as exc:
+        summary, state["tracker_error"] = None, exc.message
+    probes: dict[str, dict] = {}
+    runs: list[dict] = []
+    if db_path.exists():
+        try:
+            with Store(db_path, readonly=True) as store:
+                probes = store.latest_probes()
+                runs = store.recent_runs(20)
+                sweep = store.sweep()
+                if sweep is not None:
+                    spec = sweep["spec"]
+                    total = len(spec["devices"]) * (len(spec["models"]) + (1 if spec.get("reference") and
+                                                                           spec["reference"] not in spec["models"] else 0))
+                    done = sum(1 for attempts in store.sweep_attempts(sweep["id"]).values()
+                               if any(s == "ok" for _, s in attempts) or len(attempts) > spec["retries"])
+                    state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
+                                      "cells_done": done, "cells_total": total}
+                    state["alerts"] = [{"sweep_id": a["sweep_id"], "device": a["device"], "model": a["model"],
+                                        "metric": a["metric"], "status": a["status"], "change": f"{a['change']:+.1%}"}
+                                       for a in store.alerts(sweep["id"]) if a["status"] in ("candidate", "confirmed", "unknown")]
+        except StoreError as exc:
+            state["tracker_error"] = exc.message
+    temperatures: dict[str, float] = {}
+    for run in reversed(runs):
+        thermal = json.loads(run.pop("context") or "{}").get("thermal")
+        if thermal:
+            temperatures[run["device"]] = max(thermal.values())
+    for run in runs:
+        run.pop("context", None)
+    for name, device in inventory.devices.items():
+        status = summary.keys.get(device.key) if summary else None
+        servers, free = (status.servers, status.free) if status else (0, 0)
+        probe = probes.get(name)
+        state["devices"].append({
+            "device": name, "kind": device.kind, "key": device.key,
+            "state": "unknown" if summary is None else ("online" if free else ("busy" if servers else "missing")),
+            "servers": servers, "free": free,
+            "last_probe": time.strftime("%H:%M:%S", time.localtime(probe["at"])) if probe else None,
+            "probe_state": probe["state"] if probe else None, "temperature_c": temperatures.get(name),
+        })
+    state["runs"] = runs
+    return state
+
+
+class PageHandler(tornado.web.RequestHandler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline' 'self'; style-src 'unsafe-inline'; img-src data:")
+        self.write(PAGE)
+
+
+class StateHandler(tornado.web.RequestHandler):
+    def initialize(self, inventory: Inventory, db_path: Path) -> None:
+        self.inventory, self.db_path = inventory, db_path
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.write(json.dumps(collect_state(self.inventory, self.db_path), default=str))
+
+
+def make_app(inventory: Inventory, db_path: Path) -> tornado.web.Application:
+    return tornado.web.Application([
+        (r"/", PageHandler),
+        (r"/api/state", StateHandler, {"inventory": inventory, "db_path": Path(db_path)}),
+    ])
+
+
+def serve_dashboard(inventory: Inventory, db_path: Path, host: str, port: int, on_ready=None) -> None:
+    """Serve until interrupted (blocks)."""
+    app = make_app(inventory, db_path)
+    try:
+        app.listen(port, address=host)
+    except OSError as exc:
+        raise FarmError(f"cannot listen on {host}:{port}: {exc.strerror}", "pick another --port") from None
+    if on_ready:
+        on_ready()
+    tornado.ioloop.IOLoop.current().start()
