@@ -27,7 +27,7 @@ KIND_FIELDS = {
     "qemu": {"server_port"},
     "android": {"serial", "server_port"},
     "ios": {"proxy"},
-    "linux": {"ssh", "server_port"},
+    "linux": {"ssh", "ssh_key", "ssh_options", "remote_python", "server_port"},
 }
 
 EXAMPLE = '''[devices.x86-local]

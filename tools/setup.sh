@@ -37,6 +37,7 @@ missing=()
 if [ "$want_test" = 1 ]; then
   command -v chromium >/dev/null || missing+=(chromium)
   command -v file >/dev/null || missing+=(file)
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)  # the SSH bring-up test runs its own sshd on loopback
 fi
 if [ "$want_emulation" = 1 ]; then
   command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
@@ -46,6 +47,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # policy-rc.d 101: packages must not start services (openssh-server would listen on port 22)
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+  $sudo chmod +x /usr/sbin/policy-rc.d
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
+  $sudo rm -f /usr/sbin/policy-rc.d
+  [ "${status:-0}" = 0 ] || exit "$status"
 fi
 echo "farm is set up: .venv/bin/farm --help" >&2

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from farm.devices import emulated, ios, local, remote
+from farm.devices import emulated, ios, linux, local, remote
 from farm.errors import DeviceError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess
@@ -17,7 +17,7 @@ from farm.rpc.processes import ManagedProcess
 BringUp = Callable[[Device, TrackerAddress, Path], list[ManagedProcess]]
 
 PLUGINS: dict[str, BringUp] = {"local": local.bring_up, "remote": remote.bring_up, "qemu": emulated.bring_up,
-                             "ios": ios.bring_up}
+                             "ios": ios.bring_up, "linux": linux.bring_up}
 
 
 def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:

@@ -39,6 +39,7 @@ class ManagedProcess:
     log_path: str
     started_at: float
     marker: str = ""  # a string the process's command line must contain to be ours
+    remote: str = ""  # JSON list: the ssh command that reaches the host it runs on ('' = this host)
 
     def expected_marker(self) -> str:
         if self.marker:
@@ -111,8 +112,19 @@ def start_server(
     return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time())
 
 
+def _on_remote(record: ManagedProcess, command: str, timeout_s: float = 15.0) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run([*json.loads(record.remote), command], capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+
+
 def is_running(record: ManagedProcess) -> bool:
     """True when the PID is alive and still runs the TVM module farm started there."""
+    if record.remote:
+        done = _on_remote(record, f"ps -o args= -p {record.pid}")
+        return done is not None and done.returncode == 0 and record.expected_marker() in done.stdout
     try:
         proc = psutil.Process(record.pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -127,6 +139,10 @@ def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:
     """Kill the process group farm started; returns False when it was already gone."""
     if not is_running(record):
         return False
+    if record.remote:  # started with setsid on the remote host: its PID is its process group
+        _on_remote(record, f"kill -TERM -- -{record.pid}; sleep {grace_s:g}; kill -KILL -- -{record.pid} 2>/dev/null; true",
+                   timeout_s=grace_s + 15)
+        return True
     try:
         pgid = os.getpgid(record.pid)
     except ProcessLookupError:

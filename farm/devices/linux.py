@@ -1,0 +1,61 @@
+"""``linux`` devices (Jetson, boards): bring TVM's rpc_server up over SSH.
+
+``farm serve`` runs ``REMOTE_PYTHON -m tvm.exec.rpc_server`` on the board through ssh, in its
+own session (setsid) with its output in a log file there, registered with the tracker under
+the device's key; ``farm down`` kills that process group over ssh. Artifacts travel over the
+RPC session itself (upload), so nothing else is copied. The board needs Python with
+apache-tvm (the aarch64 wheel) and cloudpickle; ssh must log in without a password (a key).
+
+Fields: ``ssh = "user@host:port"`` (port optional), ``ssh_key`` (identity file, optional),
+``remote_python`` (default ``python3``), ``server_port`` (default 9090), ``ssh_options`` (extra
+ssh arguments, e.g. ``["-o", "UserKnownHostsFile=/path"]``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from farm.errors import DeviceError, InventoryError
+from farm.records import Device, TrackerAddress
+from farm.rpc.processes import ManagedProcess
+
+
+def ssh_command(device: Device) -> tuple[list[str], str]:
+    """The ssh prefix that reaches the board, and the board's host name."""
+    target = device.options.get("ssh")
+    if not target:
+        raise InventoryError(f"device {device.name!r} (kind linux) has no ssh address",
+                             'add ssh = "user@host" (or "user@host:port") to the device in devices.toml')
+    user_host, _, port = str(target).partition(":")
+    host = user_host.rpartition("@")[2]
+    command = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=10"]
+    if port:
+        command += ["-p", port]
+    if device.options.get("ssh_key"):
+        command += ["-i", str(Path(str(device.options["ssh_key"])).expanduser())]
+    command += [str(option) for option in device.options.get("ssh_options", [])]
+    return command + [user_host], host
+
+
+def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+    ssh, host = ssh_command(device)
+    python = str(device.options.get("remote_python", "python3"))
+    port = int(device.options.get("server_port", 9090))
+    log = f"/tmp/farm-rpc-{device.key}.log"
+    server = (f"{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
+              f" --host 0.0.0.0 --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
+    remote = f"setsid nohup {server} > {log} 2>&1 < /dev/null & echo $!"
+    try:
+        done = subprocess.run([*ssh, remote], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise DeviceError(f"ssh to {device.name!r} ({host}) timed out", "check the ssh address and that the board is up") from None
+    if done.returncode != 0 or not done.stdout.strip().isdigit():
+        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DeviceError(f"could not start the rpc_server on {device.name!r} over ssh: {reason}",
+                          "check: ssh works without a password (ssh_key), and remote_python has apache-tvm")
+    return [ManagedProcess("server", device.name, device.key, int(done.stdout.strip()), port,
+                           f"{host}:{log}", time.time(), "tvm.exec.rpc_server", json.dumps(ssh))]
