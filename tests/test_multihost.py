@@ -1,0 +1,85 @@
+"""A farm over two hosts: one tracker, a second lab host made as a network namespace.
+
+The second host runs `farm serve --tracker HOST:PORT` for its own device, inside its own
+network namespace joined to this one by a veth pair; `farm bench` here measures that device
+through the one tracker. Needs root and iproute2; everything created is removed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from farm.rpc.processes import free_port
+from tests.conftest import REPO, run_farm
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="needs root and iproute2 to create a network namespace")
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def second_host():
+    """(namespace, host address, lab address): a namespace joined to this host by a veth pair."""
+    tag = uuid.uuid4().hex[:6]
+    ns, here, there = f"farm-{tag}", f"fv{tag}a", f"fv{tag}b"
+    subnet = 100 + int(tag[:2], 16) % 100
+    host_addr, lab_addr = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", here, "type", "veth", "peer", "name", there)
+        ip("link", "set", there, "netns", ns)
+        ip("addr", "add", f"{host_addr}/24", "dev", here)
+        ip("link", "set", here, "up")
+        ip("netns", "exec", ns, "ip", "addr", "add", f"{lab_addr}/24", "dev", there)
+        ip("netns", "exec", ns, "ip", "link", "set", there, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        yield ns, host_addr, lab_addr
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_device_on_second_host_is_benchmarked_through_one_tracker(second_host, tmp_path):
+    ns, host_addr, lab_addr = second_host
+    port = free_port(host_addr)
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(f"""
+[tracker]
+host = "{host_addr}"
+port = {port}
+
+[devices.lab2-cpu]
+kind = "local"
+key = "lab2-cpu"
+target = {{ kind = "llvm" }}
+""")
+    here = {"FARM_HOME": str(tmp_path / "home-1"), "FARM_DB": str(tmp_path / "results.db"), "FARM_DEVICES": str(inventory)}
+    lab = {**here, "FARM_HOME": str(tmp_path / "home-2")}
+    try:
+        started = run_farm("tracker", "start", "--host", host_addr, env=here)
+        assert started.returncode == 0, started.stderr
+        assert "no authentication" in started.stderr  # bound beyond loopback: farm warns
+        serve = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "serve",
+                                "--tracker", f"{host_addr}:{port}", "--json"],
+                               capture_output=True, text=True, env={**os.environ, **lab}, cwd=REPO, timeout=120)
+        assert serve.returncode == 0, serve.stderr
+        devices = json.loads(run_farm("devices", "--json", env=here).stdout)
+        assert devices["devices"][0]["state"] == "online"
+        bench = run_farm("bench", "--device", "lab2-cpu", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
+                         "--json", env=here)
+        assert bench.returncode == 0, bench.stderr
+        assert json.loads(bench.stdout)["check"]["status"] == "passed"
+        summary = subprocess.run([sys.executable, "-m", "tvm.exec.query_rpc_tracker", "--host", host_addr,
+                                  "--port", str(port)], capture_output=True, text=True, timeout=60)
+        assert lab_addr in summary.stdout  # the server registered from the second host's address
+    finally:
+        subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "down"],
+                       env={**os.environ, **lab}, cwd=REPO, capture_output=True, timeout=60)
+        run_farm("down", env=here)
