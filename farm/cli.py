@@ -91,6 +91,22 @@ def _parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _load_with_variant(args):
+    from farm.models import load_model, make_variant
+
+    model = load_model(args.model, _parse_shapes(args.shape))
+    return make_variant(model, args.variant, args.calibration, args.calibration_data)
+
+
+def _add_variant_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("variants")
+    g.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8"],
+                   help="fp16: graph converted to float16; int8: static QDQ quantization (default fp32)")
+    g.add_argument("--calibration", default="minmax", choices=["minmax", "entropy", "percentile"],
+                   help="int8 calibration method (default minmax)")
+    g.add_argument("--calibration-data", help="folder of .npz input samples for int8 calibration (default: generated)")
+
+
 def _inventory(args):
     from farm.inventory import load_inventory
 
@@ -314,7 +330,7 @@ def cmd_compile(args) -> int:
         import dataclasses
 
         devices = [dataclasses.replace(d, export=args.export) for d in devices]
-    model = load_model(args.model, _parse_shapes(args.shape))
+    model = _load_with_variant(args)
     tunings = _tuning_sets(args.db, devices) if not args.untuned else {}
     out, failed = [], []
     for device in devices:
@@ -363,7 +379,7 @@ def cmd_bench(args) -> int:
 
     inventory = _inventory(args)
     device = find_device(inventory, args.device)
-    model = load_model(args.model, _parse_shapes(args.shape))
+    model = _load_with_variant(args)
     config = _bench_config(args)
     with Store(args.db) as store:
         cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", config,
@@ -527,7 +543,8 @@ def cmd_sweep(args) -> int:
         if "bench" in file_spec:
             config = BenchConfig(**{**asdict(config), **file_spec["bench"]})
         spec = SweepSpec(devices, models, None if reference in ("", "none") else reference, config,
-                         retries=args.retries, tuned=not args.untuned)
+                         retries=args.retries, tuned=not args.untuned,
+                         variants=tuple(args.variant or file_spec.get("variants") or ("fp32",)))
     outcome = run_sweep(inventory.tracker, inventory.devices, spec, Path(args.db), home_dir() / "cache",
                         progress=_progress_printer(args.progress), sweep_id=sweep_id)
     report = None
@@ -573,9 +590,9 @@ def _sweep_file(path: str) -> dict[str, Any]:
         raise FarmError(f"sweep file {path} does not exist", "write devices = [...] and models = [...] in a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise FarmError(f"{path}: not valid TOML: {exc}", "fix the syntax at that line") from None
-    unknown = set(data) - {"devices", "models", "reference", "bench"}
+    unknown = set(data) - {"devices", "models", "reference", "bench", "variants"}
     if unknown:
-        raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}", "allowed: devices, models, reference, [bench]")
+        raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}", "allowed: devices, models, variants, reference, [bench]")
     return data
 
 
@@ -806,6 +823,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", choices=["so", "tar", "system-lib"],
                    help="override the devices' export format (e.g. tar: objects, no linker needed)")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
+    _add_variant_options(p)
 
     p = add("bench", cmd_bench, "compile, push, measure, check and store one model on one device",
             "Steps: session, upload, load, first run, steady state (time_evaluator, raw repeats),\n"
@@ -816,6 +834,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
     p.add_argument("--reference", help="expected outputs (.npz, np.savez order) instead of onnxruntime's")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
+    _add_variant_options(p)
     p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="print steps to stderr (default on a TTY)")
     _add_bench_options(p)
 
@@ -855,6 +874,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", help="sweep file (TOML: devices, models, reference, [bench])")
     p.add_argument("--reference", default=None, help="reference model run on every device first (default mlp; none to skip)")
     p.add_argument("--retries", type=int, default=1, help="retries of a cell whose session dropped (default 1)")
+    p.add_argument("--variant", action="append", choices=["fp32", "fp16", "int8"],
+                   help="a variant axis (repeatable; default fp32); int8 is calibrated with min-max")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
     p.add_argument("--resume", nargs="?", const="latest", help="finish a crashed sweep (default: the latest)")
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")

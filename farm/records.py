@@ -62,6 +62,8 @@ class ModelSource:
     digest: str  # sha256 of the ONNX bytes
     onnx_bytes: bytes = field(repr=False)
     inputs: tuple[InputSpec, ...]
+    variant: str = "fp32"  # fp32 | fp16 | int8
+    base_onnx: bytes = field(default=b"", repr=False)  # the fp32 model a variant is checked against
 
 
 @dataclass(frozen=True)

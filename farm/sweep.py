@@ -12,6 +12,7 @@ result is one transaction, so a killed sweep loses at most the cells in flight a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -20,10 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from farm.compile import compile_model, effective_target, tuning_key
 from farm.errors import FarmError, StoreError
 from farm.measure import bench_artifact
-from farm.models import load_model, load_reference_file, make_inputs, reference_outputs
+from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
 from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource, TrackerAddress, TuningSet
 from farm.store import Store
 
@@ -78,6 +81,11 @@ def measure_cell(
     except FarmError as exc:
         log.warning("%s; output check skipped", exc.message)
         reference = None
+    if model.variant != "fp32" and reference is not None and not reference_file:
+        # a variant is checked against fp32 with a tolerance relative to the output's range: its drift
+        spread = max(float(np.ptp(r)) for r in reference) or 1.0
+        config = dataclasses.replace(config, rtol=0.0, atol=VARIANT_TOLERANCE[model.variant] * spread)
+        reference_name = f"onnxruntime fp32 (drift tolerance {VARIANT_TOLERANCE[model.variant]:.0%} of range {spread:.3g})"
     return bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
 
 
@@ -125,10 +133,12 @@ class SweepSpec:
     config: BenchConfig = BenchConfig()
     retries: int = 1
     tuned: bool = True
+    variants: tuple[str, ...] = ("fp32",)  # a sweep axis: each model in each variant
 
     def cell_models(self) -> tuple[str, ...]:
         ref = (self.reference,) if self.reference else ()
-        return ref + tuple(m for m in self.models if m != self.reference)
+        names = [m if v == "fp32" else f"{m}@{v}" for m in self.models for v in self.variants]
+        return ref + tuple(n for n in names if n != self.reference)
 
     def to_json(self) -> dict:
         return {**asdict(self), "config": asdict(self.config)}
@@ -136,7 +146,8 @@ class SweepSpec:
     @staticmethod
     def from_json(data: dict) -> "SweepSpec":
         return SweepSpec(devices=tuple(data["devices"]), models=tuple(data["models"]), reference=data["reference"],
-                         config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"])
+                         config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"],
+                         variants=tuple(data.get("variants", ("fp32",))))
 
 
 @dataclass
@@ -169,7 +180,7 @@ def run_sweep(
     unknown = [d for d in spec.devices if d not in devices]
     if unknown:
         raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
-    models = {name: load_model(name) for name in spec.cell_models()}  # bad names fail before any work
+    models = {name: load_model_variant(name) for name in spec.cell_models()}  # bad names fail before any work
     with Store(db_path) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())

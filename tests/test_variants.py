@@ -1,0 +1,34 @@
+"""fp16 and int8 variants: converted/calibrated, compiled, benchmarked, drift against fp32 stored and shown."""
+
+import json
+
+import pytest
+
+from farm.models import load_model, make_variant
+from tests.conftest import run_farm
+from tests.test_report import CHROMIUM, open_in_chromium
+
+
+def test_variants_are_distinct_models_with_their_own_digest():
+    base = load_model("convnet")
+    fp16, int8 = make_variant(base, "fp16"), make_variant(base, "int8", "entropy")
+    assert len({base.digest, fp16.digest, int8.digest}) == 3
+    assert fp16.inputs[0].dtype == "float16" and int8.inputs[0].dtype == "float32"
+    assert int8.name == "convnet@int8" and "int8:entropy:generated (16 samples" in int8.origin
+
+
+@pytest.mark.parametrize("variant", ["fp16", "int8"])
+def test_variant_benchmarked_with_drift_against_fp32(variant, farm_net, inventory_file, farm_env, tmp_path):
+    proc = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "convnet",
+                    "--variant", variant, "--repeat", "3", "--min-repeat-ms", "5", "--json", env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["model"] == f"convnet@{variant}"
+    check = data["check"]
+    assert check["status"] == "passed" and check["reference"].startswith("onnxruntime fp32 (drift tolerance")
+    assert 0 < check["max_abs_err"] <= check["atol"]  # a real, bounded drift
+    report = tmp_path / "report.html"
+    assert run_farm("report", "--out", str(report), env=farm_env).returncode == 0
+    if CHROMIUM:
+        text, errors, _ = open_in_chromium(report)
+        assert errors == [] and f"convnet@{variant}" in text and "max err" in text
