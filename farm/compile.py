@@ -160,7 +160,7 @@ def tuning_module(model: ModelSource) -> tvm.IRModule:
     """The module MetaSchedule sees: the "zero" pipeline first, or extract_tasks finds nothing.
 
     Tuning and tuned compilation both start from this, so workloads match."""
-    return relax.get_pipeline("zero")(import_onnx(model))
+    return relax.get_pipeline("zero")(import_model(model))
 
 
 def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: TuningSet | None = None) -> Artifact:
@@ -186,9 +186,9 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         if tuning is not None:
             executable, tuned_tasks, total_tasks = _compile_tuned(model, tvm_target, tuning, device.export == "system-lib")
         elif device.export == "system-lib":
-            executable = relax.build(import_onnx(model), tvm_target, system_lib=True)
+            executable = relax.build(import_model(model), tvm_target, system_lib=True)
         else:
-            executable = tvm.compile(import_onnx(model), tvm_target)
+            executable = tvm.compile(import_model(model), tvm_target)
     except BuildError:
         raise
     except Exception as exc:
@@ -246,6 +246,22 @@ def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: Tuning
                     if database.query_tuning_record(task.dispatched[0], target, task.task_name) is not None)
         executable = ms.relax_integration.compile_relax(database, mod, target, None)
     return executable, tuned, len(tasks)
+
+
+def import_model(model: ModelSource) -> tvm.IRModule:
+    """The model as a Relax module, through TVM's frontend for its format."""
+    if model.frontend == "torch":
+        from tvm.relax.frontend.torch import from_exported_program
+
+        from farm.models import torch_program
+
+        try:
+            mod = from_exported_program(torch_program(model), keep_params_as_input=False)
+        except Exception as exc:
+            raise BuildError(f"TVM's torch importer rejected {model.name}: {first_line(exc)}",
+                             "the program may use an operator TVM 0.27 does not support") from None
+        return relax.transform.DecomposeOpsForInference()(mod)
+    return import_onnx(model)
 
 
 def import_onnx(model: ModelSource) -> tvm.IRModule:

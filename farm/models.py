@@ -123,7 +123,11 @@ def list_models() -> list[dict[str, str]]:
 
 
 def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelSource:
-    """``spec`` is a built-in name, ``onnx:NAME`` from the onnx package, or a path to a .onnx file."""
+    """``spec`` is a built-in name, ``onnx:NAME`` from the onnx package, a path to a .onnx file,
+    a torch.export program (.pt2), or ``module:factory`` returning a torch.nn.Module (with ``shapes``)."""
+    if spec.endswith(".pt2") or (":" in spec and not spec.startswith("onnx:") and not Path(spec).exists()
+                                 and "/" not in spec):
+        return _load_torch(spec, shapes or {})
     if spec in BUILTINS:
         proto = BUILTINS[spec]()
         return _source(spec, f"builtin:{spec}", proto.SerializeToString(), proto, shapes)
@@ -159,9 +163,77 @@ def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> M
     return _source(name, str(path), data, proto, shapes)
 
 
+TORCH_HINT = "PyTorch models need torch: pip install 'farm[torch]' (the CPU build, torch==2.13.0)"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ModelError("torch is not installed", TORCH_HINT) from None
+    return torch
+
+
+def _load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
+    """A .pt2 file (torch.export.save) or ``module:factory`` exported here with ``shapes``."""
+    import importlib
+    import inspect
+    import io
+
+    torch = _torch()
+    if spec.endswith(".pt2"):
+        path = Path(spec)
+        if not path.exists():
+            raise ModelError(f"model file {spec} does not exist", "save one with torch.export.save(program, path)")
+        data = path.read_bytes()
+        try:
+            program = torch.export.load(io.BytesIO(data))
+        except Exception as exc:
+            raise ModelError(f"{spec} is not a torch.export program ({str(exc).splitlines()[0][:200]})",
+                             "save it with torch.export.save(torch.export.export(model, example_inputs), path)") from None
+        name = path.stem
+    else:
+        module_name, _, factory_name = spec.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), factory_name)
+        except (ImportError, AttributeError) as exc:
+            raise ModelError(f"cannot import {spec}: {exc}", "write module:factory, importable from here") from None
+        module = factory().eval()
+        params = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        missing = [p.name for p in params if p.name not in shapes]
+        if missing:
+            raise ModelError(f"{spec}: input {missing[0]!r} needs a shape",
+                             f"pass --shape {missing[0]}=1,3,224,224 for each forward() argument")
+        example = tuple(torch.from_numpy(np.random.default_rng(0).standard_normal(shapes[p.name]).astype(np.float32))
+                        for p in params)
+        try:
+            program = torch.export.export(module, example)
+        except Exception as exc:
+            raise ModelError(f"torch.export could not export {spec}: {str(exc).splitlines()[0][:200]}",
+                             "the module must be exportable by torch.export (no data-dependent control flow)") from None
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        data, name = buffer.getvalue(), factory_name
+    inputs = []
+    user_inputs = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in user_inputs:
+            value = node.meta["val"]
+            inputs.append(InputSpec(node.name, tuple(int(d) for d in value.shape), str(value.dtype).removeprefix("torch.")))
+    return ModelSource(name=name, origin=spec, digest=hashlib.sha256(data).hexdigest(), data=data,
+                       inputs=tuple(inputs), frontend="torch")
+
+
+def torch_program(model: ModelSource):
+    import io
+
+    return _torch().export.load(io.BytesIO(model.data))
+
+
 def _source(name: str, origin: str, data: bytes, proto: onnx.ModelProto, shapes) -> ModelSource:
     return ModelSource(
-        name=name, origin=origin, digest=hashlib.sha256(data).hexdigest(), onnx_bytes=data,
+        name=name, origin=origin, digest=hashlib.sha256(data).hexdigest(), data=data,
         inputs=_input_specs(proto, shapes or {}, origin),
     )
 
@@ -203,6 +275,9 @@ def make_variant(model: ModelSource, variant: str, calibration: str = "minmax", 
     calibrated with ``calibration`` on ``calibration_dir`` (.npz files of inputs) or generated inputs."""
     if variant == "fp32":
         return model
+    if model.frontend != "onnx":
+        raise ModelError(f"variants need an ONNX model; {model.name} is a {model.frontend} model",
+                         "export it to ONNX (torch.onnx.export) to compare fp16/int8")
     if variant not in VARIANTS:
         raise ModelError(f"unknown variant {variant!r}", f"use one of {', '.join(VARIANTS)}")
     proto = onnx_proto(model)
@@ -217,8 +292,8 @@ def make_variant(model: ModelSource, variant: str, calibration: str = "minmax", 
         converted, origin = _quantize_int8(model, proto, calibration, calibration_dir, samples)
     data = converted.SerializeToString()
     return ModelSource(name=f"{model.name}@{variant}", origin=origin, digest=hashlib.sha256(data).hexdigest(),
-                       onnx_bytes=data, inputs=_input_specs(converted, {s.name: s.shape for s in model.inputs}, origin),
-                       variant=variant, base_onnx=model.onnx_bytes)
+                       data=data, inputs=_input_specs(converted, {s.name: s.shape for s in model.inputs}, origin),
+                       variant=variant, base_onnx=model.data)
 
 
 def _quantize_int8(model: ModelSource, proto, calibration: str, calibration_dir: str | None, samples: int):
@@ -284,7 +359,7 @@ def make_inputs(model: ModelSource, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def onnx_proto(model: ModelSource) -> onnx.ModelProto:
-    return onnx.load_model_from_string(model.onnx_bytes)
+    return onnx.load_model_from_string(model.data)
 
 
 def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -292,6 +367,12 @@ def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list
 
     For a variant: the fp32 model's outputs on the same inputs in fp32, so the check measures
     the variant's accuracy drift."""
+    if model.frontend == "torch":
+        torch = _torch()
+        with torch.no_grad():
+            out = torch_program(model).module()(*[torch.from_numpy(v) for v in inputs.values()])
+        flat = list(out) if isinstance(out, (tuple, list)) else [out]
+        return [o.detach().numpy() for o in flat]
     import onnxruntime
 
     try:
@@ -299,7 +380,7 @@ def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list
             session = onnxruntime.InferenceSession(model.base_onnx, providers=["CPUExecutionProvider"])
             inputs = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in inputs.items()}
         else:
-            session = onnxruntime.InferenceSession(model.onnx_bytes, providers=["CPUExecutionProvider"])
+            session = onnxruntime.InferenceSession(model.data, providers=["CPUExecutionProvider"])
         return [np.asarray(o) for o in session.run(None, inputs)]
     except Exception as exc:
         raise ModelError(f"onnxruntime could not run {model.name}: {exc}", "the check will be skipped") from None

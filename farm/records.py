@@ -55,15 +55,16 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A model ready to compile: its ONNX bytes, digest and input signature."""
+    """A model ready to compile: its file's bytes, digest and input signature."""
 
     name: str
-    origin: str  # "builtin:mlp" or a file path
-    digest: str  # sha256 of the ONNX bytes
-    onnx_bytes: bytes = field(repr=False)
+    origin: str  # "builtin:mlp", a file path, or "module:factory"
+    digest: str  # sha256 of ``data``
+    data: bytes = field(repr=False)  # an ONNX model, or a torch.export program (.pt2) when frontend == "torch"
     inputs: tuple[InputSpec, ...]
     variant: str = "fp32"  # fp32 | fp16 | int8
     base_onnx: bytes = field(default=b"", repr=False)  # the fp32 model a variant is checked against
+    frontend: str = "onnx"  # onnx | torch
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def onnxruntime_median(model, repeat: int = 30) -> float:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
-    session = onnxruntime.InferenceSession(model.onnx_bytes, options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
     inputs = make_inputs(model)
     for _ in range(3):
         session.run(None, inputs)
