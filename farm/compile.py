@@ -261,6 +261,19 @@ def import_model(model: ModelSource) -> tvm.IRModule:
             raise BuildError(f"TVM's torch importer rejected {model.name}: {first_line(exc)}",
                              "the program may use an operator TVM 0.27 does not support") from None
         return relax.transform.DecomposeOpsForInference()(mod)
+    if model.frontend == "tflite":
+        from tvm.relax.frontend.tflite import from_tflite
+
+        from farm.models import tflite_model
+
+        try:
+            mod = from_tflite(tflite_model(model), {s.name: s.shape for s in model.inputs},
+                              {s.name: s.dtype for s in model.inputs})
+        except Exception as exc:
+            raise BuildError(f"TVM's TFLite importer rejected {model.name}: {first_line(exc)}",
+                             "the model may use an operator TVM 0.27 does not support") from None
+        mod = mod[0] if isinstance(mod, tuple) else mod
+        return relax.transform.DecomposeOpsForInference()(mod)
     return import_onnx(model)
 
 

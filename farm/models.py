@@ -8,6 +8,7 @@ meaningful to check, unlike the constant-weight architectures the onnx package s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Callable
@@ -128,6 +129,8 @@ def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> M
     if spec.endswith(".pt2") or (":" in spec and not spec.startswith("onnx:") and not Path(spec).exists()
                                  and "/" not in spec):
         return _load_torch(spec, shapes or {})
+    if spec.endswith(".tflite"):
+        return _load_tflite(spec, shapes or {})
     if spec in BUILTINS:
         proto = BUILTINS[spec]()
         return _source(spec, f"builtin:{spec}", proto.SerializeToString(), proto, shapes)
@@ -223,6 +226,45 @@ def _load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
             inputs.append(InputSpec(node.name, tuple(int(d) for d in value.shape), str(value.dtype).removeprefix("torch.")))
     return ModelSource(name=name, origin=spec, digest=hashlib.sha256(data).hexdigest(), data=data,
                        inputs=tuple(inputs), frontend="torch")
+
+
+TFLITE_HINT = "TFLite models need the tflite parser and LiteRT: pip install 'farm[tflite]'"
+TFLITE_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16", 9: "int8"}
+
+
+def tflite_model(model: ModelSource):
+    try:
+        import tflite
+    except ImportError:
+        raise ModelError("the tflite package is not installed", TFLITE_HINT) from None
+    return tflite.Model.GetRootAsModel(model.data, 0)
+
+
+def _load_tflite(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
+    path = Path(spec)
+    if not path.exists():
+        raise ModelError(f"model file {spec} does not exist", "give a path to a .tflite file")
+    data = path.read_bytes()
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise ModelError(f"{spec} is not a TFLite model (no TFL3 identifier)", "the file may be truncated; convert it again")
+    source = ModelSource(name=path.stem, origin=spec, digest=hashlib.sha256(data).hexdigest(), data=data, inputs=(),
+                         frontend="tflite")
+    try:
+        graph = tflite_model(source).Subgraphs(0)
+        inputs = []
+        for i in range(graph.InputsLength()):
+            tensor = graph.Tensors(graph.Inputs(i))
+            name = tensor.Name().decode()
+            shape = shapes.get(name) or tuple(int(d) for d in tensor.ShapeAsNumpy())
+            if any(d <= 0 for d in shape):
+                raise ModelError(f"{spec}: input {name!r} has a dynamic dimension",
+                                 f"bind it with --shape {name}=1,224,224,3")
+            inputs.append(InputSpec(name, tuple(shape), TFLITE_TYPES.get(tensor.Type(), "float32")))
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"{spec} could not be parsed as TFLite ({exc})", "the file may be truncated; convert it again") from None
+    return dataclasses.replace(source, inputs=tuple(inputs))
 
 
 def torch_program(model: ModelSource):
@@ -367,6 +409,17 @@ def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list
 
     For a variant: the fp32 model's outputs on the same inputs in fp32, so the check measures
     the variant's accuracy drift."""
+    if model.frontend == "tflite":
+        try:
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError:
+            raise ModelError("LiteRT (ai-edge-litert) is not installed: no TFLite reference", TFLITE_HINT) from None
+        interpreter = Interpreter(model_content=model.data)
+        interpreter.allocate_tensors()
+        for detail in interpreter.get_input_details():
+            interpreter.set_tensor(detail["index"], inputs[detail["name"]])
+        interpreter.invoke()
+        return [np.array(interpreter.get_tensor(d["index"])) for d in interpreter.get_output_details()]
     if model.frontend == "torch":
         torch = _torch()
         with torch.no_grad():

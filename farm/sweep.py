@@ -72,7 +72,7 @@ def measure_cell(
 ) -> BenchResult:
     say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
     inputs = make_inputs(model, config.seed)
-    reference_name = "torch" if model.frontend == "torch" else "onnxruntime"
+    reference_name = {"torch": "torch", "tflite": "litert"}.get(model.frontend, "onnxruntime")
     try:
         if reference_file:
             reference, reference_name = load_reference_file(reference_file), f"file:{reference_file}"

@@ -25,7 +25,7 @@ stamp=".venv/.farm-installed-$(sha256sum pyproject.toml | cut -c1-16)-$want_test
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   if [ "$want_test" = 1 ]; then
-    .venv/bin/python -m pip install -q -e '.[test,torch]'
+    .venv/bin/python -m pip install -q -e '.[test,torch,tflite]'
   else
     .venv/bin/python -m pip install -q -e .
   fi
