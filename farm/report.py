@@ -33,6 +33,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
         distribution_png=_distribution_png(store, latest), phases_png=_phases_png(latest),
         alerts=store.alerts(sweep_id) if sweep_id is not None else [], sweep_id=sweep_id,
+        variants=_variant_rows(latest),
     )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,6 +41,18 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out_path)
     return out_path
+
+
+def _variant_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device × base model with variants: fp32 / fp16 / int8 latency and drift side by side."""
+    table: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        base, _, variant = row["model"].rpartition("@")
+        if not base or variant not in ("fp16", "int8"):
+            base, variant = row["model"], "fp32"
+        entry = table.setdefault((row["device"], base, row["tuned"]), {"device": row["device"], "model": base})
+        entry[variant] = {"steady": row["steady_median_s"], "drift": row["max_abs_err"], "check": row["check"]}
+    return [e for _, e in sorted(table.items()) if "fp16" in e or "int8" in e]
 
 
 def _figure_png(fig) -> str:

@@ -32,3 +32,17 @@ def test_variant_benchmarked_with_drift_against_fp32(variant, farm_net, inventor
     if CHROMIUM:
         text, errors, _ = open_in_chromium(report)
         assert errors == [] and f"convnet@{variant}" in text and "max err" in text
+
+
+def test_sweep_with_variant_axis_shows_drift_side_by_side(farm_net, inventory_file, farm_env, tmp_path):
+    proc = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", "convnet",
+                    "--variant", "fp32", "--variant", "fp16", "--variant", "int8", "--reference", "none",
+                    "--repeat", "3", "--min-repeat-ms", "5", "--report-dir", str(tmp_path / "reports"), "--json", env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert {c["model"]: c["status"] for c in out["cells"]} == {"convnet": "ok", "convnet@fp16": "ok", "convnet@int8": "ok"}
+    if CHROMIUM:
+        from pathlib import Path
+
+        text, errors, _ = open_in_chromium(Path(out["report"]))
+        assert errors == [] and "Variants: latency and accuracy drift" in text
