@@ -368,7 +368,7 @@ def _tuning_sets(db_path: str, devices) -> dict:
     from farm.sweep import tuning_set
 
     with Store(db_path) as store:
-        return {d.name: tuning_set(store, d) for d in devices if d.export != "system-lib"}
+        return {d.name: tuning_set(store, d) for d in devices}
 
 
 def cmd_bench(args) -> int:

@@ -52,7 +52,7 @@ def tuning_set(store: Store, device: Device) -> TuningSet:
 
 def compile_cell(device: Device, model: ModelSource, store: Store, cache_dir: Path, tuned: bool = True) -> Artifact:
     """The cell's artifact, with the store's tuning records for the device unless ``tuned`` is False."""
-    tuning = tuning_set(store, device) if tuned and device.export != "system-lib" else None
+    tuning = tuning_set(store, device) if tuned else None
     return compile_model(model, device, cache_dir, tuning)
 
 
