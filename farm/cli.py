@@ -122,6 +122,11 @@ def _bench_config(args):
                        timeout_s=args.timeout, rtol=args.rtol, atol=args.atol)
 
 
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(),
+                   help="print each step to stderr (default: on when stderr is a terminal)")
+
+
 def _add_bench_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument("--repeat", type=int, default=20, help="steady-state repeats kept raw (default 20)")
@@ -835,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", help="expected outputs (.npz, np.savez order) instead of onnxruntime's")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
     _add_variant_options(p)
-    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="print steps to stderr (default on a TTY)")
+    _add_progress(p)
     _add_bench_options(p)
 
     p = add("tune", cmd_tune, "search faster schedules on a device with MetaSchedule (XGBoost cost model)",
@@ -857,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="then bench untuned vs tuned on the device and print both")
     p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
     p.add_argument("--import", dest="import_dir", help="merge MetaSchedule JSON database files from DIR first")
-    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="per-batch progress on stderr (default on a TTY)")
+    _add_progress(p)
     _add_bench_options(p)
 
     p = add("sweep", cmd_sweep, "measure every device × model in parallel (one worker per device), resumable",
@@ -881,7 +886,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--confirm", action="store_true", help="confirm regression candidates by interleaved reruns")
-    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="per-device steps on stderr (default on a TTY)")
+    _add_progress(p)
     _add_bench_options(p)
 
     p = add("regressions", cmd_regressions, "judge a sweep against the nightly baseline; confirm candidates",
@@ -892,7 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
             "parameters, baseline and confirmation, so every verdict can be reproduced.")
     p.add_argument("--sweep", help="sweep id (default: the latest)")
     p.add_argument("--confirm", action="store_true", help="rerun candidates' old and new artifacts interleaved on the device")
-    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty())
+    _add_progress(p)
     _add_bench_options(p)
 
     p = add("compare", cmd_compare, "compare two runs' raw samples (Mann-Whitney U, Kolmogorov-Smirnov)")
@@ -921,7 +926,7 @@ def build_parser() -> argparse.ArgumentParser:
             "are, and stops everything it started.")
     p.add_argument("--models", default="mlp,convnet", help="comma-separated models (default mlp,convnet)")
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
-    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(), help="print steps to stderr (default on a TTY)")
+    _add_progress(p)
     _add_bench_options(p)
     return parser
 

@@ -25,8 +25,7 @@ from tvm import relax, rpc
 from farm.compile import compile_model
 from farm.models import load_model, make_inputs
 from farm.records import BenchConfig, Device, TrackerAddress
-from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
-from farm.rpc.tracker import wait_for_servers
+from farm.rpc.processes import private_farm
 from farm.store import Store
 from farm.sweep import bench_cell
 
@@ -53,15 +52,9 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="farm-fidelity-"))
-    port = free_port()
-    tracker = TrackerAddress("127.0.0.1", port)
     device = Device("fidelity-cpu", "local", "fidelity-cpu", {"kind": "llvm"})
     model = load_model(args.model)
-    started = []
-    try:
-        started.append(start_tracker(tracker.host, port, work))
-        started.append(start_server(tracker, device.name, device.key, work))
-        wait_for_servers(tracker, {device.key: 1}, timeout_s=60)
+    with private_farm(work, {device.name: device.key}) as tracker:
         artifact = compile_model(model, device, work / "cache")
         config = BenchConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
         farm_medians, direct_medians = [], []
@@ -86,9 +79,6 @@ def main() -> int:
         print(f"direct median:        {direct_overall * 1e3:.4f} ms")
         print(f"difference: {diff:+.2f} %")
         return 0 if abs(diff) < 5 else 1
-    finally:
-        for record in reversed(started):
-            stop_process(record)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from farm.models import load_model, make_inputs
-from farm.records import BenchConfig, Device, TrackerAddress
-from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
-from farm.rpc.tracker import wait_for_servers
+from farm.records import BenchConfig, Device
+from farm.rpc.processes import private_farm
 from farm.store import Store
 from farm.sweep import bench_cell
 from farm.tune import TuneConfig, tune_model
@@ -57,15 +56,9 @@ def main() -> int:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-tuning-"))
     model = load_model(args.model)
-    port = free_port()
-    tracker = TrackerAddress("127.0.0.1", port)
     device = Device("bench-cpu", "local", "bench-tuning-cpu", {"kind": "llvm"})
     config = BenchConfig(repeat=15, min_repeat_ms=100, timeout_s=60)
-    started = []
-    try:
-        started.append(start_tracker(tracker.host, port, work))
-        started.append(start_server(tracker, device.name, device.key, work))
-        wait_for_servers(tracker, {device.key: 1}, timeout_s=60)
+    with private_farm(work, {device.name: device.key}) as tracker:
         ort = onnxruntime_median(model)
         print(f"onnxruntime:  {ort * 1e3:9.2f} ms", flush=True)
         with Store(work / "results.db") as store:
@@ -92,9 +85,6 @@ def main() -> int:
               f"(asked: {args.trials} trials, {args.minutes:g} min; stopped: {outcome.status}); host {device.key}, "
               f"target {tuned.artifact.target.get('mcpu')} x{tuned.artifact.target.get('num-cores')}")
         return 0
-    finally:
-        for record in reversed(started):
-            stop_process(record)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from farm.models import load_model, make_variant
-from farm.records import BenchConfig, Device, TrackerAddress
-from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
-from farm.rpc.tracker import wait_for_servers
+from farm.records import BenchConfig, Device
+from farm.rpc.processes import private_farm
 from farm.store import Store
 from farm.sweep import bench_cell
 
@@ -31,14 +30,8 @@ def main() -> int:
     parser.add_argument("--calibration", default="minmax")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="farm-bench-variants-"))
-    port = free_port()
-    tracker = TrackerAddress("127.0.0.1", port)
     device = Device("variants-cpu", "local", "bench-variants-cpu", {"kind": "llvm"})
-    started = []
-    try:
-        started.append(start_tracker(tracker.host, port, work))
-        started.append(start_server(tracker, device.name, device.key, work))
-        wait_for_servers(tracker, {device.key: 1}, timeout_s=60)
+    with private_farm(work, {device.name: device.key}) as tracker:
         base = load_model(args.model)
         results = {}
         with Store(work / "results.db") as store:
@@ -57,9 +50,6 @@ def main() -> int:
         print(f"fastest here: {fastest} ({results['fp32'] / results[fastest]:.2f}x fp32) — model {base.name}, "
               f"untuned TVM on {device.key}; int8 calibrated with {args.calibration}")
         return 0
-    finally:
-        for record in reversed(started):
-            stop_process(record)
 
 
 if __name__ == "__main__":

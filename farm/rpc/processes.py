@@ -7,6 +7,7 @@ process groups farm recorded, after checking the PID still runs what farm starte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 
@@ -197,3 +199,24 @@ def save_records(state_dir: Path, records: list[ManagedProcess]) -> None:
     tmp = state_file(state_dir).with_suffix(".tmp")
     tmp.write_text(json.dumps([asdict(r) for r in records], indent=2))
     tmp.replace(state_file(state_dir))
+
+
+@contextlib.contextmanager
+def private_farm(state_dir: Path, servers: dict[str, str], timeout_s: float = 60.0) -> Iterator[TrackerAddress]:
+    """A tracker on a free loopback port plus one local rpc_server per ``{name: key}``, stopped on exit.
+
+    For tools and demos that must not touch anyone's tracker."""
+    from farm.rpc.tracker import wait_for_servers
+
+    port = free_port()
+    tracker = TrackerAddress("127.0.0.1", port)
+    started: list[ManagedProcess] = []
+    try:
+        started.append(start_tracker(tracker.host, port, state_dir))
+        for name, key in servers.items():
+            started.append(start_server(tracker, name, key, state_dir))
+        wait_for_servers(tracker, {key: 1 for key in servers.values()}, timeout_s=timeout_s)
+        yield tracker
+    finally:
+        for record in reversed(started):
+            stop_process(record)
