@@ -549,7 +549,8 @@ def cmd_sweep(args) -> int:
             config = BenchConfig(**{**asdict(config), **file_spec["bench"]})
         spec = SweepSpec(devices, models, None if reference in ("", "none") else reference, config,
                          retries=args.retries, tuned=not args.untuned,
-                         variants=tuple(args.variant or file_spec.get("variants") or ("fp32",)))
+                         variants=tuple(args.variant or file_spec.get("variants") or ("fp32",)),
+                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in file_spec.get("shapes", {}).items()})
     outcome = run_sweep(inventory.tracker, inventory.devices, spec, Path(args.db), home_dir() / "cache",
                         progress=_progress_printer(args.progress), sweep_id=sweep_id)
     report = None
@@ -595,9 +596,10 @@ def _sweep_file(path: str) -> dict[str, Any]:
         raise FarmError(f"sweep file {path} does not exist", "write devices = [...] and models = [...] in a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise FarmError(f"{path}: not valid TOML: {exc}", "fix the syntax at that line") from None
-    unknown = set(data) - {"devices", "models", "reference", "bench", "variants"}
+    unknown = set(data) - {"devices", "models", "reference", "bench", "variants", "shapes"}
     if unknown:
-        raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}", "allowed: devices, models, variants, reference, [bench]")
+        raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}",
+                        "allowed: devices, models, variants, reference, [bench], [shapes.MODEL]")
     return data
 
 
@@ -876,7 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  farm sweep --resume                          # the latest sweep (or --resume ID)")
     p.add_argument("--device", action="append", help="a device (repeatable; default: every inventory device)")
     p.add_argument("--model", action="append", help="a model (repeatable; default: the built-in zoo)")
-    p.add_argument("--file", help="sweep file (TOML: devices, models, reference, [bench])")
+    p.add_argument("--file", help="sweep file (TOML: devices, models, variants, reference, [bench], [shapes.MODEL])")
     p.add_argument("--reference", default=None, help="reference model run on every device first (default mlp; none to skip)")
     p.add_argument("--retries", type=int, default=1, help="retries of a cell whose session dropped (default 1)")
     p.add_argument("--variant", action="append", choices=["fp32", "fp16", "int8"],

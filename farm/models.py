@@ -378,12 +378,12 @@ def _quantize_int8(model: ModelSource, proto, calibration: str, calibration_dir:
     return quantized, f"{model.origin}@int8:{calibration}:{source}"
 
 
-def load_model_variant(spec: str) -> ModelSource:
+def load_model_variant(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelSource:
     """``NAME`` or ``NAME@VARIANT`` (int8 calibrated with min-max on generated inputs)."""
     base, _, variant = spec.rpartition("@")
     if base and variant in VARIANTS:
-        return make_variant(load_model(base), variant)
-    return load_model(spec)
+        return make_variant(load_model(base, shapes), variant)
+    return load_model(spec, shapes)
 
 
 def make_inputs(model: ModelSource, seed: int = 0) -> dict[str, np.ndarray]:

@@ -134,6 +134,7 @@ class SweepSpec:
     retries: int = 1
     tuned: bool = True
     variants: tuple[str, ...] = ("fp32",)  # a sweep axis: each model in each variant
+    shapes: dict = field(default_factory=dict)  # model -> {input name: shape}, for dynamic or overridden inputs
 
     def cell_models(self) -> tuple[str, ...]:
         ref = (self.reference,) if self.reference else ()
@@ -147,7 +148,8 @@ class SweepSpec:
     def from_json(data: dict) -> "SweepSpec":
         return SweepSpec(devices=tuple(data["devices"]), models=tuple(data["models"]), reference=data["reference"],
                          config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"],
-                         variants=tuple(data.get("variants", ("fp32",))))
+                         variants=tuple(data.get("variants", ("fp32",))),
+                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()})
 
 
 @dataclass
@@ -180,7 +182,8 @@ def run_sweep(
     unknown = [d for d in spec.devices if d not in devices]
     if unknown:
         raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
-    models = {name: load_model_variant(name) for name in spec.cell_models()}  # bad names fail before any work
+    models = {name: load_model_variant(name, spec.shapes.get(name.rpartition("@")[0] if "@" in name else name))
+              for name in spec.cell_models()}  # bad names fail before any work
     with Store(db_path) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())

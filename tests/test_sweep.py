@@ -129,3 +129,25 @@ def test_sigkill_mid_sweep_then_resume_gives_the_same_cells(farm_net, farm_env, 
     after = _sweep_cells(db_path, 1)
     expected = sorted((d, m, "ok") for d in ("cpu-a", "cpu-b") for m in ("convnet", "mlp", "mobile-block"))
     assert after == expected  # every cell exactly once, reference (mlp) included, nothing duplicated
+
+
+def test_sweep_file_binds_dynamic_input_shapes(farm_net, inventory_file, farm_env, tmp_path):
+    import onnx
+
+    from farm.models import build_mlp
+
+    model = build_mlp()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "dyn.onnx"
+    onnx.save(model, path)
+    plain = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", str(path),
+                     "--reference", "none", "--no-report", env=farm_env)
+    assert plain.returncode == 1 and "dynamic dimension (batch)" in plain.stderr
+    sweep_file = tmp_path / "nightly.toml"
+    sweep_file.write_text(f'devices = ["cpu-a"]\nmodels = ["{path}"]\nreference = "none"\n'
+                          f'[bench]\nrepeat = 3\nmin_repeat_ms = 5\n[shapes."{path}"]\nx = [4, 64]\n')
+    proc = run_farm("--devices", str(inventory_file), "sweep", "--file", str(sweep_file), "--no-report", "--json",
+                    env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    assert [c["status"] for c in json.loads(proc.stdout)["cells"]] == ["ok"]
