@@ -448,8 +448,9 @@ def cmd_tune(args) -> int:
         if args.import_dir:
             out["imported_records"] = import_database(store, device, Path(args.import_dir))
         if args.trials:
+            runner_timeout = args.runner_timeout or float(device.options.get("runner_timeout_s", 60.0))
             config = TuneConfig(trials=args.trials, per_task=args.per_task, minutes=args.minutes, tasks=args.tasks,
-                                runner_timeout_s=args.runner_timeout, request_timeout_s=args.timeout)
+                                runner_timeout_s=runner_timeout, request_timeout_s=args.timeout)
             printer = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
             with _graceful_interrupt("stopping after the batch in flight; Ctrl-C again to abort") as stop:
                 outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer,
@@ -860,7 +861,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
     p.add_argument("--tasks", help="only tasks whose name contains this (see --list-tasks)")
     p.add_argument("--list-tasks", action="store_true", help="print the model's tuning tasks and exit")
-    p.add_argument("--runner-timeout", type=float, default=60.0, help="seconds per candidate on the device (default 60)")
+    p.add_argument("--runner-timeout", type=float, default=None,
+                   help="seconds per candidate on the device (default: the device's runner_timeout_s, else 60)")
     p.add_argument("--report", action="store_true", help="then bench untuned vs tuned on the device and print both")
     p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
     p.add_argument("--import", dest="import_dir", help="merge MetaSchedule JSON database files from DIR first")

@@ -19,7 +19,7 @@ DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
 
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
-    "emulated", "tags", "cc",
+    "emulated", "tags", "cc", "runner_timeout_s",
 }
 KIND_FIELDS = {
     "local": {"server_port"},
@@ -155,7 +155,9 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     tags = raw.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise fail("tags", "must be a list of strings", 'write tags = ["phone", "mali"]')
-    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k == "cc"}
+    if "runner_timeout_s" in raw:
+        _number(raw["runner_timeout_s"], fail, "runner_timeout_s")
+    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k in ("cc", "runner_timeout_s")}
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
