@@ -6,7 +6,6 @@ tar, and the markers TVM's device-code blobs carry (OpenCL/Metal/CUDA source).
 
 from __future__ import annotations
 
-import io
 import struct
 import tarfile
 from dataclasses import dataclass

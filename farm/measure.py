@@ -121,7 +121,7 @@ def bench_artifact(
     except Exception as exc:  # TVM raises RuntimeError/TVMError/OSError for device-side failures
         reason = first_line(exc)
         hint = "the device dropped the session; check `farm devices`" if _is_connection_error(exc) else \
-            f"see the device's server log; the failure is stored with its reason"
+            "see the device's server log; the failure is stored with its reason"
         return _result(device, artifact, config, context, started_at, fields, "failed", step, reason, hint)
     finally:
         if session is not None:

@@ -5,10 +5,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
-import pytest
 
 from farm.rpc.processes import free_port
 from tests.conftest import REPO, run_farm

@@ -1,7 +1,6 @@
 """The main job on the embedded default, as the README's first command runs it."""
 
 import json
-from pathlib import Path
 
 import psutil
 

@@ -1,6 +1,4 @@
 import socket
-import subprocess
-import sys
 import time
 
 import pytest

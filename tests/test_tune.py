@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from farm.rpc.processes import start_server, stop_process
 from farm.rpc.tracker import wait_for_servers

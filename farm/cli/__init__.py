@@ -1,0 +1,217 @@
+"""``farm VERB``: parse, call, print, exit. The only place that catches FarmError.
+
+stdout carries results (tables, paths, --json); progress and logs go to stderr.
+Exit codes: 0 success, 1 error (one ``error:`` line and a hint on stderr), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from farm.errors import FarmError
+
+from farm.cli.common import add_bench_options, add_progress, add_variant_options, default_db
+from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dashboard
+from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_results, cmd_report, cmd_demo, cmd_compare
+from farm.cli.tuning import cmd_tune
+from farm.cli.sweeping import cmd_sweep, cmd_regressions
+
+EPILOG = """\
+examples:
+  farm demo                               # private tracker + 2 local devices, built-in models, DB + HTML report
+  farm tracker start && farm serve        # tracker and the inventory's local devices, in the background
+  farm devices                            # inventory merged with the tracker's live view
+  farm bench --device x86-local --model convnet --json
+  farm report                             # HTML report of the latest run per device × model
+  farm down                               # stop every server and the tracker farm started
+
+environment: FARM_DEVICES (inventory), FARM_DB (results database), FARM_HOME (state: pid files, logs, artifact cache)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--devices", default=argparse.SUPPRESS,
+                        help="inventory file (env FARM_DEVICES, default ./devices.toml)")
+    common.add_argument("--db", default=argparse.SUPPRESS, help="results database (env FARM_DB, default .farm/results.db)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output on stdout")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log more to stderr")
+
+    parser = argparse.ArgumentParser(
+        prog="farm", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Benchmark ML models on a farm of devices through TVM RPC: compile, push, measure, store, report.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="VERB", required=True)
+
+    def add(name: str, func, help_text: str, description: str = "") -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=description or help_text,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("tracker", cmd_tracker, "start, stop or query TVM's RPC tracker (a managed background process)",
+            "Runs `python -m tvm.exec.rpc_tracker` in the background with a pid record and a log in $FARM_HOME.\n"
+            "Binds 127.0.0.1 unless --host says otherwise: TVM RPC has no authentication.")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--host", help="address to bind (default: [tracker] host in devices.toml, else 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: [tracker] port in devices.toml, else 9190)")
+
+    p = add("serve", cmd_serve, "start rpc_servers for the inventory's local devices",
+            "Starts one `python -m tvm.exec.rpc_server` per local device, each in its own process group,\n"
+            "registered with the tracker under the device's key, and waits until the tracker lists them.")
+    p.add_argument("--device", action="append", help="only this device (repeatable)")
+    p.add_argument("--tracker", help="HOST:PORT of the tracker (default: [tracker] in devices.toml)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for registration (default 60)")
+    p.add_argument("--stop", action="store_true", help="stop the servers farm started instead")
+
+    add("down", cmd_down, "stop every server and tracker farm started")
+
+    p = add("devices", cmd_devices, "inventory merged with the tracker's live summary; --probe checks each device",
+            "Each device's state: online (a free server), busy (servers, none free), missing (no server).\n"
+            "--probe opens a no-op session on every device at once (bounded by --timeout): online, busy,\n"
+            "missing or unreachable with the reason and when it was last seen online; probes are stored.")
+    p.add_argument("--probe", action="store_true", help="health-check every device with a no-op session")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds per probe (default 3)")
+
+    add("models", cmd_models, "list the built-in models and the onnx package's architectures")
+
+    p = add("compile", cmd_compile, "compile a model for a device (or every device) and export it",
+            "Compiles with Relax for the device's target, exports in its format, caches by\n"
+            "model digest + target + export + toolchain + TVM version. Prints each artifact's\n"
+            "format, architecture and embedded device code (OpenCL, Metal, CUDA).")
+    p.add_argument("--device", help="inventory device (default: every device, nothing is run)")
+    p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
+    p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
+    p.add_argument("--export", choices=["so", "tar", "system-lib"],
+                   help="override the devices' export format (e.g. tar: objects, no linker needed)")
+    p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
+    add_variant_options(p)
+
+    p = add("bench", cmd_bench, "compile, push, measure, check and store one model on one device",
+            "Steps: session, upload, load, first run, steady state (time_evaluator, raw repeats),\n"
+            "device→host copy per output, output check. A failed step is stored with its reason;\n"
+            "the command then prints `error:` and exits 1.")
+    p.add_argument("--device", required=True, help="inventory device name")
+    p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
+    p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
+    p.add_argument("--reference", help="expected outputs (.npz, np.savez order) instead of onnxruntime's")
+    p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
+    add_variant_options(p)
+    add_progress(p)
+    add_bench_options(p)
+
+    p = add("tune", cmd_tune, "search faster schedules on a device with MetaSchedule (XGBoost cost model)",
+            "Extracts the model's tasks, tunes them on the device through the tracker (candidates built\n"
+            "for its target, measured on it), and keeps every record in the results database: bench,\n"
+            "compile and sweep then use the best records for that device's target automatically.\n"
+            "Ctrl-C or a lost device keeps what was measured; the same command again continues.\n\n"
+            "  farm tune --device x86-local --model convnet --trials 256 --report\n"
+            "  farm tune --device x86-local --model convnet --trials 0 --export shared-records/")
+    p.add_argument("--device", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
+    p.add_argument("--trials", type=int, default=64, help="trials this session (default 64; 0 = no tuning)")
+    p.add_argument("--per-task", type=int, default=None, help="at most this many trials per task")
+    p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    p.add_argument("--tasks", help="only tasks whose name contains this (see --list-tasks)")
+    p.add_argument("--list-tasks", action="store_true", help="print the model's tuning tasks and exit")
+    p.add_argument("--runner-timeout", type=float, default=None,
+                   help="seconds per candidate on the device (default: the device's runner_timeout_s, else 60)")
+    p.add_argument("--report", action="store_true", help="then bench untuned vs tuned on the device and print both")
+    p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
+    p.add_argument("--import", dest="import_dir", help="merge MetaSchedule JSON database files from DIR first")
+    add_progress(p)
+    add_bench_options(p)
+
+    p = add("sweep", cmd_sweep, "measure every device × model in parallel (one worker per device), resumable",
+            "Compiles each artifact once (cached, with tuning records) while the devices measure, one\n"
+            "worker per device; a dropped session is retried; a failed cell is stored with its reason.\n"
+            "A reference model runs first on every device in every sweep, so device drift can be told\n"
+            "from model regressions. After a crash: farm sweep --resume finishes only the missing cells.\n\n"
+            "  farm sweep                                   # every device × the built-in models\n"
+            "  farm sweep --device x86-local --model convnet --model my.onnx\n"
+            "  farm sweep --file nightly.toml               # devices = [...], models = [...], [bench] repeat = 30\n"
+            "  farm sweep --resume                          # the latest sweep (or --resume ID)")
+    p.add_argument("--device", action="append", help="a device (repeatable; default: every inventory device)")
+    p.add_argument("--model", action="append", help="a model (repeatable; default: the built-in zoo)")
+    p.add_argument("--file", help="sweep file (TOML: devices, models, variants, reference, [bench], [shapes.MODEL])")
+    p.add_argument("--reference", default=None, help="reference model run on every device first (default mlp; none to skip)")
+    p.add_argument("--retries", type=int, default=1, help="retries of a cell whose session dropped (default 1)")
+    p.add_argument("--variant", action="append", choices=["fp32", "fp16", "int8"],
+                   help="a variant axis (repeatable; default fp32); int8 is calibrated with min-max")
+    p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
+    p.add_argument("--resume", nargs="?", const="latest", help="finish a crashed sweep (default: the latest)")
+    p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--confirm", action="store_true", help="confirm regression candidates by interleaved reruns")
+    add_progress(p)
+    add_bench_options(p)
+
+    p = add("regressions", cmd_regressions, "judge a sweep against the nightly baseline; confirm candidates",
+            "For every series (model × device × tuned, per metric) of the sweep (default: the latest), the\n"
+            "baseline is the last 20 accepted nightly medians (median, 1.4826·MAD). Candidates pass a robust z\n"
+            "and a relative change (generous); --confirm reruns old and new artifacts interleaved on the\n"
+            "device and needs Mann-Whitney U and KS p < 0.01 (strict). Alerts are stored with method,\n"
+            "parameters, baseline and confirmation, so every verdict can be reproduced.")
+    p.add_argument("--sweep", help="sweep id (default: the latest)")
+    p.add_argument("--confirm", action="store_true", help="rerun candidates' old and new artifacts interleaved on the device")
+    add_progress(p)
+    add_bench_options(p)
+
+    p = add("compare", cmd_compare, "compare two runs' raw samples (Mann-Whitney U, Kolmogorov-Smirnov)")
+    p.add_argument("run_a", type=int)
+    p.add_argument("run_b", type=int)
+
+    p = add("dashboard", cmd_dashboard, "a live, read-only web view: devices, running sweep, results, alerts",
+            "Serves a small page (tornado) that refreshes every 5 s from the tracker and the results\n"
+            "database, opened read-only. Binds 127.0.0.1 unless --host says otherwise.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8090)
+
+    p = add("results", cmd_results, "list stored runs with computed summaries (--json, --csv)")
+    p.add_argument("--device")
+    p.add_argument("--model")
+    p.add_argument("--latest", action="store_true", help="only the latest run per device × model")
+    p.add_argument("--csv", action="store_true", help="CSV on stdout")
+
+    p = add("report", cmd_report, "write a self-contained HTML report of the results")
+    p.add_argument("--out", help="output file (default reports/report-TIMESTAMP.html)")
+    p.add_argument("--title", default="farm report")
+
+    p = add("demo", cmd_demo, "the main job on an embedded default: private tracker, 2 local devices, built-in models",
+            "Needs no inventory. Starts a tracker and two local rpc_servers on free loopback ports,\n"
+            "benchmarks the built-in models on both, writes the DB and an HTML report, prints where they\n"
+            "are, and stops everything it started.")
+    p.add_argument("--models", default="mlp,convnet", help="comma-separated models (default mlp,convnet)")
+    p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
+    add_progress(p)
+    add_bench_options(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.devices_given = hasattr(args, "devices")
+    args.devices = getattr(args, "devices", None) or os.environ.get("FARM_DEVICES", "devices.toml")
+    args.db = getattr(args, "db", None) or default_db()
+    args.json = getattr(args, "json", False)
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not verbose:  # MetaSchedule logs every batch at INFO; farm prints its own progress
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    try:
+        return args.func(args)
+    except FarmError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+

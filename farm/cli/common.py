@@ -1,0 +1,156 @@
+"""Helpers shared by the CLI's verbs: paths, output formats, shared options."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from pathlib import Path
+from typing import Any
+
+from farm.errors import FarmError
+
+
+log = logging.getLogger("farm")
+
+
+def home_dir() -> Path:
+    return Path(os.environ.get("FARM_HOME", ".farm"))
+
+
+def default_db() -> str:
+    return os.environ.get("FARM_DB", str(home_dir() / "results.db"))
+
+
+def emit_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    cells = [[("" if row.get(c) is None else str(row.get(c))) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def progress_printer(enabled: bool):
+    if not enabled:
+        return None
+    start = time.monotonic()
+
+    def progress(device: str, model: str, step: str, detail: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f}s] {device} · {model} · {step}: {detail}", file=sys.stderr, flush=True)
+    return progress
+
+
+def duration(value: float | None) -> str:
+    from farm.stats import format_duration
+
+    return "-" if value is None else format_duration(value)
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, _, dims = item.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+            if not name or not shapes[name]:
+                raise ValueError
+        except ValueError:
+            raise FarmError(f"bad --shape {item!r}", "write --shape NAME=1,3,224,224") from None
+    return shapes
+
+
+def load_with_variant(args):
+    from farm.models import load_model, make_variant
+
+    model = load_model(args.model, parse_shapes(args.shape))
+    return make_variant(model, args.variant, args.calibration, args.calibration_data)
+
+
+def add_variant_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("variants")
+    g.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8"],
+                   help="fp16: graph converted to float16; int8: static QDQ quantization (default fp32)")
+    g.add_argument("--calibration", default="minmax", choices=["minmax", "entropy", "percentile"],
+                   help="int8 calibration method (default minmax)")
+    g.add_argument("--calibration-data", help="folder of .npz input samples for int8 calibration (default: generated)")
+
+
+def load_inventory_of(args):
+    from farm.inventory import load_inventory
+
+    return load_inventory(args.devices)
+
+
+def bench_config(args):
+    from farm.records import BenchConfig
+
+    if args.repeat < 1 or (args.number is not None and args.number < 1):
+        raise FarmError("--repeat and --number must be at least 1", "e.g. --repeat 20 --number 10")
+    return BenchConfig(repeat=args.repeat, number=args.number, min_repeat_ms=args.min_repeat_ms,
+                       timeout_s=args.timeout, rtol=args.rtol, atol=args.atol)
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(),
+                   help="print each step to stderr (default: on when stderr is a terminal)")
+
+
+def add_bench_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("measurement")
+    g.add_argument("--repeat", type=int, default=20, help="steady-state repeats kept raw (default 20)")
+    g.add_argument("--number", type=int, default=None,
+                   help="calls averaged per repeat (default: calibrated so a repeat lasts --min-repeat-ms)")
+    g.add_argument("--min-repeat-ms", type=float, default=50.0, help="minimum length of one repeat when calibrating (default 50)")
+    g.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free device (default 30)")
+    g.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the output check (default 1e-4)")
+    g.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the output check (default 1e-4)")
+
+
+def require_db(path: str) -> None:
+    if not Path(path).exists():
+        raise FarmError(f"no results database at {path}", "run `farm bench` or `farm demo` first, or pass --db PATH")
+
+
+def tuning_sets(db_path: str, devices) -> dict:
+    """Each device's tuning records from the store (none when there is no database yet)."""
+    if not Path(db_path).exists():
+        return {}
+    from farm.store import Store
+    from farm.sweep import tuning_set
+
+    with Store(db_path) as store:
+        return {d.name: tuning_set(store, d) for d in devices}
+
+
+@contextlib.contextmanager
+def graceful_interrupt(message: str):
+    """First Ctrl-C sets the yielded event (work stops at a safe point); a second one aborts."""
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print(message, file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+

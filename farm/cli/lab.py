@@ -1,0 +1,201 @@
+"""Verbs that run the farm: tracker, serve, down, devices, dashboard."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from dataclasses import asdict
+from pathlib import Path
+
+from farm.errors import FarmError
+
+from farm.cli.common import home_dir, emit_json, print_table, load_inventory_of, log
+
+
+def cmd_tracker(args) -> int:
+    from farm.records import TrackerAddress
+    from farm.rpc import processes
+    from farm.rpc.tracker import query_summary
+
+    state = home_dir()
+    address = _tracker_address(args)
+    records = processes.load_records(state)
+    mine = [r for r in records if r.role == "tracker"]
+    if args.action == "start":
+        running = [r for r in mine if processes.is_running(r)]
+        if running:
+            print(f"tracker already running (pid {running[0].pid}, port {running[0].port})")
+            return 0
+        record = processes.start_tracker(address.host, address.port, state)
+        processes.save_records(state, [r for r in records if r.role != "tracker"] + [record])
+        if args.json:
+            emit_json(asdict(record))
+        else:
+            print(f"tracker started on {address.host}:{address.port} (pid {record.pid}, log {record.log_path})")
+        return 0
+    if args.action == "stop":
+        stopped = [r.pid for r in mine if processes.stop_process(r)]
+        processes.save_records(state, [r for r in records if r.role != "tracker"])
+        print(f"tracker stopped (pid {stopped[0]})" if stopped else "no tracker started by farm is running")
+        return 0
+    summary = query_summary(TrackerAddress("127.0.0.1" if address.host == "0.0.0.0" else address.host, address.port))
+    data = {"address": str(address), "managed_pid": next((r.pid for r in mine if processes.is_running(r)), None),
+            "keys": {k: asdict(v) for k, v in summary.keys.items()},
+            "servers": [{"key": k, "host": h, "port": p} for k, h, p in summary.servers]}
+    if args.json:
+        emit_json(data)
+    else:
+        print(f"tracker at {address} is up" + (f" (pid {data['managed_pid']})" if data["managed_pid"] else " (not started by farm)"))
+        print_table([asdict(v) for v in summary.keys.values()], ["key", "servers", "free", "pending"])
+    return 0
+
+
+def _tracker_address(args):
+    from farm.inventory import DEFAULT_TRACKER, load_inventory
+    from farm.records import TrackerAddress
+
+    base = DEFAULT_TRACKER
+    if Path(args.devices).exists() or args.devices_given:
+        base = load_inventory(args.devices).tracker
+    return TrackerAddress(args.host or base.host, args.port or base.port)
+
+
+def cmd_serve(args) -> int:
+    from farm.devices import bring_up, can_bring_up
+    from farm.rpc import processes
+    from farm.rpc.tracker import query_summary, wait_for_servers
+
+    state = home_dir()
+    if args.stop:
+        return _stop_servers(state, args.json)
+    inventory = load_inventory_of(args)
+    tracker = inventory.tracker
+    if args.tracker:
+        host, _, port = args.tracker.rpartition(":")
+        from farm.records import TrackerAddress
+
+        tracker = TrackerAddress(host, int(port))
+    query_summary(tracker)  # fail early and clearly when there is no tracker
+    names = args.device or [n for n, d in inventory.devices.items() if can_bring_up(d)]
+    records = processes.load_records(state)
+    running = {r.name for r in records if r.role == "server" and processes.is_running(r)}
+    started = []
+    from farm.inventory import find_device
+
+    failures: list[tuple[str, FarmError]] = []
+    for name in names:
+        device = find_device(inventory, name)
+        if name in running:
+            continue
+        try:
+            started.extend(bring_up(device, tracker, state))
+        except FarmError as exc:  # one device's failure does not stop the others
+            failures.append((name, exc))
+    records = [r for r in records if processes.is_running(r)] + started
+    processes.save_records(state, records)
+    # an RPC proxy (ios) registers its device only once the phone's app connects: do not wait for it
+    waiting = {r.key: 1 for r in started if r.marker != "tvm.exec.rpc_proxy"}
+    wait_for_servers(tracker, waiting, timeout_s=args.wait)
+    for r in started:
+        if r.marker == "tvm.exec.rpc_proxy":
+            print(f"{r.name}: RPC proxy listening on port {r.port}; in the iOS RPC app set that proxy address "
+                  f"and key {r.key!r}", file=sys.stderr)
+    rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
+            for r in records if r.role == "server"]
+    if args.json:
+        emit_json({"tracker": str(tracker), "servers": rows,
+                   "failed": [{"device": n, "error": e.message, "hint": e.hint} for n, e in failures]})
+    else:
+        print(f"{len(started)} server(s) started, {len(rows)} running, registered with {tracker}")
+        print_table(rows, ["device", "key", "pid", "port", "log"])
+    if failures:
+        name, exc = failures[0]
+        others = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        print(f"error: could not bring up {name!r}{others}: {exc.message}", file=sys.stderr)
+        print(f"hint: {exc.hint}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stop_servers(state: Path, as_json: bool) -> list[int] | int:
+    from farm.rpc import processes
+
+    records = processes.load_records(state)
+    stopped = [r.pid for r in records if r.role == "server" and processes.stop_process(r)]
+    processes.save_records(state, [r for r in records if r.role != "server"])
+    if as_json:
+        emit_json({"stopped_servers": stopped})
+    else:
+        print(f"stopped {len(stopped)} server(s)")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from farm.rpc import processes
+
+    state = home_dir()
+    records = processes.load_records(state)
+    stopped = [asdict(r) for r in records if r.role == "server" and processes.stop_process(r)]
+    stopped += [asdict(r) for r in records if r.role == "tracker" and processes.stop_process(r)]
+    processes.save_records(state, [])
+    if args.json:
+        emit_json({"stopped": stopped})
+    else:
+        print(f"stopped {len(stopped)} process(es) farm had started")
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from farm.rpc.tracker import KeyStatus, query_summary
+
+    inventory = load_inventory_of(args)
+    summary = query_summary(inventory.tracker)
+    rows = []
+    for name, device in inventory.devices.items():
+        status = summary.keys.get(device.key, KeyStatus(device.key, 0, 0, 0))
+        state = "online" if status.free else ("busy" if status.servers else "missing")
+        rows.append({"device": name, "kind": device.kind, "key": device.key, "target": device.target["kind"],
+                     "export": device.export, "emulated": device.emulated, "state": state,
+                     "servers": status.servers, "free": status.free, "pending": status.pending})
+    known = {d.key for d in inventory.devices.values()}
+    extra = sorted(k for k in summary.keys if k not in known and summary.keys[k].servers)
+    columns = ["device", "kind", "key", "target", "state", "servers", "free", "pending"]
+    if args.probe:
+        from farm.devices.probe import probe_all
+        from farm.store import Store
+
+        probes = {p.device: p for p in probe_all(inventory.tracker, list(inventory.devices.values()), summary, args.timeout)}
+        with Store(args.db) as store:
+            store.record_probes(list(probes.values()))
+            seen = store.last_online()
+        now = time.time()
+        for row in rows:
+            p = probes[row["device"]]
+            row.update(state=p.state, reason=p.reason, probe_ms=None if p.latency_s is None else round(p.latency_s * 1000, 1),
+                       last_seen_s_ago=None if row["device"] not in seen else round(now - seen[row["device"]], 1))
+        columns = ["device", "kind", "key", "state", "probe_ms", "last_seen_s_ago", "reason"]
+    if args.json:
+        emit_json({"tracker": str(inventory.tracker), "devices": rows, "unknown_keys": extra})
+    else:
+        print(f"tracker {inventory.tracker}")
+        print_table(rows, columns)
+        if extra:
+            print(f"keys registered but not in {inventory.path}: {', '.join(extra)}")
+    return 0
+
+
+def cmd_dashboard(args) -> int:
+    from farm.dashboard import serve_dashboard
+
+    inventory = load_inventory_of(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("the dashboard binds %s: anyone who reaches it sees the farm's devices and results", args.host)
+    url = f"http://{args.host}:{args.port}/"
+    try:
+        serve_dashboard(inventory, Path(args.db), args.host, args.port,
+                        on_ready=lambda: print(f"farm dashboard on {url} (Ctrl-C stops it)", flush=True))
+    except KeyboardInterrupt:
+        pass
+    return 0
+

@@ -1,0 +1,160 @@
+"""farm sweep and farm regressions."""
+
+from __future__ import annotations
+
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from farm.errors import FarmError
+
+from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config, require_db
+
+
+def cmd_sweep(args) -> int:
+    from farm.models import BUILTINS
+    from farm.records import BenchConfig
+    from farm.store import Store
+    from farm.sweep import SweepSpec, run_sweep
+
+    inventory = load_inventory_of(args)
+    sweep_id = None
+    if args.resume is not None:
+        require_db(args.db)
+        with Store(args.db) as store:
+            sweep = store.sweep(None if args.resume == "latest" else int(args.resume))
+        if sweep is None:
+            raise FarmError(f"no sweep {args.resume} in {args.db}", "see farm results --json for sweep ids")
+        spec, sweep_id = SweepSpec.from_json(sweep["spec"]), sweep["id"]
+    else:
+        file_spec = _sweep_file(args.file) if args.file else {}
+        devices = tuple(args.device or file_spec.get("devices") or inventory.devices)
+        models = tuple(args.model or file_spec.get("models") or BUILTINS)
+        reference = args.reference if args.reference is not None else file_spec.get("reference", "mlp")
+        config = bench_config(args)
+        if "bench" in file_spec:
+            config = BenchConfig(**{**asdict(config), **file_spec["bench"]})
+        spec = SweepSpec(devices, models, None if reference in ("", "none") else reference, config,
+                         retries=args.retries, tuned=not args.untuned,
+                         variants=tuple(args.variant or file_spec.get("variants") or ("fp32",)),
+                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in file_spec.get("shapes", {}).items()})
+    outcome = run_sweep(inventory.tracker, inventory.devices, spec, Path(args.db), home_dir() / "cache",
+                        progress=progress_printer(args.progress), sweep_id=sweep_id)
+    report = None
+    with Store(args.db) as store:
+        alerts, _ = detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
+                                       progress_printer(args.progress))
+        if not args.no_report:
+            from farm.report import render_report
+
+            report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
+                                   title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id)
+    final = {}
+    for cell in outcome.cells:  # the last attempt of each cell
+        final[(cell.result.device, cell.result.model)] = cell
+    failed = [c for c in final.values() if c.result.status != "ok"]
+    if args.json:
+        emit_json({"sweep_id": outcome.sweep_id, "status": outcome.status, "seconds": round(outcome.seconds, 1),
+                   "skipped": outcome.skipped, "report": str(report) if report else None,
+                   "alerts": [{k: a[k] for k in ("device", "model", "metric", "status", "change", "z")} for a in alerts],
+                   "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
+                              "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason}
+                             for c in final.values()]})
+    else:
+        print(f"sweep {outcome.sweep_id}: {len(final)} cell(s) measured, {len(failed)} failed, "
+              f"{outcome.skipped} already done, {outcome.seconds:.0f} s")
+        for (device, model), c in sorted(final.items()):
+            med = sorted(c.result.steady_samples_s)[len(c.result.steady_samples_s) // 2] if c.result.steady_samples_s else None
+            print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(med):>10s}"
+                  + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
+        for a in alerts:
+            print(f"  alert: {a['device']} · {a['model']} · {a['metric']}: {a['status']} ({a['change']:+.1%}, z {a['z']:.1f})")
+        if report:
+            print(f"report: {report}")
+    return 0
+
+
+def _sweep_file(path: str) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FarmError(f"sweep file {path} does not exist", "write devices = [...] and models = [...] in a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FarmError(f"{path}: not valid TOML: {exc}", "fix the syntax at that line") from None
+    unknown = set(data) - {"devices", "models", "reference", "bench", "variants", "shapes"}
+    if unknown:
+        raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}",
+                        "allowed: devices, models, variants, reference, [bench], [shapes.MODEL]")
+    return data
+
+
+def cmd_regressions(args) -> int:
+    from farm.store import Store
+
+    require_db(args.db)
+    inventory = load_inventory_of(args) if args.confirm else None
+    with Store(args.db) as store:
+        alerts, sweep_id = detect_and_confirm(store, inventory, None if args.sweep is None else int(args.sweep),
+                                              args.confirm, bench_config(args), progress_printer(args.progress))
+    if args.json:
+        emit_json({"sweep_id": sweep_id, "alerts": alerts})
+    else:
+        print(f"sweep {sweep_id}: {len(alerts)} alert(s)")
+        print_table([{**a, "change": f"{a['change']:+.1%}", "z": f"{a['z']:.1f}", "value": duration(a["value"]),
+                      "centre": duration(a["baseline"]["centre"])} for a in alerts],
+                    ["device", "model", "metric", "status", "value", "centre", "change", "z"])
+    return 0
+
+
+def detect_and_confirm(store, inventory, sweep_id, confirm_candidates: bool, config, progress=None):
+    """Store the sweep's candidate/improved verdicts as alerts; with ``confirm_candidates``, rerun
+    old and new artifacts interleaved on the device and store the confirmation."""
+    from farm.regress import METHOD, confirm, detect
+    from farm.results import run_rows
+
+    sweep = store.sweep(sweep_id)
+    if sweep is None:
+        raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
+                        "run farm sweep first; regressions compare sweeps")
+    verdicts = [v for v in detect(run_rows(store), sweep["id"]) if v["status"] in ("candidate", "improved")]
+    for verdict in verdicts:
+        store.save_alert(verdict, METHOD.to_json())
+        if not (confirm_candidates and verdict["status"] == "candidate" and verdict["metric"] == "steady"):
+            continue
+        status, detail = _confirm_one(store, inventory, verdict, config, confirm, progress)
+        store.save_alert(verdict, METHOD.to_json(), status, detail)
+    return store.alerts(sweep["id"]), sweep["id"]
+
+
+def _confirm_one(store, inventory, verdict, config, confirm, progress):
+    from farm.measure import interleaved_samples
+    from farm.models import load_model, make_inputs
+    from farm.records import Artifact
+
+    if verdict["artifact_key"] == verdict["baseline_artifact_key"]:
+        return "drift", {"reason": "same artifact as the baseline: the device changed, not the model"}
+    rows = [store.artifact(verdict["baseline_artifact_key"] or ""), store.artifact(verdict["artifact_key"])]
+    if any(r is None or not Path(r["path"]).exists() for r in rows):
+        return "unknown", {"reason": "an artifact is no longer in the cache; cannot rerun"}
+    old, new = [Artifact(cache_key=r["cache_key"], path=r["path"], model_name=verdict["model"],
+                         model_digest=r["model_digest"], target=r["target"], export=r["export"],
+                         toolchain=r["toolchain"], tvm_version=r["tvm_version"], file_digest=r["file_digest"],
+                         build_s=r["build_s"]) for r in rows]
+    device = inventory.devices.get(verdict["device"])
+    if device is None:
+        return "unknown", {"reason": f"device {verdict['device']!r} is not in the inventory"}
+    try:
+        inputs = make_inputs(load_model(verdict["model"]), config.seed)
+    except FarmError as exc:
+        return "unknown", {"reason": exc.message}
+    if progress:
+        progress(device.name, verdict["model"], "confirm", "old and new artifacts interleaved")
+    try:
+        status, comparison = confirm(lambda n: interleaved_samples(inventory.tracker, device, old, new, inputs, n, config))
+    except FarmError as exc:
+        return "unknown", {"reason": exc.message}
+    return status, {"method": "interleaved rerun, Mann-Whitney U and KS", **asdict(comparison)}
+

@@ -1,0 +1,96 @@
+"""farm tune."""
+
+from __future__ import annotations
+
+import sys
+
+from pathlib import Path
+from typing import Any
+
+from farm.errors import FarmError
+
+from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, parse_shapes, load_inventory_of, bench_config, graceful_interrupt
+
+
+def cmd_tune(args) -> int:
+    from farm.inventory import find_device
+    from farm.models import load_model
+    from farm.store import Store
+
+    inventory = load_inventory_of(args)
+    device = find_device(inventory, args.device)
+    model = load_model(args.model, parse_shapes(args.shape))
+    if args.list_tasks:
+        from farm.tune import list_tasks
+
+        names = list_tasks(device, model)
+        emit_json(names) if args.json else print("\n".join(names))
+        return 0
+    if args.trials < 0 or (args.per_task is not None and args.per_task < 1):
+        raise FarmError("--trials must be >= 0 and --per-task >= 1", "e.g. farm tune --trials 256 --per-task 64")
+    from farm.tune import TuneConfig, export_database, import_database, tune_model
+
+    out: dict[str, Any] = {"device": device.name, "model": model.name}
+    exit_code = 0
+    with Store(args.db) as store:
+        if args.import_dir:
+            out["imported_records"] = import_database(store, device, Path(args.import_dir))
+        if args.trials:
+            runner_timeout = args.runner_timeout or float(device.options.get("runner_timeout_s", 60.0))
+            config = TuneConfig(trials=args.trials, per_task=args.per_task, minutes=args.minutes, tasks=args.tasks,
+                                runner_timeout_s=runner_timeout, request_timeout_s=args.timeout)
+            printer = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
+            with graceful_interrupt("stopping after the batch in flight; Ctrl-C again to abort") as stop:
+                outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer,
+                                     should_stop=stop.is_set)
+            out.update({"session_id": outcome.session_id, "status": outcome.status, "reason": outcome.reason,
+                        "trials": outcome.trials_done, "new_records": outcome.new_records,
+                        "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
+                        "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s} for t in outcome.tasks]})
+            if outcome.status in ("interrupted", "device-lost"):
+                exit_code = 130 if outcome.status == "interrupted" else 1
+        if args.export_dir:
+            out["exported_records"] = len(export_database(store, device, Path(args.export_dir)).records)
+        if args.report and exit_code == 0:
+            out["comparison"] = _tuned_vs_untuned(inventory, device, model, store, bench_config(args), args.progress)
+    if args.json:
+        emit_json(out)
+    else:
+        if "status" in out:
+            print(f"tune session {out['session_id']}: {out['status']}" + (f" ({out['reason']})" if out["reason"] else "")
+                  + f", {out['trials']} trials in {out['seconds']:.0f} s, {out['new_records']} new records,"
+                  f" {out['total_records']} in the store for this target")
+            print_table([{**t, "best": duration(t["best_s"])} for t in out["tasks"]], ["name", "trials", "best"])
+        for k in ("imported_records", "exported_records"):
+            if k in out:
+                print(f"{k.replace('_', ' ')}: {out[k]}")
+        if "comparison" in out:
+            c = out["comparison"]
+            print(f"untuned {duration(c['untuned_s'])}  tuned {duration(c['tuned_s'])}  speedup {c['speedup']:.2f}x"
+                  f"  ({c['tuned_tasks']}/{c['total_tasks']} tasks tuned; runs {c['untuned_run']}, {c['tuned_run']})")
+    if exit_code == 1:
+        print(f"error: {out['reason']}; {out['new_records']} new records kept", file=sys.stderr)
+        print("hint: bring the device back (farm devices) and rerun the same command to continue", file=sys.stderr)
+    elif exit_code == 130:
+        print(f"interrupted: every measured record is kept ({out['total_records']} for this target);"
+              " rerun the same command to continue", file=sys.stderr)
+    return exit_code
+
+
+def _tuned_vs_untuned(inventory, device, model, store, config, progress: bool) -> dict[str, Any]:
+    """Bench the model untuned and tuned on the same device, in this run."""
+    from farm.sweep import bench_cell
+
+    printer = progress_printer(progress)
+    runs = {}
+    for tuned in (False, True):
+        cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", config, progress=printer, tuned=tuned)
+        if cell.result.status != "ok":
+            raise FarmError(f"{'tuned' if tuned else 'untuned'} bench failed at {cell.result.failed_step}: {cell.result.reason}",
+                            cell.result.hint or "see farm results")
+        runs[tuned] = cell
+    medians = {k: sorted(c.result.steady_samples_s)[len(c.result.steady_samples_s) // 2] for k, c in runs.items()}
+    return {"untuned_s": medians[False], "tuned_s": medians[True], "speedup": medians[False] / medians[True],
+            "untuned_run": runs[False].run_id, "tuned_run": runs[True].run_id,
+            "tuned_tasks": runs[True].artifact.tuned_tasks, "total_tasks": runs[True].artifact.total_tasks}
+
