@@ -32,4 +32,5 @@ def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[M
 
 
 def can_bring_up(device: Device) -> bool:
-    return device.kind in PLUGINS
+    """Whether ``farm serve`` (without --device) starts something for it: a linux board only with an ssh address."""
+    return device.kind in PLUGINS and (device.kind != "linux" or "ssh" in device.options)
