@@ -171,7 +171,7 @@ def detect(rows: list[dict[str, Any]], sweep_id: int, method: Method = METHOD) -
             verdict = judge(value, history, metric, unstable=now["unstable"] and metric == "steady", method=method)
             verdicts.append({
                 "device": device, "model": model, "tuned": tuned, "metric": metric, "sweep_id": sweep_id,
-                "run_id": now["run_id"], "artifact_key": now["artifact_key"],
+                "run_id": now["run_id"], "artifact_key": now["artifact_key"], "model_digest": now["model_digest"],
                 "baseline_run_id": history_rows[-1]["run_id"] if history_rows else None,
                 "baseline_artifact_key": history_rows[-1]["artifact_key"] if history_rows else None,
                 "status": verdict.status, "value": verdict.value, "z": verdict.z, "change": verdict.change,

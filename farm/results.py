@@ -30,7 +30,7 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
             copy_medians.append(summary.median if summary else None)
         rows.append({
             "run_id": run["id"], "started_at": run["started_at"], "device": run["device"], "key": run["key"],
-            "model": run["model"], "status": run["status"], "failed_step": run["failed_step"], "reason": run["reason"],
+            "model": run["model"], "model_digest": run["model_digest"], "status": run["status"], "failed_step": run["failed_step"], "reason": run["reason"],
             "upload_s": run["upload_s"], "load_s": run["load_s"], "first_run_s": run["first_run_s"],
             "steady_number": run["steady_number"],
             "steady_n": steady.n if steady else 0,

@@ -306,7 +306,9 @@ class Store:
 
     def save_alert(self, verdict: dict[str, Any], method: dict[str, Any], status: str | None = None,
                    confirmation: dict[str, Any] | None = None) -> int:
-        """Insert or update the alert of one series in one sweep; returns its id."""
+        """Insert or update the alert of one series in one sweep; returns its id.
+
+        Detecting again without confirming keeps an earlier confirmation and its status."""
         now = _now()
         with self._transaction() as db:
             db.execute(
@@ -314,7 +316,9 @@ class Store:
                    baseline_run_id, status, value, z, change, baseline, method, confirmation)
                    VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                    ON CONFLICT (sweep_id, device, model, tuned, metric) DO UPDATE SET updated_at=excluded.updated_at,
-                   status=excluded.status, confirmation=excluded.confirmation""",
+                   status=CASE WHEN excluded.confirmation = '{}' THEN alerts.status ELSE excluded.status END,
+                   confirmation=CASE WHEN excluded.confirmation = '{}' THEN alerts.confirmation
+                                     ELSE excluded.confirmation END""",
                 (now, now, verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
                  verdict["metric"], verdict["run_id"], verdict["baseline_run_id"], status or verdict["status"],
                  verdict["value"], verdict["z"], verdict["change"], json.dumps(verdict["baseline"]),
@@ -342,6 +346,11 @@ class Store:
         rows = self._db.execute(sql + " ORDER BY id", params).fetchall()
         return [{**dict(r), "baseline": json.loads(r["baseline"]), "method": json.loads(r["method"]),
                  "confirmation": json.loads(r["confirmation"])} for r in rows]
+
+    def model_inputs(self, digest: str) -> list[dict[str, Any]] | None:
+        """The stored input signature of a model (name, shape, dtype per input)."""
+        row = self._db.execute("SELECT inputs FROM models WHERE digest=?", (digest,)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def artifact(self, cache_key: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT * FROM artifacts WHERE cache_key=?", (cache_key,)).fetchone()

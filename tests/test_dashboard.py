@@ -42,7 +42,7 @@ def test_dashboard_shows_devices_sweep_and_results(farm_net, inventory_file, far
                     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                     page.on("pageerror", lambda e: errors.append(str(e)))
                     page.goto(f"http://127.0.0.1:{port}/")
-                    page.wait_for_function("document.getElementById('updated').textContent.startsWith('updated')")
+                    page.locator("#updated", has_text="updated").wait_for(timeout=15000)
                     text = page.inner_text("body")
                 finally:
                     browser.close()

@@ -131,8 +131,8 @@ def detect_and_confirm(store, inventory, sweep_id, confirm_candidates: bool, con
 
 def _confirm_one(store, inventory, verdict, config, confirm, progress):
     from farm.measure import interleaved_samples
-    from farm.models import load_model, make_inputs
-    from farm.records import Artifact
+    from farm.models import make_inputs
+    from farm.records import Artifact, InputSpec, ModelSource
 
     if verdict["artifact_key"] == verdict["baseline_artifact_key"]:
         return "drift", {"reason": "same artifact as the baseline: the device changed, not the model"}
@@ -146,10 +146,13 @@ def _confirm_one(store, inventory, verdict, config, confirm, progress):
     device = inventory.devices.get(verdict["device"])
     if device is None:
         return "unknown", {"reason": f"device {verdict['device']!r} is not in the inventory"}
-    try:
-        inputs = make_inputs(load_model(verdict["model"]), config.seed)
-    except FarmError as exc:
-        return "unknown", {"reason": exc.message}
+    signature = store.model_inputs(verdict["model_digest"])
+    if signature is None:
+        return "unknown", {"reason": "the model's input signature is not in the store"}
+    # inputs from the stored signature of tonight's model: the file may have changed since
+    model = ModelSource(name=verdict["model"], origin="", digest=verdict["model_digest"], data=b"",
+                        inputs=tuple(InputSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in signature))
+    inputs = make_inputs(model, config.seed)
     if progress:
         progress(device.name, verdict["model"], "confirm", "old and new artifacts interleaved")
     try:
