@@ -75,6 +75,12 @@ def inventory_file(farm_net, tmp_path) -> Path:
     return path
 
 
+def write_inventory(path: Path, devices: str, port: int, host: str = "127.0.0.1") -> Path:
+    """An inventory file: a [tracker] at host:port, then the given [devices.*] tables."""
+    path.write_text(f'[tracker]\nhost = "{host}"\nport = {port}\n{devices}')
+    return path
+
+
 def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user or a cron job would."""
     full_env = {**os.environ, **(env or {})}

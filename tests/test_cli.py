@@ -11,7 +11,7 @@ import pytest
 
 from farm.cli import build_parser
 from farm.rpc.processes import free_port
-from tests.conftest import run_farm
+from tests.conftest import run_farm, write_inventory
 
 
 def _digest(path):
@@ -80,22 +80,17 @@ def test_stock_rpc_server_as_remote_device_is_benchmarked(farm_net, tmp_path, fa
 
 def test_tracker_serve_devices_down_lifecycle(tmp_path, farm_env):
     port = free_port()
-    inventory = tmp_path / "devices.toml"
-    inventory.write_text(f"""
-[tracker]
-host = "127.0.0.1"
-port = {port}
-
+    inventory = write_inventory(tmp_path / "devices.toml", """
 [devices.life-a]
 kind = "local"
 key = "life-a"
-target = {{ kind = "llvm" }}
+target = { kind = "llvm" }
 
 [devices.far]
 kind = "remote"
 key = "life-far"
-target = {{ kind = "llvm" }}
-""")
+target = { kind = "llvm" }
+""", port)
     env = {**farm_env, "FARM_DEVICES": str(inventory)}
     try:
         started = run_farm("tracker", "start", "--json", env=env)

@@ -11,7 +11,7 @@ import pytest
 
 from farm.devices.emulated import ensure_board
 from farm.rpc.processes import free_port
-from tests.conftest import run_farm
+from tests.conftest import run_farm, write_inventory
 from tests.test_report import CHROMIUM, open_in_chromium
 
 pytestmark = [
@@ -30,18 +30,12 @@ def test_board_server_is_an_aarch64_executable():
 
 
 def test_emulated_board_benchmarked_through_tracker_and_reported(tmp_path, farm_env):
-    port = free_port()
-    inventory = tmp_path / "devices.toml"
-    inventory.write_text(f"""
-[tracker]
-host = "127.0.0.1"
-port = {port}
-
+    inventory = write_inventory(tmp_path / "devices.toml", """
 [devices.board]
 kind = "qemu"
 key = "test-arm64"
-target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
-""")
+target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }
+""", free_port())
     env = {**farm_env, "FARM_DEVICES": str(inventory)}
     try:
         assert run_farm("tracker", "start", env=env).returncode == 0

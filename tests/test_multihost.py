@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from farm.rpc.processes import free_port
-from tests.conftest import REPO, run_farm
+from tests.conftest import REPO, run_farm, write_inventory
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 to create a network namespace")
@@ -49,17 +49,12 @@ def second_host():
 def test_device_on_second_host_is_benchmarked_through_one_tracker(second_host, tmp_path):
     ns, host_addr, lab_addr = second_host
     port = free_port(host_addr)
-    inventory = tmp_path / "devices.toml"
-    inventory.write_text(f"""
-[tracker]
-host = "{host_addr}"
-port = {port}
-
+    inventory = write_inventory(tmp_path / "devices.toml", """
 [devices.lab2-cpu]
 kind = "local"
 key = "lab2-cpu"
-target = {{ kind = "llvm" }}
-""")
+target = { kind = "llvm" }
+""", port, host_addr)
     here = {"FARM_HOME": str(tmp_path / "home-1"), "FARM_DB": str(tmp_path / "results.db"), "FARM_DEVICES": str(inventory)}
     lab = {**here, "FARM_HOME": str(tmp_path / "home-2")}
     try:
