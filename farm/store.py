@@ -334,10 +334,9 @@ class Store:
                            [(p.device, p.key, p.at, p.state, p.reason, p.latency_s) for p in probes])
 
     def last_online(self) -> dict[str, float]:
-        """device -> time.time() it was last seen online (a probe or a successful run)."""
-        seen = {row[0]: row[1] for row in self._db.execute(
+        """device -> time.time() of its last probe that found it online."""
+        return {row[0]: row[1] for row in self._db.execute(
             "SELECT device, MAX(at) FROM probes WHERE state='online' GROUP BY device")}
-        return seen
 
     def alerts(self, sweep_id: int | None = None) -> list[dict[str, Any]]:
         sql, params = "SELECT * FROM alerts", []
