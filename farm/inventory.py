@@ -19,13 +19,14 @@ DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
 
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
-    "emulated", "tags", "cc", "runner_timeout_s",
+    "emulated", "tags", "cc", "runner_timeout_s", "max_temp_c", "min_battery_pct", "max_cooldown_s",
 }
+GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
 KIND_FIELDS = {
     "local": {"server_port"},
     "remote": set(),
     "qemu": {"server_port"},
-    "android": {"serial", "server_port"},
+    "android": {"serial", "server_port", "adb", "device_dir", "launcher", "server_bundle"},
     "ios": {"proxy"},
     "linux": {"ssh", "ssh_key", "ssh_options", "remote_python", "server_port"},
 }
@@ -74,6 +75,14 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
     for name, raw in raw_devices.items():
         where = _where(path, text, name)
         devices[name] = _parse_device(name, raw, where)
+    ports: dict[int, str] = {}
+    for device in devices.values():
+        if device.kind == "android" and "server_port" in device.options:
+            other = ports.setdefault(int(device.options["server_port"]), device.name)
+            if other != device.name:
+                raise InventoryError(
+                    f"{path}: devices {other!r} and {device.name!r} share server_port {device.options['server_port']}",
+                    "give each phone a server_port of its own: farm forwards that port on this host to the phone")
     keys: dict[str, str] = {}
     for device in devices.values():
         other = keys.get(device.key)
@@ -157,7 +166,12 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         raise fail("tags", "must be a list of strings", 'write tags = ["phone", "mali"]')
     if "runner_timeout_s" in raw:
         _number(raw["runner_timeout_s"], fail, "runner_timeout_s")
-    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k in ("cc", "runner_timeout_s")}
+    for gate in GATE_FIELDS:
+        if gate in raw:
+            _gate_number(raw[gate], fail, gate)
+    if kind == "android":
+        _android_fields(raw, fail)
+    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k in ("cc", "runner_timeout_s", *GATE_FIELDS)}
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
@@ -194,6 +208,29 @@ def _is_target_value(value: Any) -> bool:
     if isinstance(value, (str, int, float, bool)):
         return True
     return isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) for v in value)
+
+
+def _gate_number(value: Any, fail, field: str) -> None:
+    examples = {"max_temp_c": "max_temp_c = 40 (wait before each cell until the device is at most 40 °C)",
+                "min_battery_pct": "min_battery_pct = 30 (wait while the battery is below 30 %)",
+                "max_cooldown_s": "max_cooldown_s = 600 (the longest a gate may wait)"}
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise fail(field, f"{value!r} must be a number >= 0", f"write {examples[field]}")
+
+
+def _android_fields(raw: dict[str, Any], fail) -> None:
+    """serial and server_port may be left out (then farm compiles for the phone but does not bring it up)."""
+    if "serial" in raw and (not isinstance(raw["serial"], str) or not raw["serial"]):
+        raise fail("serial", "must be a string", 'write serial = "R58M123ABC" or serial = "10.0.0.7:5555"')
+    if "serial" in raw and "server_port" not in raw:
+        raise fail("server_port", "is missing", "add server_port = 5001: a port of its own per phone, "
+                   "forwarded from this host to the same port on the phone")
+    port = raw.get("server_port", 1)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise fail("server_port", f"{port!r} is not a port", "write server_port = 5001")
+    launcher = raw.get("launcher", [])
+    if not isinstance(launcher, list) or not all(isinstance(p, str) for p in launcher):
+        raise fail("launcher", "must be a list of strings", 'write launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]')
 
 
 def _number(value: Any, fail, field: str) -> float:

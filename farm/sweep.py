@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from farm.compile import compile_model, effective_target, tuning_key
+from farm.devices.health import cool_down
 from farm.errors import FarmError, StoreError
 from farm.measure import bench_artifact
 from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
@@ -92,8 +93,10 @@ def measure_cell(
 def bench_cell(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
     config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
+    first: bool = True,
 ) -> CellResult:
-    """Compile (cached; with the store's tuning records unless ``tuned`` is False), measure and store one cell."""
+    """Compile (cached; with the store's tuning records unless ``tuned`` is False), cool down (not before a
+    device's ``first`` cell, though temperature/battery gates apply always), measure and store one cell."""
     if progress:
         progress(device.name, model.name, "compile", model.name)
     try:
@@ -101,8 +104,19 @@ def bench_cell(
     except FarmError as exc:
         result = compile_failure(device, model, config, exc)
         return CellResult(store.record_result(result, device, model, None), result, None)
-    result = measure_cell(tracker, device, model, artifact, config, reference_file, progress)
+    waited = cool_down(device, first, _say(progress, device, model))
+    result = with_health(measure_cell(tracker, device, model, artifact, config, reference_file, progress), waited)
     return CellResult(store.record_result(result, device, model, artifact), result, artifact)
+
+
+def _say(progress: Progress | None, device: Device, model: ModelSource):
+    return (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
+
+
+def with_health(result: BenchResult, waited: dict) -> BenchResult:
+    """The result with the device's health and the cooldown before it in its context."""
+    context = {**result.context, "device_health": waited.pop("health", {}), "cooldown": waited}
+    return dataclasses.replace(result, context=context)
 
 
 def run_matrix(
@@ -113,11 +127,7 @@ def run_matrix(
     cells = []
     for device in devices:
         for index, model in enumerate(models):
-            if index and device.cooldown_s:
-                if progress:
-                    progress(device.name, model.name, "cooldown", f"{device.cooldown_s:g} s")
-                time.sleep(device.cooldown_s)
-            cells.append(bench_cell(tracker, device, model, store, cache_dir, config, progress=progress))
+            cells.append(bench_cell(tracker, device, model, store, cache_dir, config, progress=progress, first=index == 0))
     return cells
 
 
@@ -232,15 +242,12 @@ def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec,
             model, artifact = item
             previous = len(done.get((device.name, model.name), []))
             for attempt in range(previous + 1, spec.retries + 2):
-                if not first and device.cooldown_s:
-                    if progress:
-                        progress(device.name, model.name, "cooldown", f"{device.cooldown_s:g} s")
-                    time.sleep(device.cooldown_s)
+                waited = cool_down(device, first, _say(progress, device, model))
                 first = False
                 if isinstance(artifact, FarmError):
                     result, stored_artifact = compile_failure(device, model, spec.config, artifact), None
                 else:
-                    result = measure_cell(tracker, device, model, artifact, spec.config, progress=progress)
+                    result = with_health(measure_cell(tracker, device, model, artifact, spec.config, progress=progress), waited)
                     stored_artifact = artifact
                 try:
                     run_id = store.record_result(result, device, model, stored_artifact, sweep_id, attempt)

@@ -20,7 +20,7 @@ ALLOWED = {
     "compile": {"errors", "records", "models"},
     "measure": {"errors", "records", "rpc", "__init__"},
     "results": {"stats", "store"},
-    "sweep": {"errors", "records", "compile", "measure", "models", "store"},
+    "sweep": {"errors", "records", "compile", "devices", "measure", "models", "store"},
     "report": {"results", "stats", "store", "__init__"},
     "tune": {"compile", "errors", "records", "rpc", "store", "sweep"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},

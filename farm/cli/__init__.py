@@ -14,7 +14,7 @@ import sys
 from farm.errors import FarmError
 
 from farm.cli.common import add_bench_options, add_progress, add_variant_options, default_db
-from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dashboard
+from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dashboard, cmd_phones
 from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_results, cmd_report, cmd_demo, cmd_compare
 from farm.cli.tuning import cmd_tune
 from farm.cli.sweeping import cmd_sweep, cmd_regressions
@@ -59,13 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default: [tracker] host in devices.toml, else 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: [tracker] port in devices.toml, else 9190)")
 
-    p = add("serve", cmd_serve, "start rpc_servers for the inventory's local devices",
-            "Starts one `python -m tvm.exec.rpc_server` per local device, each in its own process group,\n"
-            "registered with the tracker under the device's key, and waits until the tracker lists them.")
+    p = add("serve", cmd_serve, "bring the inventory's devices onto the tracker (servers, proxies, phones, boards)",
+            "Per device kind: local → `python -m tvm.exec.rpc_server` here; qemu → the emulated aarch64 board;\n"
+            "android → push farm's RPC server over adb, reverse the tracker port, forward the server port, start it;\n"
+            "ios → TVM's rpc_proxy for the phone's RPC app; linux → rpc_server on the board over ssh.\n"
+            "Each runs in its own process group with a pid record; farm waits until the tracker lists them.\n"
+            "--watch then stays in the foreground and restarts any of them that dies (Ctrl-C or `farm down` ends it).")
     p.add_argument("--device", action="append", help="only this device (repeatable)")
     p.add_argument("--tracker", help="HOST:PORT of the tracker (default: [tracker] in devices.toml)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for registration (default 60)")
     p.add_argument("--stop", action="store_true", help="stop the servers farm started instead")
+    p.add_argument("--watch", action="store_true", help="stay and restart servers that die (a watchdog)")
+    p.add_argument("--interval", type=float, default=2.0, help="--watch: seconds between checks (default 2)")
+
+    p = add("phones", cmd_phones, "Android phones the adb server sees: serial, model, ABI, SoC, OpenCL, battery",
+            "Asks the adb server (--adb, default 127.0.0.1:$ANDROID_ADB_SERVER_PORT or 5037) for its devices and\n"
+            "reads each one's properties over adb. Put a phone's serial into devices.toml (kind = \"android\").")
+    p.add_argument("--adb", help="HOST:PORT of the adb server")
 
     add("down", cmd_down, "stop every server and tracker farm started")
 

@@ -114,7 +114,50 @@ def cmd_serve(args) -> int:
         others = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         print(f"error: could not bring up {name!r}{others}: {exc.message}", file=sys.stderr)
         print(f"hint: {exc.hint}", file=sys.stderr)
-        return 1
+        if not args.watch:
+            return 1
+    if args.watch:
+        watched = {n: find_device(inventory, n) for n in names}
+        _watch(watched, tracker, state, args.interval)
+    return 0
+
+
+def _watch(devices, tracker, state: Path, interval_s: float) -> None:
+    """The watchdog: restart what dies until SIGTERM/SIGINT; recorded so `farm down` can end it."""
+    import os
+    import signal
+    import threading
+
+    from farm.devices import watch
+    from farm.rpc import processes
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    me = processes.ManagedProcess("watchdog", "watchdog", "", os.getpid(), 0, "", processes.own_start_time(), "--watch")
+    processes.save_records(state, processes.load_records(state) + [me])
+    print(f"watching {len(devices)} device(s) every {interval_s:g} s; `farm down` or Ctrl-C ends the watch",
+          file=sys.stderr, flush=True)
+    try:
+        watch(devices, tracker, state, interval_s, stop,
+              on_event=lambda text: print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True))
+    finally:
+        processes.save_records(state, [r for r in processes.load_records(state) if r.pid != me.pid])
+
+
+def cmd_phones(args) -> int:
+    from farm.devices.android import adb_address, list_phones
+
+    address = adb_address()
+    if args.adb:
+        host, _, port = args.adb.rpartition(":")
+        address = (host, int(port)) if port.isdigit() else adb_address()
+    rows = [asdict(p) for p in list_phones(address)]
+    if args.json:
+        emit_json({"adb": f"{address[0]}:{address[1]}", "phones": rows})
+    else:
+        print(f"adb server {address[0]}:{address[1]}: {len(rows)} phone(s)")
+        print_table(rows, ["serial", "state", "model", "abi", "soc", "android", "opencl", "battery_pct", "battery_temp_c"])
     return 0
 
 
@@ -122,8 +165,9 @@ def _stop_servers(state: Path, as_json: bool) -> list[int] | int:
     from farm.rpc import processes
 
     records = processes.load_records(state)
-    stopped = [r.pid for r in records if r.role == "server" and processes.stop_process(r)]
-    processes.save_records(state, [r for r in records if r.role != "server"])
+    stopped = [r.pid for r in records if r.role == "watchdog" and processes.stop_process(r)]
+    stopped += [r.pid for r in records if r.role == "server" and processes.stop_process(r)]
+    processes.save_records(state, [r for r in records if r.role not in ("server", "watchdog")])
     if as_json:
         emit_json({"stopped_servers": stopped})
     else:
@@ -136,7 +180,8 @@ def cmd_down(args) -> int:
 
     state = home_dir()
     records = processes.load_records(state)
-    stopped = [asdict(r) for r in records if r.role == "server" and processes.stop_process(r)]
+    stopped = [asdict(r) for r in records if r.role == "watchdog" and processes.stop_process(r)]
+    stopped += [asdict(r) for r in records if r.role == "server" and processes.stop_process(r)]
     stopped += [asdict(r) for r in records if r.role == "tracker" and processes.stop_process(r)]
     processes.save_records(state, [])
     if args.json:

@@ -33,7 +33,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 @dataclass(frozen=True)
 class ManagedProcess:
-    role: str  # "tracker" | "server"
+    role: str  # "tracker" | "server" | "watchdog"
     name: str  # device name for servers, "tracker" for the tracker
     key: str
     pid: int
@@ -63,6 +63,11 @@ def spawn(command: list[str], log_path: Path, env: dict[str, str] | None = None)
             command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, **(env or {})},
         )
+
+
+def own_start_time() -> float:
+    """This process's start time as ``is_running`` compares it."""
+    return psutil.Process().create_time()
 
 
 def log_tail(path: str, lines: int = 5) -> str:

@@ -1,0 +1,206 @@
+"""``android`` devices: phones reached through an adb server, with adbutils.
+
+``farm serve`` brings a phone up like this:
+
+1. connect it (``serial = "HOST:PORT"`` is a network phone: farm runs ``adb connect``);
+2. push the RPC server bundle (``farm-rpc-server`` and its libraries) to ``device_dir``,
+   skipping files whose size and mtime already match;
+3. ``adb reverse tcp:T tcp:T`` for the tracker port T, so the phone reaches the tracker at its
+   own 127.0.0.1:T, and ``adb forward tcp:P tcp:P`` for the phone's ``server_port`` P, so the
+   address the tracker hands out (127.0.0.1:P on this host) reaches the phone. Each phone
+   needs its own ``server_port``;
+4. start the server with ``setsid nohup`` on the phone, registered under the device's key,
+   and record its PID with an ``adb -s SERIAL shell`` prefix, so ``farm down``, the watchdog
+   (``farm serve --watch``) and ``is_running`` act on the phone.
+
+The default bundle is farm's aarch64 build against glibc (``devices/emulated.py``): it runs
+on the stand-in phone under qemu (``launcher``) and on aarch64 Linux. A real Android phone
+needs a bionic build of the TVM runtime and server: set ``server_bundle`` to that folder
+(README: "Android phones"). Fields: ``serial``, ``server_port`` (both required), ``adb``
+(the adb server, default 127.0.0.1:$ANDROID_ADB_SERVER_PORT or 5037), ``device_dir``
+(default /data/local/tmp/farm), ``launcher`` (a command prefix, e.g. qemu), ``server_bundle``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.errors import DeviceError, InventoryError
+from farm.records import Device, TrackerAddress
+from farm.rpc.processes import ManagedProcess
+
+SERVER = "farm-rpc-server"
+DEFAULT_DIR = "/data/local/tmp/farm"
+OPENCL_PATHS = ("/vendor/lib64/libOpenCL.so", "/system/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so")
+THERMAL = ('for z in /sys/class/thermal/thermal_zone*; do [ -r "$z/temp" ] && '
+           'echo "$(cat "$z/type" 2>/dev/null) $(cat "$z/temp")"; done 2>/dev/null')
+
+
+@dataclass(frozen=True)
+class Phone:
+    serial: str
+    state: str
+    model: str = ""
+    abi: str = ""
+    soc: str = ""
+    android: str = ""
+    opencl: bool = False
+    battery_pct: int | None = None
+    battery_temp_c: float | None = None
+
+
+def adb_address(device: Device | None = None) -> tuple[str, int]:
+    text = str((device.options.get("adb") if device else None)
+               or f"127.0.0.1:{os.environ.get('ANDROID_ADB_SERVER_PORT', '5037')}")
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise InventoryError(f"adb server address {text!r} is not HOST:PORT", 'write adb = "127.0.0.1:5037"')
+    return host, int(port)
+
+
+def client(address: tuple[str, int]):
+    import adbutils
+
+    adb = adbutils.AdbClient(host=address[0], port=address[1], socket_timeout=30)
+    try:
+        adb.server_version()
+    except Exception as exc:  # adbutils raises several kinds for "nothing listens there"
+        raise DeviceError(f"no adb server answers at {address[0]}:{address[1]} ({exc.__class__.__name__})",
+                          "start one with `adb start-server` (Debian: apt-get install adb), or set adb = \"HOST:PORT\" "
+                          "on the device / ANDROID_ADB_SERVER_PORT") from None
+    return adb
+
+
+def attach(adb, serial: str, timeout_s: float = 15.0):
+    """The adbutils device for ``serial``, connecting network phones; raises DeviceError if it stays away."""
+    states = {d.serial: d.get_state() for d in adb.device_list()}
+    if ":" in serial and states.get(serial) != "device":  # network adb: (re)connect
+        if serial in states:
+            adb.disconnect(serial)
+        adb.connect(serial, timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = {d.serial: d.get_state() for d in adb.device_list()}.get(serial, "absent")
+        if state == "device":
+            return adb.device(serial)
+        if time.monotonic() > deadline:
+            raise DeviceError(f"phone {serial} is {state} in adb",
+                              "check `adb devices -l`: plug it in, allow USB debugging on the phone, "
+                              "or for a network phone check its address and that adbd listens there")
+        time.sleep(0.3)
+
+
+def shell(phone, command: str, timeout_s: float = 30.0) -> str:
+    return phone.shell(command, timeout=timeout_s)
+
+
+def describe(phone) -> Phone:
+    props = {name: shell(phone, f"getprop {name}").strip() for name in (
+        "ro.product.model", "ro.product.cpu.abi", "ro.soc.model", "ro.board.platform", "ro.build.version.release")}
+    opencl = bool(shell(phone, "ls " + " ".join(OPENCL_PATHS) + " 2>/dev/null").strip())
+    battery = read_battery(phone)
+    return Phone(phone.serial, "device", props["ro.product.model"], props["ro.product.cpu.abi"],
+                 props["ro.soc.model"] or props["ro.board.platform"], props["ro.build.version.release"], opencl,
+                 battery.get("battery_pct"), battery.get("battery_temp_c"))
+
+
+def list_phones(address: tuple[str, int]) -> list[Phone]:
+    adb = client(address)
+    phones = []
+    for entry in adb.device_list():
+        state = entry.get_state()
+        phones.append(describe(entry) if state == "device" else Phone(entry.serial, state))
+    return phones
+
+
+def read_battery(phone) -> dict[str, Any]:
+    fields = dict(re.findall(r"^\s*([\w ]+):\s*(\S+)\s*$", shell(phone, "dumpsys battery"), re.M))
+    out: dict[str, Any] = {}
+    if fields.get("level", "").isdigit():
+        out["battery_pct"] = int(fields["level"])
+    if re.fullmatch(r"-?\d+", fields.get("temperature", "")):
+        out["battery_temp_c"] = int(fields["temperature"]) / 10.0  # dumpsys reports tenths of a degree
+    if fields.get("status", "").isdigit():
+        out["charging"] = fields["status"] in ("2", "5")  # BATTERY_STATUS_CHARGING / FULL
+    return out
+
+
+def read_health(device: Device) -> dict[str, Any]:
+    """Battery and thermal zones of the phone, for the measurement context and cooldown gates."""
+    phone = attach(client(adb_address(device)), str(device.options["serial"]))
+    health = read_battery(phone)
+    zones: dict[str, float] = {}
+    for line in shell(phone, THERMAL).splitlines():
+        name, _, value = line.strip().rpartition(" ")
+        if re.fullmatch(r"-?\d+", value):
+            milli = int(value)
+            zones[name or f"zone{len(zones)}"] = milli / 1000.0 if abs(milli) > 200 else float(milli)
+    health["thermal"] = zones
+    return health
+
+
+def bundle_folder(device: Device) -> Path:
+    if device.options.get("server_bundle"):
+        folder = Path(str(device.options["server_bundle"])).expanduser()
+        if not (folder / SERVER).exists():
+            raise InventoryError(f"device {device.name!r}: server_bundle {folder} has no {SERVER}",
+                                 "point server_bundle at a folder holding the phone's RPC server and its libraries")
+        return folder
+    from farm.devices.emulated import ensure_board
+
+    return ensure_board().server.parent
+
+
+def push_bundle(phone, folder: Path, device_dir: str) -> int:
+    """Push what differs; returns how many files were sent."""
+    shell(phone, f"mkdir -p {shlex.quote(device_dir)}")
+    sent = 0
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        remote = f"{device_dir}/{path.name}"
+        local = path.stat()
+        info = phone.sync.stat(remote)
+        if info.size == local.st_size and int(info.mtime.timestamp()) == int(local.st_mtime):
+            continue
+        phone.sync.push(str(path), remote, mode=0o755 if path.name == SERVER else 0o644)
+        sent += 1
+    return sent
+
+
+def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+    for name in ("serial", "server_port"):
+        if name not in device.options:
+            raise InventoryError(f"device {device.name!r} (kind android) has no {name}",
+                                 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001')
+    serial, port = str(device.options["serial"]), int(device.options["server_port"])
+    address = adb_address(device)
+    phone = attach(client(address), serial)
+    device_dir = str(device.options.get("device_dir", DEFAULT_DIR))
+    push_bundle(phone, bundle_folder(device), device_dir)
+    phone.reverse(f"tcp:{tracker.port}", f"tcp:{tracker.port}")
+    phone.forward(f"tcp:{port}", f"tcp:{port}")
+    launcher = " ".join(shlex.quote(str(part)) for part in device.options.get("launcher", []))
+    log_path = f"{device_dir}/server-{device.key}.log"
+    server = (f"{launcher} ./{SERVER} --tracker 127.0.0.1:{tracker.port} --key {shlex.quote(device.key)}"
+              f" --host 127.0.0.1 --port {port}").strip()
+    started = shell(phone, f"cd {shlex.quote(device_dir)} && (setsid nohup {server} > {shlex.quote(log_path)} 2>&1"
+                           f" < /dev/null & echo $!)")
+    pid = started.strip().splitlines()[-1:] or [""]
+    if not pid[0].isdigit():
+        raise DeviceError(f"could not start the RPC server on phone {serial}: {started.strip()[-300:]}",
+                          f"run `adb -s {serial} shell` and try: cd {device_dir} && ./{SERVER} --help")
+    time.sleep(0.3)
+    alive = shell(phone, f"ps -o args= -p {pid[0]}")
+    if SERVER not in alive:
+        tail = shell(phone, f"tail -n 5 {shlex.quote(log_path)}").strip().replace("\n", " | ")
+        raise DeviceError(f"the RPC server on phone {serial} exited at start: {tail}",
+                          "a real phone needs a server built for Android (server_bundle); the stand-in needs launcher = qemu")
+    remote = ["adb", "-H", address[0], "-P", str(address[1]), "-s", serial, "shell"]
+    return [ManagedProcess("server", device.name, device.key, int(pid[0]), port, f"{serial}:{log_path}", time.time(),
+                           SERVER, json.dumps(remote))]

@@ -1,0 +1,179 @@
+"""Android bring-up through the real adb server, against the stand-in phone (tests/standin_phone.py).
+
+The phone runs in its own network namespace, so its 127.0.0.1 is not ours: the tracker is
+reached only through `adb reverse` and the server only through `adb forward`. farm pushes its
+aarch64 RPC server over adb sync; on the phone it runs under qemu (the device's launcher).
+Needs root + iproute2 (namespace), Debian's `adb`, qemu-user and the aarch64 g++.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from farm.rpc.processes import free_port
+from tests.conftest import REPO, run_farm, write_inventory
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2 (network namespace)"),
+    pytest.mark.skipif(shutil.which("adb") is None, reason="needs Debian's adb: bash tools/setup.sh --test"),
+    pytest.mark.skipif(shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None,
+                       reason="needs qemu-user and g++-aarch64-linux-gnu: bash tools/setup.sh --emulation"),
+]
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def wait_until(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+@pytest.fixture
+def phone(tmp_path):
+    """(serial, adb "HOST:PORT"): a stand-in phone in its own namespace, and our own adb server."""
+    tag = uuid.uuid4().hex[:6]
+    ns, here, there = f"farmph-{tag}", f"fp{tag}a", f"fp{tag}b"
+    subnet = 100 + int(tag[:2], 16) % 100
+    host_addr, phone_addr = f"10.214.{subnet}.1", f"10.214.{subnet}.2"
+    adb_port = free_port()
+    env = {**os.environ, "ADB_MDNS": "0", "ANDROID_SDK_HOME": str(tmp_path / "adb-home")}
+    started: list[subprocess.Popen] = []
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", here, "type", "veth", "peer", "name", there)
+        ip("link", "set", there, "netns", ns)
+        ip("addr", "add", f"{host_addr}/24", "dev", here)
+        ip("link", "set", here, "up")
+        ip("netns", "exec", ns, "ip", "addr", "add", f"{phone_addr}/24", "dev", there)
+        ip("netns", "exec", ns, "ip", "link", "set", there, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        with open(tmp_path / "phone.log", "wb") as log:
+            started.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, str(REPO / "tests" / "standin_phone.py"),
+                 "--listen", f"{phone_addr}:5555", "--system", str(tmp_path / "phone-system")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+        with open(tmp_path / "adb.log", "wb") as log:
+            started.append(subprocess.Popen(["adb", "-P", str(adb_port), "nodaemon", "server"], stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                            start_new_session=True))
+        wait_until(lambda: "listening" in (tmp_path / "phone.log").read_text(), 20, "the stand-in phone")
+        wait_until(lambda: subprocess.run(["adb", "-P", str(adb_port), "devices"], capture_output=True,
+                                          env=env).returncode == 0, 20, "the adb server")
+        yield f"{phone_addr}:5555", f"127.0.0.1:{adb_port}"
+    finally:
+        for proc in reversed(started):
+            stop_group(proc)
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def server_record(home) -> dict | None:
+    path = home / "processes.json"
+    records = json.loads(path.read_text()) if path.exists() else []
+    return next((r for r in records if r["role"] == "server" and r["name"] == "phone"), None)
+
+
+def probe_state(env) -> str:
+    data = json.loads(run_farm("devices", "--probe", "--timeout", "3", "--json", env=env).stdout)
+    return data["devices"][0]["state"]
+
+
+def test_standin_phone_brought_up_over_adb_benchmarked_and_restarted(phone, tmp_path, farm_env):
+    serial, adb = phone
+    server_port = free_port()
+    inventory = write_inventory(tmp_path / "devices.toml", f"""
+[devices.phone]
+kind = "android"
+key = "test-phone"
+serial = "{serial}"
+adb = "{adb}"
+server_port = {server_port}
+device_dir = "{tmp_path / 'phone-data' / 'farm'}"
+launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
+emulated = true
+min_battery_pct = 20
+max_cooldown_s = 5
+""", free_port())
+    env = {**farm_env, "FARM_DEVICES": str(inventory)}
+    home = tmp_path / "home"
+    watchdog = None
+    try:
+        assert run_farm("tracker", "start", env=env).returncode == 0
+        phones = run_farm("phones", "--adb", adb, "--json", env=env)
+        assert phones.returncode == 0, phones.stderr
+        serve = run_farm("serve", "--json", env=env)  # pushes the server, reverse + forward, starts it
+        assert serve.returncode == 0, serve.stderr
+        first = server_record(home)
+        assert probe_state(env) == "online"
+
+        listed = json.loads(run_farm("phones", "--adb", adb, "--json", env=env).stdout)["phones"]
+        assert [(p["serial"], p["state"], p["model"], p["abi"], p["android"], p["battery_pct"]) for p in listed] == [
+            (serial, "device", "Stand-in Phone", "arm64-v8a", "14", 87)]
+        assert listed[0]["opencl"] is False  # the stand-in has no libOpenCL.so
+
+        bench = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
+                         "--json", env=env)
+        assert bench.returncode == 0, bench.stderr
+        data = json.loads(bench.stdout)
+        assert data["status"] == "ok" and data["check"]["status"] == "passed" and data["emulated"] is True
+        context = json.loads(run_farm("results", "--json", env=env).stdout)[0]["context"]
+        assert context["device_health"]["battery_pct"] == 87 and context["device_health"]["battery_temp_c"] == 31.2
+        assert context["cooldown"]["gate"] == "passed"
+        assert (tmp_path / "phone-data" / "farm" / "farm-rpc-server").exists()  # pushed over adb sync
+
+        os.killpg(first["pid"], signal.SIGKILL)  # the server dies on the phone
+        killed_at = time.monotonic()
+        wait_until(lambda: probe_state(env) != "online", 10, "farm devices --probe to notice the dead server")
+        assert time.monotonic() - killed_at <= 10
+
+        # the watchdog: `farm serve --watch` brings the phone back, then restarts its server when it dies
+        with open(tmp_path / "watch.log", "wb") as log:
+            watchdog = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--watch", "--interval", "1"],
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+                                        env={**os.environ, **env}, start_new_session=True)
+        second = wait_until(lambda: (r := server_record(home)) and r["pid"] != first["pid"] and r, 60,
+                            "farm serve --watch to bring the server back")
+        wait_until(lambda: "watching 1 device(s)" in (tmp_path / "watch.log").read_text(), 60, "the watch to begin")
+        os.killpg(second["pid"], signal.SIGKILL)
+        third = wait_until(lambda: (r := server_record(home)) and r["pid"] not in (first["pid"], second["pid"]) and r,
+                           30, "the watchdog to restart the server")
+        wait_until(lambda: probe_state(env) == "online", 60, "the restarted server to register")
+        again = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
+                         "--json", env=env)
+        assert again.returncode == 0 and json.loads(again.stdout)["status"] == "ok", again.stderr
+        assert f"server pid {second['pid']} was gone; restarted as pid {third['pid']}" in (tmp_path / "watch.log").read_text()
+    finally:
+        down = run_farm("down", "--json", env=env)
+        if watchdog is not None:
+            watchdog.wait(timeout=20)
+    stopped = {r["role"] for r in json.loads(down.stdout)["stopped"]}
+    assert stopped == {"watchdog", "server", "tracker"}, down.stdout
+    assert watchdog.returncode == 0
