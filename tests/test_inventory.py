@@ -88,3 +88,30 @@ def test_find_device_unknown_lists_known():
         find_device(parse_inventory(GOOD), "pixel")
     assert info.value.message == "unknown device 'pixel' in devices.toml"
     assert "mate10, x86-local" in info.value.hint
+
+
+PHONE = '''
+[devices.{name}]
+kind = "android"
+key = "{name}"
+target = {{ kind = "llvm", mtriple = "aarch64-linux-android" }}
+serial = "{serial}"
+server_port = {port}
+'''
+
+
+def test_android_phones_need_a_server_port_each():
+    text = PHONE.format(name="p1", serial="A1", port=5001) + PHONE.format(name="p2", serial="A2", port=5001)
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(text)
+    assert "share server_port 5001" in err.value.message and "of its own" in err.value.hint
+    ok = parse_inventory(text.replace("server_port = 5001\n", "server_port = 5002\n", 1))
+    assert {d.options["server_port"] for d in ok.devices.values()} == {5001, 5002}
+
+
+def test_android_serial_without_server_port_and_bad_gate_are_refused():
+    with pytest.raises(InventoryError, match="server_port is missing"):
+        parse_inventory(PHONE.format(name="p1", serial="A1", port=5001).replace("server_port = 5001\n", ""))
+    with pytest.raises(InventoryError, match="max_temp_c 'hot' must be a number") as err:
+        parse_inventory(PHONE.format(name="p1", serial="A1", port=5001) + 'max_temp_c = "hot"\n')
+    assert "max_temp_c = 40" in err.value.hint

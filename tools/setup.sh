@@ -2,7 +2,7 @@
 # Set farm up on a fresh machine: a virtualenv in .venv with the pinned dependencies.
 #   bash tools/setup.sh          # what `farm demo` needs
 #   bash tools/setup.sh --emulation  # plus Debian's qemu-user and aarch64 cross g++ (the emulated board)
-#   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file
+#   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file, adb
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,7 @@ if [ "$want_test" = 1 ]; then
   command -v chromium >/dev/null || missing+=(chromium)
   command -v file >/dev/null || missing+=(file)
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)  # the SSH bring-up test runs its own sshd on loopback
+  command -v adb >/dev/null || missing+=(adb)  # the Android test runs its own adb server against the stand-in phone
 fi
 if [ "$want_emulation" = 1 ]; then
   command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
