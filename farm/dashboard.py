@@ -18,7 +18,7 @@ import tornado.web
 from farm.errors import FarmError, StoreError
 from farm.records import Inventory
 from farm.rpc.tracker import query_summary
-from farm.store import Store
+from farm.store import Store, exists
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>farm dashboard</title><link rel="icon" href="data:,">
@@ -83,7 +83,7 @@ setInterval(refresh, 5000);
 """
 
 
-def collect_state(inventory: Inventory, db_path: Path) -> dict[str, Any]:
+def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data."""
     state: dict[str, Any] = {"devices": [], "sweep": None, "alerts": [], "runs": [], "tracker_error": None}
     try:
@@ -92,7 +92,7 @@ def collect_state(inventory: Inventory, db_path: Path) -> dict[str, Any]:
         summary, state["tracker_error"] = None, exc.message
     probes: dict[str, dict] = {}
     runs: list[dict] = []
-    if db_path.exists():
+    if exists(db_path):
         try:
             with Store(db_path, readonly=True) as store:
                 probes = store.latest_probes()
@@ -141,7 +141,7 @@ class PageHandler(tornado.web.RequestHandler):
 
 
 class StateHandler(tornado.web.RequestHandler):
-    def initialize(self, inventory: Inventory, db_path: Path) -> None:
+    def initialize(self, inventory: Inventory, db_path: str | Path) -> None:
         self.inventory, self.db_path = inventory, db_path
 
     def get(self) -> None:
@@ -149,14 +149,14 @@ class StateHandler(tornado.web.RequestHandler):
         self.write(json.dumps(collect_state(self.inventory, self.db_path), default=str))
 
 
-def make_app(inventory: Inventory, db_path: Path) -> tornado.web.Application:
+def make_app(inventory: Inventory, db_path: str | Path) -> tornado.web.Application:
     return tornado.web.Application([
         (r"/", PageHandler),
-        (r"/api/state", StateHandler, {"inventory": inventory, "db_path": Path(db_path)}),
+        (r"/api/state", StateHandler, {"inventory": inventory, "db_path": db_path}),
     ])
 
 
-def serve_dashboard(inventory: Inventory, db_path: Path, host: str, port: int, on_ready=None) -> None:
+def serve_dashboard(inventory: Inventory, db_path: str | Path, host: str, port: int, on_ready=None) -> None:
     """Serve until interrupted (blocks)."""
     app = make_app(inventory, db_path)
     try:

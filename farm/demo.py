@@ -26,7 +26,7 @@ DEMO_MODELS = ("mlp", "convnet")
 
 @dataclass(frozen=True)
 class DemoOutcome:
-    db_path: Path
+    db_path: str | Path
     report_path: Path
     cells: list[CellResult]
     seconds: float
@@ -34,7 +34,7 @@ class DemoOutcome:
 
 
 def run_demo(
-    db_path: Path, report_dir: Path, state_dir: Path, cache_dir: Path, models: tuple[str, ...] = DEMO_MODELS,
+    db_path: str | Path, report_dir: Path, state_dir: Path, cache_dir: Path, models: tuple[str, ...] = DEMO_MODELS,
     config: BenchConfig = BenchConfig(), progress: Progress | None = None,
 ) -> DemoOutcome:
     start = time.monotonic()
@@ -59,4 +59,4 @@ def run_demo(
     finally:
         for record in reversed(started):
             stop_process(record)
-    return DemoOutcome(Path(db_path), report, cells, time.monotonic() - start, [r.pid for r in started])
+    return DemoOutcome(db_path, report, cells, time.monotonic() - start, [r.pid for r in started])

@@ -184,7 +184,7 @@ def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, s
 
 
 def run_sweep(
-    tracker: TrackerAddress, devices: dict[str, Device], spec: SweepSpec, db_path: Path, cache_dir: Path,
+    tracker: TrackerAddress, devices: dict[str, Device], spec: SweepSpec, db_path: str | Path, cache_dir: Path,
     progress: Progress | None = None, sweep_id: int | None = None,
 ) -> SweepOutcome:
     """Run (or, with ``sweep_id``, resume) a sweep: one worker per device, compile pipelined with measurement."""
@@ -233,7 +233,7 @@ def run_sweep(
     return outcome
 
 
-def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: Path, sweep_id: int,
+def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: str | Path, sweep_id: int,
                    done: dict, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None) -> None:
     """Measure one device's cells in order: cooldown, measure, retry a dropped session once, store."""
     with Store(db_path) as store:

@@ -92,3 +92,80 @@ def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
 def farm_env(tmp_path) -> dict[str, str]:
     """FARM_HOME and FARM_DB inside this test's tmp_path."""
     return {"FARM_HOME": str(tmp_path / "home"), "FARM_DB": str(tmp_path / "results.db")}
+
+
+# -- a real PostgreSQL server for the store's second backend -----------------------------------
+
+def postgres_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    return found[-1].parent if found else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """``postgresql://farm@127.0.0.1:PORT``: Debian's PostgreSQL started for this test session, stopped after.
+
+    As root the server runs as the ``postgres`` user (it refuses root); data, socket and log are in a temp dir."""
+    import shutil
+    import signal
+    import time
+
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        pytest.skip("needs PostgreSQL: apt-get install postgresql (bash tools/setup.sh --test)")
+    import tempfile
+
+    # not under pytest's tmp dir: that is private to root, and the server runs as postgres
+    base = Path(tempfile.mkdtemp(prefix="farm-pg-"))
+    data, sockets = base / "data", base / "sockets"
+    sockets.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(base, "postgres")
+        shutil.chown(sockets, "postgres")
+    init = subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "farm", "-E", "UTF8"],
+                          capture_output=True, text=True)
+    assert init.returncode == 0, init.stderr
+    port = free_port()
+    with open(base / "server.log", "wb") as log:
+        proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
+                                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=100"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                             capture_output=True).returncode != 0:
+            assert proc.poll() is None, (base / "server.log").read_text()
+            assert time.monotonic() < deadline, "PostgreSQL did not start within 30 s"
+            time.sleep(0.2)
+        yield f"postgresql://farm@127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # fast shutdown
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_db(postgres_server) -> str:
+    """A fresh, empty database on the session's server; its URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"farm_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(f"{postgres_server}/postgres", autocommit=True) as db:
+        db.execute(f"CREATE DATABASE {name}")
+    return f"{postgres_server}/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_location(request, tmp_path) -> str:
+    """The results database under test: a SQLite file, then a database on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "r.db")
+    return request.getfixturevalue("postgres_db")

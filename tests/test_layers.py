@@ -70,5 +70,6 @@ def test_only_owners_import_tvm():
 
 
 def test_only_store_writes_sqlite():
-    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "sqlite3" in _imports(p) and p.stem != "store"]
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if {"sqlite3", "psycopg"} & _imports(p) and _layer(p) != "store"]
     assert offenders == []

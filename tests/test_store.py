@@ -22,8 +22,8 @@ def _result(status="ok", samples=(0.002, 0.001, 0.003)) -> BenchResult:
     )
 
 
-def test_record_result_keeps_every_raw_sample(tmp_path):
-    with Store(tmp_path / "r.db") as store:
+def test_record_result_keeps_every_raw_sample(db_location):
+    with Store(db_location) as store:
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         assert store.samples(run_id) == [0.002, 0.001, 0.003]
         assert store.samples(run_id, "copy", 0) == [1e-6, 2e-6]
@@ -40,8 +40,8 @@ def test_store_uses_wal_and_schema_version(tmp_path):
     assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
 
 
-def test_latest_only_and_csv(tmp_path):
-    with Store(tmp_path / "r.db") as store:
+def test_latest_only_and_csv(db_location):
+    with Store(db_location) as store:
         store.record_result(_result(), DEVICE, load_model("mlp"), None)
         newest = store.record_result(_result("failed", ()), DEVICE, load_model("mlp"), None)
         rows = run_rows(store, latest_only=True)
@@ -59,28 +59,75 @@ def test_not_a_database_is_store_error(tmp_path):
     assert "cannot open results database" in info.value.message
 
 
-def test_newer_schema_is_refused(tmp_path):
-    Store(tmp_path / "r.db").close()
-    db = sqlite3.connect(tmp_path / "r.db")
+def raw_connection(location: str):
+    """The database without farm: sqlite3 or psycopg, as an operator would open it."""
+    if location.startswith("postgresql://"):
+        import psycopg
+
+        return psycopg.connect(location, autocommit=True)
+    return sqlite3.connect(location, isolation_level=None)
+
+
+def test_newer_schema_is_refused(db_location):
+    Store(db_location).close()
+    db = raw_connection(db_location)
     db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
-    db.commit()
+    db.close()
     with pytest.raises(StoreError, match="newer than this farm"):
-        Store(tmp_path / "r.db")
+        Store(db_location)
 
 
-def test_version_1_database_is_migrated_keeping_its_runs(tmp_path):
-    from farm.store import MIGRATIONS
+def test_version_1_database_is_migrated_keeping_its_runs(db_location):
+    from farm.store.schema import MIGRATIONS, postgres_ddl, statements
 
-    path = tmp_path / "old.db"
-    db = sqlite3.connect(path)
-    db.executescript(MIGRATIONS[1] + "INSERT INTO meta VALUES ('schema_version', '1');")
+    path = db_location
+    db = raw_connection(path)
+    for statement in statements(MIGRATIONS[1]):
+        db.execute(postgres_ddl(statement) if path.startswith("postgresql://") else statement)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     db.execute("""INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status, failed_step,
                   reason, steady_repeat, min_repeat_ms, emulated, farm_version, tvm_version, context, config)
                   VALUES ('t', 'cpu', 'cpu', 'mlp', 'd', 'a', 'ok', '', '', 3, 5, 0, '0', '0', '{}', '{}')""")
-    db.commit()
     db.close()
     with Store(path) as store:
         rows = run_rows(store)
         assert store.count("tune_records") == 0
     assert [(r["device"], r["tuned"]) for r in rows] == [("cpu", False)]
-    assert sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
+    assert raw_connection(path).execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_tuning_lines_merge_in_order_without_duplicates(db_location):
+    with Store(db_location) as store:
+        assert store.add_tuning_lines("k", ['{"w": 2}', '{"w": 1}'], [(0, '{"r": "b"}', 0.2), (1, '{"r": "a"}', 0.1)]) == 2
+        # the same lines again (from another host's JSON database) add nothing; a new one is appended
+        assert store.add_tuning_lines("k", ['{"w": 1}'], [(0, '{"r": "a"}', 0.1), (0, '{"r": "c"}', 0.3)]) == 1
+        workloads, records = store.tuning_lines("k")
+    assert workloads == ['{"w": 2}', '{"w": 1}']
+    assert records == ['[0, {"r": "b"}]', '[1, {"r": "a"}]', '[1, {"r": "c"}]']
+
+
+def test_sweeps_alerts_and_probes_round_trip(db_location):
+    from farm.devices.probe import Probe
+
+    verdict = {"sweep_id": 0, "device": "cpu", "model": "mlp", "tuned": False, "metric": "steady", "run_id": 1,
+               "baseline_run_id": None, "status": "candidate", "value": 0.002, "z": 3.5, "change": 0.25,
+               "baseline": {"median_s": 0.0016}}
+    with Store(db_location) as store:
+        sweep_id = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+        store.record_result(_result(), DEVICE, load_model("mlp"), None, sweep_id=sweep_id)
+        store.finish_sweep(sweep_id, "done")
+        first = store.save_alert({**verdict, "sweep_id": sweep_id}, {"z": 1.0}, "confirmed", {"mwu_p": 0.001})
+        again = store.save_alert({**verdict, "sweep_id": sweep_id}, {"z": 1.0})  # re-detected: confirmation kept
+        store.record_probes([Probe("cpu", "cpu", "online", "", 0.01, 100.0), Probe("cpu", "cpu", "missing", "gone", None, 200.0)])
+        assert store.sweep()["status"] == "done" and store.sweep_attempts(sweep_id) == {("cpu", "mlp"): [(1, "ok")]}
+        alerts = store.alerts(sweep_id)
+        assert first == again and [(a["status"], a["confirmation"]) for a in alerts] == [("confirmed", {"mwu_p": 0.001})]
+        assert store.last_online() == {"cpu": 100.0} and store.latest_probes()["cpu"]["state"] == "missing"
+        assert store.count("probes") == 2
+
+
+def test_readonly_store_cannot_write(db_location):
+    Store(db_location).close()
+    with Store(db_location, readonly=True) as store:
+        with pytest.raises(StoreError):
+            store.record_result(_result(), DEVICE, load_model("mlp"), None)

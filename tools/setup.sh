@@ -2,7 +2,7 @@
 # Set farm up on a fresh machine: a virtualenv in .venv with the pinned dependencies.
 #   bash tools/setup.sh          # what `farm demo` needs
 #   bash tools/setup.sh --emulation  # plus Debian's qemu-user and aarch64 cross g++ (the emulated board)
-#   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file, adb
+#   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file, adb, postgresql
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,7 @@ if [ "$want_test" = 1 ]; then
   command -v file >/dev/null || missing+=(file)
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)  # the SSH bring-up test runs its own sshd on loopback
   command -v adb >/dev/null || missing+=(adb)  # the Android test runs its own adb server against the stand-in phone
+  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)  # the store's PostgreSQL tests start their own server
 fi
 if [ "$want_emulation" = 1 ]; then
   command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)

@@ -122,15 +122,18 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
 
 
 def require_db(path: str) -> None:
-    if not Path(path).exists():
+    from farm.store import exists
+
+    if not exists(path):
         raise FarmError(f"no results database at {path}", "run `farm bench` or `farm demo` first, or pass --db PATH")
 
 
 def tuning_sets(db_path: str, devices) -> dict:
     """Each device's tuning records from the store (none when there is no database yet)."""
-    if not Path(db_path).exists():
+    from farm.store import Store, exists
+
+    if not exists(db_path):
         return {}
-    from farm.store import Store
     from farm.sweep import tuning_set
 
     with Store(db_path) as store:

@@ -238,7 +238,7 @@ def cmd_dashboard(args) -> int:
         log.warning("the dashboard binds %s: anyone who reaches it sees the farm's devices and results", args.host)
     url = f"http://{args.host}:{args.port}/"
     try:
-        serve_dashboard(inventory, Path(args.db), args.host, args.port,
+        serve_dashboard(inventory, args.db, args.host, args.port,
                         on_ready=lambda: print(f"farm dashboard on {url} (Ctrl-C stops it)", flush=True))
     except KeyboardInterrupt:
         pass

@@ -149,7 +149,7 @@ def cmd_demo(args) -> int:
     from farm.demo import run_demo
 
     models = tuple(m for m in args.models.split(",") if m)
-    outcome = run_demo(Path(args.db), Path(args.report_dir), home_dir(), home_dir() / "cache", models,
+    outcome = run_demo(args.db, Path(args.report_dir), home_dir(), home_dir() / "cache", models,
                        bench_config(args), progress=progress_printer(args.progress))
     failed = [c for c in outcome.cells if c.result.status != "ok"]
     if args.json:

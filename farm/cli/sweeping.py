@@ -39,7 +39,7 @@ def cmd_sweep(args) -> int:
                          retries=args.retries, tuned=not args.untuned,
                          variants=tuple(args.variant or file_spec.get("variants") or ("fp32",)),
                          shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in file_spec.get("shapes", {}).items()})
-    outcome = run_sweep(inventory.tracker, inventory.devices, spec, Path(args.db), home_dir() / "cache",
+    outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
                         progress=progress_printer(args.progress), sweep_id=sweep_id)
     report = None
     with Store(args.db) as store:

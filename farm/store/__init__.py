@@ -1,109 +1,25 @@
-"""The results database. The only module that writes it.
+"""The results database. The only package that writes it.
 
-SQLite in WAL mode, one transaction per recorded result, raw samples in long format.
-Summaries are computed from the samples (``results.py``), never stored.
-
-SCHEMA_VERSION history:
-  1  devices, models, artifacts, runs, samples (steady + copy), copies, checks
-  2  tuning: tune_sessions, tune_workloads, tune_records; artifacts.tuning_digest/tuned_tasks/total_tasks;
-     runs.tuned
-  3  sweeps; runs.sweep_id, runs.attempt
-  4  alerts (regression verdicts with method, baseline and confirmation, reproducible)
-  5  probes (device health checks)
+A SQLite file in WAL mode (default) or a PostgreSQL database (``--db postgresql://...``) for a
+farm whose hosts share one database; the same SQL runs on both (``backends.py``). One
+transaction per recorded result, raw samples in long format. Summaries are computed from the
+samples (``results.py``), never stored. The schema and its history: ``schema.py``.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from farm.errors import StoreError
 from farm.records import Artifact, BenchResult, Device, ModelSource
+from farm.store.backends import exists, is_url, open_backend, redact
+from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 
-SCHEMA_VERSION = 5
-
-MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-    CREATE TABLE devices (
-        name TEXT PRIMARY KEY, key TEXT NOT NULL, kind TEXT NOT NULL, target TEXT NOT NULL,
-        emulated INTEGER NOT NULL, tags TEXT NOT NULL, context TEXT NOT NULL,
-        first_seen TEXT NOT NULL, last_seen TEXT NOT NULL);
-    CREATE TABLE models (
-        digest TEXT PRIMARY KEY, name TEXT NOT NULL, origin TEXT NOT NULL, inputs TEXT NOT NULL,
-        first_seen TEXT NOT NULL);
-    CREATE TABLE artifacts (
-        cache_key TEXT PRIMARY KEY, model_digest TEXT NOT NULL, target TEXT NOT NULL, export TEXT NOT NULL,
-        toolchain TEXT NOT NULL, tvm_version TEXT NOT NULL, file_digest TEXT NOT NULL, path TEXT NOT NULL,
-        build_s REAL NOT NULL, created_at TEXT NOT NULL);
-    CREATE TABLE runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, device TEXT NOT NULL, key TEXT NOT NULL,
-        model TEXT NOT NULL, model_digest TEXT NOT NULL, artifact_key TEXT NOT NULL, status TEXT NOT NULL,
-        failed_step TEXT NOT NULL, reason TEXT NOT NULL, upload_s REAL, load_s REAL, first_run_s REAL,
-        steady_number INTEGER, steady_repeat INTEGER NOT NULL, min_repeat_ms REAL NOT NULL,
-        emulated INTEGER NOT NULL, farm_version TEXT NOT NULL, tvm_version TEXT NOT NULL,
-        context TEXT NOT NULL, config TEXT NOT NULL);
-    CREATE INDEX runs_device_model ON runs (device, model, started_at);
-    CREATE TABLE samples (
-        run_id INTEGER NOT NULL REFERENCES runs(id), metric TEXT NOT NULL, series INTEGER NOT NULL,
-        idx INTEGER NOT NULL, value_s REAL NOT NULL, number INTEGER NOT NULL,
-        PRIMARY KEY (run_id, metric, series, idx));
-    CREATE TABLE copies (
-        run_id INTEGER NOT NULL REFERENCES runs(id), output_index INTEGER NOT NULL, nbytes INTEGER NOT NULL,
-        shape TEXT NOT NULL, dtype TEXT NOT NULL, number INTEGER NOT NULL,
-        PRIMARY KEY (run_id, output_index));
-    CREATE TABLE checks (
-        run_id INTEGER PRIMARY KEY REFERENCES runs(id), status TEXT NOT NULL, max_abs_err REAL,
-        rtol REAL, atol REAL, reference TEXT NOT NULL, detail TEXT NOT NULL);
-    """,
-    2: """
-    ALTER TABLE artifacts ADD COLUMN tuning_digest TEXT NOT NULL DEFAULT '';
-    ALTER TABLE artifacts ADD COLUMN tuned_tasks INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE artifacts ADD COLUMN total_tasks INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE runs ADD COLUMN tuned INTEGER NOT NULL DEFAULT 0;
-    CREATE TABLE tune_sessions (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, finished_at TEXT, device TEXT NOT NULL,
-        key TEXT NOT NULL, model TEXT NOT NULL, model_digest TEXT NOT NULL, tuning_key TEXT NOT NULL,
-        target TEXT NOT NULL, tvm_version TEXT NOT NULL, trials_requested INTEGER NOT NULL,
-        trials_done INTEGER NOT NULL DEFAULT 0, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '');
-    CREATE TABLE tune_workloads (
-        tuning_key TEXT NOT NULL, sha TEXT NOT NULL, line TEXT NOT NULL, added_at TEXT NOT NULL,
-        PRIMARY KEY (tuning_key, sha));
-    CREATE TABLE tune_records (
-        tuning_key TEXT NOT NULL, sha TEXT NOT NULL, workload_sha TEXT NOT NULL, body TEXT NOT NULL,
-        run_s REAL, session_id INTEGER, added_at TEXT NOT NULL,
-        PRIMARY KEY (tuning_key, sha));
-    """,
-    3: """
-    CREATE TABLE sweeps (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, finished_at TEXT, status TEXT NOT NULL,
-        spec TEXT NOT NULL);
-    ALTER TABLE runs ADD COLUMN sweep_id INTEGER REFERENCES sweeps(id);
-    ALTER TABLE runs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
-    CREATE INDEX runs_sweep ON runs (sweep_id, device, model);
-    """,
-    4: """
-    CREATE TABLE alerts (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
-        sweep_id INTEGER NOT NULL, device TEXT NOT NULL, model TEXT NOT NULL, tuned INTEGER NOT NULL,
-        metric TEXT NOT NULL, run_id INTEGER NOT NULL, baseline_run_id INTEGER, status TEXT NOT NULL,
-        value REAL NOT NULL, z REAL, change REAL, baseline TEXT NOT NULL, method TEXT NOT NULL,
-        confirmation TEXT NOT NULL DEFAULT '{}',
-        UNIQUE (sweep_id, device, model, tuned, metric));
-    """,
-    5: """
-    CREATE TABLE probes (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, device TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL,
-        state TEXT NOT NULL, reason TEXT NOT NULL, latency_s REAL);
-    CREATE INDEX probes_device ON probes (device, at);
-    """,
-}
-
+__all__ = ["Store", "SCHEMA_VERSION", "exists", "is_url", "redact"]
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -113,26 +29,20 @@ class Store:
     """An open results database. Use as a context manager or call ``close``."""
 
     def __init__(self, path: str | Path, readonly: bool = False) -> None:
-        self.path = Path(path)
+        self._backend = open_backend(path, readonly)
+        self._db = self._backend
+        self.kind = self._backend.kind
+        self.path = Path(path) if self.kind == "sqlite" else self._backend.location  # shown in reports, never a password
         try:
-            if readonly:  # readers (dashboard) never create, migrate or lock for writing
-                self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30,
-                                           isolation_level=None, check_same_thread=False)
-                self._db.row_factory = sqlite3.Row
+            if readonly:
                 if self._version() > SCHEMA_VERSION:
                     raise StoreError(f"{self.path} has a newer schema than this farm", "upgrade farm")
-                return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
-        except sqlite3.DatabaseError as exc:
+            else:
+                self._migrate()
+        except self._backend.errors as exc:
+            self._backend.close()
             raise StoreError(f"cannot open results database {self.path}: {exc}",
                              "pass another --db PATH, or move the damaged file aside") from None
-        except OSError as exc:
-            raise StoreError(f"cannot create results database {self.path}: {exc.strerror}", "pass a writable --db PATH") from None
 
     def __enter__(self) -> "Store":
         return self
@@ -141,21 +51,13 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        self._db.close()
+        self._backend.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _transaction(self, migrating: bool = False):
+        return self._backend.transaction(migrating)
 
     def _version(self) -> int:
-        exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-        if not exists:
+        if not self._backend.table_exists("meta"):
             return 0
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         return int(row[0]) if row else 0
@@ -166,11 +68,13 @@ class Store:
             raise StoreError(f"{self.path} has schema {version}, newer than this farm ({SCHEMA_VERSION})",
                              "upgrade farm, or use another --db")
         for target in range(version + 1, SCHEMA_VERSION + 1):
-            with self._transaction() as db:
-                for statement in MIGRATIONS[target].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(target),))
+            with self._transaction(migrating=True) as db:
+                if self._version() >= target:  # another farm migrated meanwhile
+                    continue
+                for statement in statements(MIGRATIONS[target]):
+                    db.execute(self._backend.ddl(statement))
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                           (str(target),))
 
     # -- writes -------------------------------------------------------------------------
 
@@ -186,19 +90,19 @@ class Store:
                        tags=excluded.tags, context=excluded.context, last_seen=excluded.last_seen""",
                     (device.name, device.key, device.kind, json.dumps(device.target), int(device.emulated),
                      json.dumps(list(device.tags)), json.dumps(result.context.get("host", {})), now, now))
-                db.execute("INSERT OR IGNORE INTO models VALUES (?,?,?,?,?)",
+                db.execute("INSERT INTO models VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
                            (model.digest, model.name, model.origin,
                             json.dumps([asdict(s) for s in model.inputs]), now))
                 if artifact is not None:
                     db.execute(
-                        """INSERT OR IGNORE INTO artifacts (cache_key, model_digest, target, export, toolchain,
+                        """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,
                            tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks)
-                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING""",
                         (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
                          artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
                          artifact.build_s, now, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks))
                 config = result.config
-                cursor = db.execute(
+                run_id = self._insert_id(
                     """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                        failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
                        min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt)
@@ -209,7 +113,6 @@ class Store:
                      int(device.emulated), result.context.get("farm_version", ""),
                      result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
                      int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt))
-                run_id = int(cursor.lastrowid)
                 db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                                [(run_id, "steady", 0, i, v, result.steady_number or 0)
                                 for i, v in enumerate(result.steady_samples_s)])
@@ -222,9 +125,13 @@ class Store:
                 check = result.check
                 db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
                            (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
-        except sqlite3.Error as exc:
+        except self._backend.errors as exc:
             raise StoreError(f"could not write the result to {self.path}: {exc}", "check disk space and permissions") from None
         return run_id
+
+    def _insert_id(self, sql: str, params: tuple) -> int:
+        """Run an INSERT and return the new row's id."""
+        return int(self._db.execute(sql + " RETURNING id", params).fetchall()[0][0])
 
     # -- tuning records -----------------------------------------------------------------
     # MetaSchedule's JSON database is two files: workload lines, and record lines
@@ -233,13 +140,12 @@ class Store:
 
     def start_tune_session(self, device: Device, model: ModelSource, tuning_key: str, target: dict,
                            tvm_version: str, trials: int) -> int:
-        with self._transaction() as db:
-            cursor = db.execute(
+        with self._transaction():
+            return self._insert_id(
                 """INSERT INTO tune_sessions (started_at, device, key, model, model_digest, tuning_key, target,
                    tvm_version, trials_requested, status) VALUES (?,?,?,?,?,?,?,?,?,'running')""",
                 (_now(), device.name, device.key, model.name, model.digest, tuning_key, json.dumps(target),
                  tvm_version, trials))
-            return int(cursor.lastrowid)
 
     def finish_tune_session(self, session_id: int, status: str, reason: str, trials_done: int) -> None:
         with self._transaction() as db:
@@ -259,14 +165,16 @@ class Store:
         added = 0
         try:
             with self._transaction() as db:
-                db.executemany("INSERT OR IGNORE INTO tune_workloads VALUES (?,?,?,?)",
+                db.executemany("INSERT INTO tune_workloads (tuning_key, sha, line, added_at) VALUES (?,?,?,?) "
+                               "ON CONFLICT DO NOTHING",
                                [(tuning_key, s, line, now) for s, line in zip(workload_shas, workloads)])
                 for index, body, run_s in records:
                     wsha = workload_shas[index]
-                    cursor = db.execute("INSERT OR IGNORE INTO tune_records VALUES (?,?,?,?,?,?,?)",
+                    cursor = db.execute("INSERT INTO tune_records (tuning_key, sha, workload_sha, body, run_s, "
+                                        "session_id, added_at) VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                                         (tuning_key, sha(wsha + body), wsha, body, run_s, session_id, now))
                     added += cursor.rowcount
-        except sqlite3.Error as exc:
+        except self._backend.errors as exc:
             raise StoreError(f"could not store tuning records in {self.path}: {exc}", "check disk space") from None
         return added
 
@@ -280,9 +188,9 @@ class Store:
         return [row["line"] for row in workloads], [f"[{index[r['workload_sha']]}, {r['body']}]" for r in records]
 
     def start_sweep(self, spec: dict[str, Any]) -> int:
-        with self._transaction() as db:
-            return int(db.execute("INSERT INTO sweeps (started_at, status, spec) VALUES (?, 'running', ?)",
-                                  (_now(), json.dumps(spec))).lastrowid)
+        with self._transaction():
+            return self._insert_id("INSERT INTO sweeps (started_at, status, spec) VALUES (?, 'running', ?)",
+                                   (_now(), json.dumps(spec)))
 
     def finish_sweep(self, sweep_id: int, status: str) -> None:
         with self._transaction() as db:

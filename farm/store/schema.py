@@ -1,0 +1,111 @@
+"""The results database's schema, written once in SQLite's dialect; ``postgres_ddl`` translates it.
+
+SCHEMA_VERSION history:
+  1  devices, models, artifacts, runs, samples (steady + copy), copies, checks
+  2  tuning: tune_sessions, tune_workloads, tune_records; artifacts.tuning_digest/tuned_tasks/total_tasks;
+     runs.tuned
+  3  sweeps; runs.sweep_id, runs.attempt
+  4  alerts (regression verdicts with method, baseline and confirmation, reproducible)
+  5  probes (device health checks)
+"""
+
+from __future__ import annotations
+
+import re
+
+SCHEMA_VERSION = 5
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE devices (
+        name TEXT PRIMARY KEY, key TEXT NOT NULL, kind TEXT NOT NULL, target TEXT NOT NULL,
+        emulated INTEGER NOT NULL, tags TEXT NOT NULL, context TEXT NOT NULL,
+        first_seen TEXT NOT NULL, last_seen TEXT NOT NULL);
+    CREATE TABLE models (
+        digest TEXT PRIMARY KEY, name TEXT NOT NULL, origin TEXT NOT NULL, inputs TEXT NOT NULL,
+        first_seen TEXT NOT NULL);
+    CREATE TABLE artifacts (
+        cache_key TEXT PRIMARY KEY, model_digest TEXT NOT NULL, target TEXT NOT NULL, export TEXT NOT NULL,
+        toolchain TEXT NOT NULL, tvm_version TEXT NOT NULL, file_digest TEXT NOT NULL, path TEXT NOT NULL,
+        build_s REAL NOT NULL, created_at TEXT NOT NULL);
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, device TEXT NOT NULL, key TEXT NOT NULL,
+        model TEXT NOT NULL, model_digest TEXT NOT NULL, artifact_key TEXT NOT NULL, status TEXT NOT NULL,
+        failed_step TEXT NOT NULL, reason TEXT NOT NULL, upload_s REAL, load_s REAL, first_run_s REAL,
+        steady_number INTEGER, steady_repeat INTEGER NOT NULL, min_repeat_ms REAL NOT NULL,
+        emulated INTEGER NOT NULL, farm_version TEXT NOT NULL, tvm_version TEXT NOT NULL,
+        context TEXT NOT NULL, config TEXT NOT NULL);
+    CREATE INDEX runs_device_model ON runs (device, model, started_at);
+    CREATE TABLE samples (
+        run_id INTEGER NOT NULL REFERENCES runs(id), metric TEXT NOT NULL, series INTEGER NOT NULL,
+        idx INTEGER NOT NULL, value_s REAL NOT NULL, number INTEGER NOT NULL,
+        PRIMARY KEY (run_id, metric, series, idx));
+    CREATE TABLE copies (
+        run_id INTEGER NOT NULL REFERENCES runs(id), output_index INTEGER NOT NULL, nbytes INTEGER NOT NULL,
+        shape TEXT NOT NULL, dtype TEXT NOT NULL, number INTEGER NOT NULL,
+        PRIMARY KEY (run_id, output_index));
+    CREATE TABLE checks (
+        run_id INTEGER PRIMARY KEY REFERENCES runs(id), status TEXT NOT NULL, max_abs_err REAL,
+        rtol REAL, atol REAL, reference TEXT NOT NULL, detail TEXT NOT NULL);
+    """,
+    2: """
+    ALTER TABLE artifacts ADD COLUMN tuning_digest TEXT NOT NULL DEFAULT '';
+    ALTER TABLE artifacts ADD COLUMN tuned_tasks INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE artifacts ADD COLUMN total_tasks INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN tuned INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE tune_sessions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, finished_at TEXT, device TEXT NOT NULL,
+        key TEXT NOT NULL, model TEXT NOT NULL, model_digest TEXT NOT NULL, tuning_key TEXT NOT NULL,
+        target TEXT NOT NULL, tvm_version TEXT NOT NULL, trials_requested INTEGER NOT NULL,
+        trials_done INTEGER NOT NULL DEFAULT 0, status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '');
+    CREATE TABLE tune_workloads (
+        tuning_key TEXT NOT NULL, sha TEXT NOT NULL, line TEXT NOT NULL, added_at TEXT NOT NULL,
+        PRIMARY KEY (tuning_key, sha));
+    CREATE TABLE tune_records (
+        tuning_key TEXT NOT NULL, sha TEXT NOT NULL, workload_sha TEXT NOT NULL, body TEXT NOT NULL,
+        run_s REAL, session_id INTEGER, added_at TEXT NOT NULL,
+        PRIMARY KEY (tuning_key, sha));
+    """,
+    3: """
+    CREATE TABLE sweeps (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, finished_at TEXT, status TEXT NOT NULL,
+        spec TEXT NOT NULL);
+    ALTER TABLE runs ADD COLUMN sweep_id INTEGER REFERENCES sweeps(id);
+    ALTER TABLE runs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX runs_sweep ON runs (sweep_id, device, model);
+    """,
+    4: """
+    CREATE TABLE alerts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+        sweep_id INTEGER NOT NULL, device TEXT NOT NULL, model TEXT NOT NULL, tuned INTEGER NOT NULL,
+        metric TEXT NOT NULL, run_id INTEGER NOT NULL, baseline_run_id INTEGER, status TEXT NOT NULL,
+        value REAL NOT NULL, z REAL, change REAL, baseline TEXT NOT NULL, method TEXT NOT NULL,
+        confirmation TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (sweep_id, device, model, tuned, metric));
+    """,
+    5: """
+    CREATE TABLE probes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, device TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL,
+        state TEXT NOT NULL, reason TEXT NOT NULL, latency_s REAL);
+    CREATE INDEX probes_device ON probes (device, at);
+    """,
+}
+
+
+# tables whose reads keep insertion order with SQLite's implicit rowid; PostgreSQL gets a column for it
+ORDERED_BY_ROWID = ("tune_workloads", "tune_records")
+
+
+def statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def postgres_ddl(statement: str) -> str:
+    """One migration statement in PostgreSQL's dialect: serial ids, double precision, an explicit rowid."""
+    statement = statement.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "SERIAL PRIMARY KEY")
+    statement = re.sub(r"\bREAL\b", "DOUBLE PRECISION", statement)
+    match = re.match(r"CREATE TABLE (\w+) \(", statement)
+    if match and match.group(1) in ORDERED_BY_ROWID:
+        statement = statement[:statement.rindex(")")] + ", rowid BIGSERIAL)"
+    return statement

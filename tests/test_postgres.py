@@ -1,0 +1,71 @@
+"""The PostgreSQL store end to end: several writers at once, and the CLI on a `postgresql://` --db.
+
+A real Debian PostgreSQL server is started for the session (tests/conftest.py); nothing is mocked."""
+
+import json
+import subprocess
+import sys
+
+import psycopg
+
+from farm.store import SCHEMA_VERSION, Store
+from tests.conftest import REPO, run_farm
+
+WRITER = """
+import sys
+from farm.models import load_model
+from farm.store import Store
+from tests.test_store import DEVICE, _result
+
+url, writer = sys.argv[1], int(sys.argv[2])
+with Store(url) as store:  # all writers open the new, empty database at once: one of them migrates it
+    for i in range(20):
+        store.record_result(_result(samples=(writer + i / 100, 0.5, 0.25)), DEVICE, load_model("mlp"), None)
+"""
+
+
+def test_four_writers_at_once_lose_nothing(postgres_db):
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, postgres_db, str(w)], cwd=REPO, stderr=subprocess.PIPE,
+                                text=True) for w in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in writers]
+    assert [p.returncode for p in writers] == [0, 0, 0, 0], errors
+    with Store(postgres_db) as store:
+        assert store.count("runs") == 80 and store.count("checks") == 80
+        assert store.count("samples") == 80 * (3 + 2)  # 3 steady + 2 copy samples each
+        firsts = sorted(store.samples(r["id"])[0] for r in store.runs())
+    assert firsts == sorted(w + i / 100 for w in range(4) for i in range(20))
+    with psycopg.connect(postgres_db) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_cli_sweeps_reports_and_probes_on_postgres(farm_net, inventory_file, postgres_db, tmp_path):
+    env = {"FARM_HOME": str(tmp_path / "home"), "FARM_DB": postgres_db}
+    sweep = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--device", "cpu-b",
+                     "--model", "mlp", "--model", "convnet", "--repeat", "3", "--min-repeat-ms", "5", "--no-report",
+                     "--json", env=env)
+    assert sweep.returncode == 0, sweep.stderr
+    cells = json.loads(sweep.stdout)["cells"]
+    assert len(cells) >= 4 and all(c["status"] == "ok" for c in cells)  # two device workers wrote at once
+    results = json.loads(run_farm("--devices", str(inventory_file), "results", "--json", env=env).stdout)
+    assert {(r["device"], r["model"]) for r in results} >= {(d, m) for d in ("cpu-a", "cpu-b") for m in ("mlp", "convnet")}
+    assert all(r["steady_n"] == 3 for r in results)
+    report = tmp_path / "report.html"
+    made = run_farm("--devices", str(inventory_file), "report", "--out", str(report), env=env)
+    assert made.returncode == 0, made.stderr
+    text = report.read_text()
+    assert "postgresql://farm@127.0.0.1" in text and "convnet" in text
+    probe = run_farm("--devices", str(inventory_file), "devices", "--probe", "--timeout", "3", "--json", env=env)
+    assert probe.returncode == 0, probe.stderr
+    with Store(postgres_db) as store:
+        assert store.count("probes") == 3 and store.sweep()["status"] == "done"
+
+
+def test_unreachable_postgres_is_one_clear_error(tmp_path):
+    from farm.rpc.processes import free_port
+
+    url = f"postgresql://farm:secret@127.0.0.1:{free_port()}/nowhere"
+    proc = run_farm("results", "--json", env={"FARM_HOME": str(tmp_path), "FARM_DB": url})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("error: cannot connect to results database postgresql://farm:***@127.0.0.1")
+    assert lines[1].startswith("hint: check the URL") and "secret" not in proc.stderr
