@@ -1,4 +1,4 @@
-"""Regression detection over nightly history. No TVM, no database writes (store.py writes alerts).
+"""Regression detection over nightly history. No TVM, no database writes (the store writes alerts).
 
 A *series* is one model on one device, tuned or not, one metric. Its *baseline* is the last
 N accepted nightly medians (accepted: status ok and not unstable); centre = their median,
