@@ -61,12 +61,13 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
             f"{path}: not valid TOML: {exc}",
             "fix the syntax at that line; each device is a [devices.NAME] table",
         ) from None
-    unknown = set(data) - {"tracker", "devices"}
+    unknown = set(data) - {"tracker", "devices", "store"}
     if unknown:
         raise InventoryError(
             f"{path}: unknown top-level table {sorted(unknown)[0]!r}",
-            "only [tracker] and [devices.NAME] tables are allowed",
+            "only [tracker], [store] and [devices.NAME] tables are allowed",
         )
+    db = _parse_store(data.get("store", {}), path)
     tracker = _parse_tracker(data.get("tracker", {}), path)
     raw_devices = data.get("devices", {})
     if not isinstance(raw_devices, dict):
@@ -93,7 +94,7 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
                 "a key names one kind of device: give each target its own key",
             )
         keys[device.key] = device.name
-    return Inventory(path=path, tracker=tracker, devices=devices)
+    return Inventory(path=path, tracker=tracker, devices=devices, db=db)
 
 
 def find_device(inventory: Inventory, name: str) -> Device:
@@ -113,6 +114,16 @@ def _where(path: str, text: str, name: str) -> str:
     if match is None:
         return path
     return f"{path}:{text.count(chr(10), 0, match.start()) + 1}"
+
+
+def _parse_store(raw: Any, path: str) -> str | None:
+    hint = 'write [store] db = "postgresql://farm@dbhost:5432/farm" (or a file path); --db and FARM_DB override it'
+    if not isinstance(raw, dict) or set(raw) - {"db"}:
+        raise InventoryError(f"{path}: [store] takes one field, db", hint)
+    db = raw.get("db")
+    if db is not None and (not isinstance(db, str) or not db):
+        raise InventoryError(f"{path}: [store] db must be a string", hint)
+    return db
 
 
 def _parse_tracker(raw: Any, path: str) -> TrackerAddress:

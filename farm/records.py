@@ -44,6 +44,7 @@ class Inventory:
     path: str
     tracker: TrackerAddress
     devices: dict[str, Device]
+    db: str | None = None  # [store] db: the results database shared by the farm's hosts
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from farm.compile import compile_model, effective_target, tuning_key
-from farm.devices.health import cool_down
+from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, StoreError
 from farm.measure import bench_artifact
 from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
@@ -105,7 +105,7 @@ def bench_cell(
         result = compile_failure(device, model, config, exc)
         return CellResult(store.record_result(result, device, model, None), result, None)
     waited = cool_down(device, first, _say(progress, device, model))
-    result = with_health(measure_cell(tracker, device, model, artifact, config, reference_file, progress), waited)
+    result = with_health(measure_cell(tracker, device, model, artifact, config, reference_file, progress), waited, device)
     return CellResult(store.record_result(result, device, model, artifact), result, artifact)
 
 
@@ -113,9 +113,10 @@ def _say(progress: Progress | None, device: Device, model: ModelSource):
     return (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
 
 
-def with_health(result: BenchResult, waited: dict) -> BenchResult:
-    """The result with the device's health and the cooldown before it in its context."""
-    context = {**result.context, "device_health": waited.pop("health", {}), "cooldown": waited}
+def with_health(result: BenchResult, waited: dict, device: Device) -> BenchResult:
+    """The result with the device's health before and after it, and the cooldown before it, in its context."""
+    context = {**result.context, "device_health": waited.pop("health", {}), "device_health_after": health_after(device),
+               "cooldown": waited}
     return dataclasses.replace(result, context=context)
 
 
@@ -247,7 +248,7 @@ def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec,
                 if isinstance(artifact, FarmError):
                     result, stored_artifact = compile_failure(device, model, spec.config, artifact), None
                 else:
-                    result = with_health(measure_cell(tracker, device, model, artifact, spec.config, progress=progress), waited)
+                    result = with_health(measure_cell(tracker, device, model, artifact, spec.config, progress=progress), waited, device)
                     stored_artifact = artifact
                 try:
                     run_id = store.record_result(result, device, model, stored_artifact, sweep_id, attempt)

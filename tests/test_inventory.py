@@ -115,3 +115,11 @@ def test_android_serial_without_server_port_and_bad_gate_are_refused():
     with pytest.raises(InventoryError, match="max_temp_c 'hot' must be a number") as err:
         parse_inventory(PHONE.format(name="p1", serial="A1", port=5001) + 'max_temp_c = "hot"\n')
     assert "max_temp_c = 40" in err.value.hint
+
+
+def test_store_table_names_the_shared_database():
+    inv = parse_inventory('[store]\ndb = "postgresql://farm@db:5432/farm"\n')
+    assert inv.db == "postgresql://farm@db:5432/farm" and inv.devices == {}
+    with pytest.raises(InventoryError, match=r"\[store\] takes one field") as err:
+        parse_inventory('[store]\nurl = "x"\n')
+    assert "FARM_DB override" in err.value.hint

@@ -54,6 +54,12 @@ def test_cli_sweeps_reports_and_probes_on_postgres(farm_net, inventory_file, pos
     assert made.returncode == 0, made.stderr
     text = report.read_text()
     assert "postgresql://farm@127.0.0.1" in text and "convnet" in text
+    # the inventory's [store] db names the same database when neither --db nor FARM_DB does
+    shared = tmp_path / "shared.toml"
+    shared.write_text(f'[store]\ndb = "{postgres_db}"\n' + inventory_file.read_text())
+    via_inventory = run_farm("--devices", str(shared), "results", "--json", env={"FARM_HOME": env["FARM_HOME"]})
+    assert via_inventory.returncode == 0, via_inventory.stderr
+    assert len(json.loads(via_inventory.stdout)) == len(results)
     probe = run_farm("--devices", str(inventory_file), "devices", "--probe", "--timeout", "3", "--json", env=env)
     assert probe.returncode == 0, probe.stderr
     with Store(postgres_db) as store:

@@ -202,12 +202,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _inventory_db(path: str) -> str | None:
+    """[store] db from the inventory, when it exists and reads; the verb reports a broken inventory itself."""
+    from farm.errors import FarmError as _Error
+    from farm.inventory import load_inventory
+
+    if not os.path.exists(path):
+        return None
+    try:
+        return load_inventory(path).db
+    except _Error:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.devices_given = hasattr(args, "devices")
     args.devices = getattr(args, "devices", None) or os.environ.get("FARM_DEVICES", "devices.toml")
-    args.db = getattr(args, "db", None) or default_db()
+    args.db = getattr(args, "db", None) or os.environ.get("FARM_DB") or _inventory_db(args.devices) or default_db()
     args.json = getattr(args, "json", False)
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,

@@ -45,6 +45,15 @@ def read_health(device: Device) -> dict[str, Any]:
     return {}
 
 
+def health_after(device: Device) -> dict[str, Any]:
+    """The reading after a measurement ({} when the device cannot be read)."""
+    try:
+        return read_health(device)
+    except FarmError as exc:
+        log.warning("%s: cannot read temperature/battery after measuring: %s", device.name, exc.message)
+        return {}
+
+
 def hottest(health: dict[str, Any]) -> float | None:
     values = list((health.get("thermal") or {}).values())
     if health.get("battery_temp_c") is not None:

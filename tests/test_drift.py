@@ -1,0 +1,39 @@
+"""The slow-drift view on generated series with known truth (3 % night-to-night noise, 30 nights)."""
+
+import numpy as np
+
+from farm.drift import drift_rows, find_drift
+
+
+def nights(seed: int, shape) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return [0.010 * shape(i) * (1 + rng.normal(0, 0.03)) for i in range(30)]
+
+
+def test_flat_series_rarely_show_a_change_point():
+    found = sum(bool(find_drift(nights(seed, lambda i: 1.0)).change_points) for seed in range(200))
+    assert found <= 6  # ≤ 3 % of A/A series (1.25 % over 400 seeds when PENALTY was chosen)
+
+
+def test_a_ten_percent_step_is_found_where_it_happened():
+    hits = 0
+    for seed in range(200):
+        drift = find_drift(nights(seed, lambda i: 1.10 if i >= 18 else 1.0))
+        hits += any(abs(p - 18) <= 2 for p in drift.change_points) and 0.05 < drift.total_change < 0.15
+    assert hits >= 180  # ≥ 90 %
+
+
+def test_a_slow_creep_no_single_night_would_flag_is_seen_in_total():
+    drift = find_drift(nights(3, lambda i: 1.0 + 0.006 * i))  # 0.6 % a night, 17 % over 30 nights
+    assert drift.change_points and drift.total_change > 0.08
+
+
+def test_drift_rows_use_one_accepted_value_per_sweep():
+    rows = []
+    for sweep, value in enumerate(nights(5, lambda i: 1.2 if i >= 15 else 1.0), start=1):
+        for attempt_value, status, unstable in ((99.0, "failed", False), (value, "ok", False), (50.0, "ok", True)):
+            rows.append({"run_id": len(rows) + 1, "sweep_id": sweep, "device": "d", "model": "m", "tuned": False,
+                         "status": status, "unstable": unstable, "steady_median_s": attempt_value})
+    (row,) = drift_rows(rows, lambda r: r["steady_median_s"])
+    assert row["sweeps"] == list(range(1, 31)) and 14 <= row["change_points"][0] <= 18
+    assert [s["nights"] for s in row["segments"]] == [row["change_points"][0] - 1, 31 - row["change_points"][0]]
