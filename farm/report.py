@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -12,6 +10,7 @@ import jinja2
 
 import farm
 from farm.results import run_rows
+from farm.review import figure_png, stacked_png, sweep_review
 from farm.stats import format_duration
 from farm.store import Store
 
@@ -31,8 +30,9 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}), db_path=str(store.path),
         runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
-        distribution_png=_distribution_png(store, latest), phases_png=_phases_png(latest),
+        distribution_png=_distribution_png(store, latest), phases_png=stacked_png([r for r in latest if r["status"] == "ok"]),
         alerts=store.alerts(sweep_id) if sweep_id is not None else [], sweep_id=sweep_id,
+        review=sweep_review(store, sweep_id) if sweep_id is not None else None,
         variants=_variant_rows(latest),
     )
     out_path = Path(out_path)
@@ -55,15 +55,6 @@ def _variant_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for _, e in sorted(table.items()) if "fp16" in e or "int8" in e]
 
 
-def _figure_png(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
 def _distribution_png(store: Store, rows: list[dict[str, Any]]) -> str:
     import matplotlib
 
@@ -81,33 +72,4 @@ def _distribution_png(store: Store, rows: list[dict[str, Any]]) -> str:
     ax.set_xticks(range(1, len(data) + 1), [label for label, _ in data], fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("steady latency per call (ms)")
-    return _figure_png(fig)
-
-
-def _phases_png(rows: list[dict[str, Any]]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    rows = [r for r in rows if r["status"] == "ok"]
-    if not rows:
-        return ""
-    labels = [f"{r['device']}\n{r['model']}{' (tuned)' if r['tuned'] else ''}" for r in rows]
-    phases = {
-        "load": [r["load_s"] or 0 for r in rows],
-        "first run": [r["first_run_s"] or 0 for r in rows],
-        "steady (1 call)": [r["steady_median_s"] or 0 for r in rows],
-        "copy (all outputs)": [sum(v or 0 for v in r["copy_s"]) for r in rows],
-    }
-    x = np.arange(len(rows))
-    width = 0.2
-    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.6))
-    for i, (name, values) in enumerate(phases.items()):
-        ax.bar(x + (i - 1.5) * width, [max(v * 1000, 1e-4) for v in values], width, label=name)
-    ax.set_xticks(x, labels, fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("ms (log)")
-    ax.legend(fontsize=7)
-    return _figure_png(fig)
+    return figure_png(fig)

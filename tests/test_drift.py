@@ -37,3 +37,25 @@ def test_drift_rows_use_one_accepted_value_per_sweep():
     (row,) = drift_rows(rows, lambda r: r["steady_median_s"])
     assert row["sweeps"] == list(range(1, 31)) and 14 <= row["change_points"][0] <= 18
     assert [s["nights"] for s in row["segments"]] == [row["change_points"][0] - 1, 31 - row["change_points"][0]]
+
+
+def test_farm_drift_lists_the_step_from_stored_sweeps(tmp_path):
+    import json
+
+    from farm.models import load_model
+    from farm.store import Store
+    from tests.conftest import run_farm
+    from tests.test_store import DEVICE, _result
+
+    rng = np.random.default_rng(11)
+    with Store(tmp_path / "r.db") as store:
+        for night in range(12):
+            sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+            level = 0.012 if night >= 6 else 0.010
+            samples = tuple(level * (1 + rng.normal(0, 0.01)) for _ in range(5))
+            store.record_result(_result(samples=samples), DEVICE, load_model("mlp"), None, sweep_id=sweep)
+            store.finish_sweep(sweep, "done")
+    proc = run_farm("--db", str(tmp_path / "r.db"), "drift", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (series,) = json.loads(proc.stdout)["series"]
+    assert series["change_points"] == [7] and 0.15 < series["total_change"] < 0.25  # sweep ids start at 1

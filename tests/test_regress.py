@@ -91,9 +91,17 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inv
     alert = next(a for a in stored["alerts"] if a["metric"] == "steady")
     assert alert["confirmation"]["mann_whitney_p"] < 0.01 and alert["confirmation"]["ks_p"] < 0.01
     assert alert["baseline"]["n"] >= 5 and alert["method"]["baseline_n"] == 20
-    if CHROMIUM:
-        from pathlib import Path
+    from pathlib import Path
 
-        text, errors, _ = open_in_chromium(Path(out["report"]))
+    if CHROMIUM:
+        text, errors, images = open_in_chromium(Path(out["report"]))
         assert errors == []
         assert "Regressions in sweep 9" in text and "confirmed" in text
+        assert "1 confirmed regression(s)" in text  # the summary counts it
+        # the review's sections, each with its figure: per-alert trend and distribution, heatmap, drift view
+        for section in ("Evidence per alert", "Change across models × devices", "Data quality", "Slow drift", "Method"):
+            assert section in text, section
+        assert images and all(width > 0 for width in images)
+    html = Path(out["report"]).read_text()
+    assert html.count('alt="trend of steady') == 1 and html.count('alt="distribution of baseline and current steady') == 1
+    assert 'alt="heatmap of steady latency change' in html

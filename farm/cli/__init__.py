@@ -17,7 +17,7 @@ from farm.cli.common import add_bench_options, add_progress, add_variant_options
 from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dashboard, cmd_phones
 from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_results, cmd_report, cmd_demo, cmd_compare
 from farm.cli.tuning import cmd_tune
-from farm.cli.sweeping import cmd_sweep, cmd_regressions
+from farm.cli.sweeping import cmd_sweep, cmd_regressions, cmd_drift
 
 EPILOG = """\
 examples:
@@ -171,6 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress(p)
     add_bench_options(p)
 
+    p = add("drift", cmd_drift, "slow drift: where each series' nightly history changed level (change points)",
+            "Segments every series' whole sweep history (one accepted value per sweep) with ruptures' PELT\n"
+            "(L2 cost on log values, penalty 5·σ²·ln n with σ the series' own night-to-night noise, ≥ 3 sweeps\n"
+            "per segment, shifts under 2 % merged). Catches a creep that no single night's z-score flags.\n"
+            "Needs ≥ 6 sweeps per series.")
+    p.add_argument("--metric", choices=["steady", "load", "first_run", "copy"], default="steady")
+    p.add_argument("--device", help="only this device")
+    p.add_argument("--model", help="only this model")
+    p.add_argument("--all", action="store_true", help="list series without change points too")
+
     p = add("compare", cmd_compare, "compare two runs' raw samples (Mann-Whitney U, Kolmogorov-Smirnov)")
     p.add_argument("run_a", type=int)
     p.add_argument("run_b", type=int)
@@ -237,4 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `farm ... --json | head`: the reader left; not an error of farm's
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 

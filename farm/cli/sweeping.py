@@ -109,6 +109,28 @@ def cmd_regressions(args) -> int:
     return 0
 
 
+def cmd_drift(args) -> int:
+    from farm.drift import drift_rows
+    from farm.regress import series_value
+    from farm.results import run_rows
+    from farm.store import Store
+
+    require_db(args.db)
+    with Store(args.db) as store:
+        series = drift_rows(run_rows(store, device=args.device, model=args.model), lambda r: series_value(args.metric, r))
+    shown = series if args.all else [s for s in series if s["change_points"]]
+    if args.json:
+        emit_json({"metric": args.metric, "series_checked": len(series), "series": shown})
+        return 0
+    print(f"{args.metric}: {len(series)} series with enough sweeps, {sum(bool(s['change_points']) for s in series)} changed level")
+    print_table([{"device": s["device"], "model": s["model"] + (" (tuned)" if s["tuned"] else ""),
+                  "change_points": ",".join(map(str, s["change_points"])) or "-",
+                  "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {duration(g['median'])}" for g in s["segments"]),
+                  "first_to_last": f"{s['total_change']:+.1%}"} for s in shown],
+                ["device", "model", "change_points", "segments", "first_to_last"])
+    return 0
+
+
 def detect_and_confirm(store, inventory, sweep_id, confirm_candidates: bool, config, progress=None):
     """Store the sweep's candidate/improved verdicts as alerts; with ``confirm_candidates``, rerun
     old and new artifacts interleaved on the device and store the confirmation."""

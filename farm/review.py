@@ -1,0 +1,257 @@
+"""A sweep's review for the report: summary, per-alert evidence, heatmap, phases, data quality, drift.
+
+Everything here is computed from the store's raw rows (results.run_rows) with the same
+regress.detect the CLI uses, so the report and `farm regressions` agree. Figures are PNGs
+(matplotlib, Agg) returned base64-encoded for inlining.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Any
+
+import numpy as np
+
+from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
+from farm.regress import METHOD, detect, series_value
+from farm.results import run_rows
+from farm.stats import bootstrap_median_ci
+from farm.store import Store
+
+HEAT_LIMIT = 0.20  # colour scale of the heatmap saturates at ±20 %
+THERMAL_RISE_C = 5.0  # a cell that warmed the device this much is a thermal event
+
+
+def figure_png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def time_unit(values_s) -> tuple[float, str]:
+    """(scale, unit) that shows seconds ``values_s`` as readable numbers."""
+    top = max((abs(v) for v in values_s), default=0.0)
+    for scale, unit in ((1.0, "s"), (1e3, "ms"), (1e6, "µs")):
+        if top * scale >= 1.0:
+            return scale, unit
+    return 1e9, "ns"
+
+
+def label(row: dict[str, Any]) -> str:
+    return f"{row['model']}{' (tuned)' if row['tuned'] else ''}"
+
+
+def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
+    rows = run_rows(store)
+    current = [r for r in rows if r["sweep_id"] == sweep_id]
+    verdicts = detect(rows, sweep_id)
+    alerts = store.alerts(sweep_id)
+    sweep = store.sweep(sweep_id) or {"spec": {}}
+    reference = sweep["spec"].get("reference") or ""
+    statuses = [a["status"] for a in alerts]
+    return {
+        "counts": {s: statuses.count(s) for s in ("confirmed", "candidate", "improved", "rejected", "unknown")},
+        "failed_cells": sorted({(r["device"], r["model"]) for r in current if r["status"] == "failed"}
+                               - {(r["device"], r["model"]) for r in current if r["status"] == "ok"}),
+        "unstable_cells": [(r["device"], label(r)) for r in current if r["status"] == "ok" and r["unstable"]],
+        "geomean": geomean_by_device(verdicts),
+        "evidence": [alert_evidence(store, rows, a) for a in alerts],
+        "heatmap_png": heatmap_png(verdicts),
+        "stacked_png": stacked_png([r for r in current if r["status"] == "ok"]),
+        "quality": quality_rows([r for r in current if r["status"] == "ok"]),
+        "reference": reference,
+        "reference_drift": [v for v in verdicts if v["model"] == reference and v["metric"] == "steady"],
+        "drift": drift_view(rows),
+        "method": {**METHOD.to_json(), "drift": {"algorithm": "ruptures PELT, L2 cost on log values",
+                                                 "penalty": f"{PENALTY:g}·σ²·ln n", "min_nights_per_segment": MIN_SIZE,
+                                                 "min_shift": MIN_CHANGE}},
+    }
+
+
+def geomean_by_device(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device: the geometric mean of steady-latency change against baselines (+ = slower)."""
+    by_device: dict[str, list[float]] = {}
+    for v in verdicts:
+        if v["metric"] == "steady" and v["change"] is not None:
+            by_device.setdefault(v["device"], []).append(v["change"])
+    return [{"device": d, "series": len(c), "change": math.expm1(float(np.mean(np.log1p(c))))}
+            for d, c in sorted(by_device.items())]
+
+
+def series_history(rows: list[dict[str, Any]], alert: dict[str, Any]) -> list[tuple[int, float, int]]:
+    """(sweep id, value, run id) of the alert's series, one accepted value per sweep up to the alert's."""
+    by_sweep: dict[int, dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r["run_id"]):
+        if (r["device"], r["model"], r["tuned"]) != (alert["device"], alert["model"], bool(alert["tuned"])):
+            continue
+        if r["sweep_id"] is None or r["sweep_id"] > alert["sweep_id"] or r["status"] != "ok":
+            continue
+        if r["unstable"] and r["sweep_id"] != alert["sweep_id"]:
+            continue
+        by_sweep[r["sweep_id"]] = r
+    out = []
+    for sweep_id in sorted(by_sweep):
+        value = series_value(alert["metric"], by_sweep[sweep_id])
+        if value is not None:
+            out.append((sweep_id, value, by_sweep[sweep_id]["run_id"]))
+    return out
+
+
+def alert_evidence(store: Store, rows: list[dict[str, Any]], alert: dict[str, Any]) -> dict[str, Any]:
+    history = series_history(rows, alert)
+    base = alert["baseline"]
+    baseline_runs = [run for sweep, _, run in history if sweep != alert["sweep_id"]][-base["n"]:]
+    ci = bootstrap_median_ci(base["values"]) if len(base["values"]) >= 2 else (None, None)
+    if alert["metric"] == "steady":
+        old = [v for run in baseline_runs for v in store.samples(run)]
+        new = store.samples(alert["run_id"])
+        current_ci = bootstrap_median_ci(new) if len(new) >= 2 else (None, None)
+    else:
+        old, new, current_ci = list(base["values"]), [alert["value"]], (None, None)
+    z_limit = METHOD.thresholds[alert["metric"]].z
+    return {"id": alert["id"], "baseline_ci": ci, "current_ci": current_ci,
+            "trend_png": trend_png(alert, history, z_limit), "distribution_png": distribution_png(alert, old, new)}
+
+
+def trend_png(alert: dict[str, Any], history: list[tuple[int, float, int]], z_limit: float) -> str:
+    plt = _pyplot()
+    base = alert["baseline"]
+    fig, ax = plt.subplots(figsize=(5.2, 2.6))
+    scale, unit = time_unit([v for _, v, _ in history] + [alert["value"], base["centre"]])
+    xs = [s for s, _, _ in history]
+    ys = [v * scale for _, v, _ in history]
+    ax.plot(xs, ys, "o-", color="tab:blue", markersize=3, linewidth=1, label="nightly value")
+    low, high = (base["centre"] - z_limit * base["spread"]) * scale, (base["centre"] + z_limit * base["spread"]) * scale
+    ax.axhspan(low, high, color="tab:green", alpha=0.15, label=f"baseline ± {z_limit:g}·spread")
+    ax.axhline(base["centre"] * scale, color="tab:green", linewidth=1)
+    ax.plot([alert["sweep_id"]], [alert["value"] * scale], "o", color="tab:red", markersize=7, label="this sweep")
+    ax.set_xlabel("sweep")
+    ax.set_ylabel(f"{alert['metric']} ({unit})")
+    ax.legend(fontsize=7, loc="best")
+    return figure_png(fig)
+
+
+def distribution_png(alert: dict[str, Any], old: list[float], new: list[float]) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.2, 2.6))
+    scale, unit = time_unit(list(old) + list(new))
+    data = [[v * scale for v in old], [v * scale for v in new]]
+    ax.boxplot(data, showfliers=False)
+    rng = np.random.default_rng(0)
+    for i, values in enumerate(data, start=1):
+        ax.plot(i + rng.uniform(-0.12, 0.12, len(values)), values, "o", alpha=0.35, markersize=3,
+                color="tab:green" if i == 1 else "tab:red")
+    ax.set_xticks([1, 2], [f"baseline ({len(old)})", f"this sweep ({len(new)})"])
+    ax.set_ylabel(f"{alert['metric']} ({unit})")
+    return figure_png(fig)
+
+
+def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
+    cells = {(label(v), v["device"]): v["change"] for v in verdicts if v["metric"] == "steady"}
+    if not cells:
+        return ""
+    plt = _pyplot()
+    models = sorted({m for m, _ in cells})
+    devices = sorted({d for _, d in cells})
+    grid = np.full((len(models), len(devices)), np.nan)
+    for (m, d), change in cells.items():
+        if change is not None:
+            grid[models.index(m), devices.index(d)] = change * 100
+    fig, ax = plt.subplots(figsize=(max(3.5, 1.4 * len(devices) + 2), max(2.2, 0.45 * len(models) + 1)))
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdBu_r", vmin=-HEAT_LIMIT * 100, vmax=HEAT_LIMIT * 100, aspect="auto")
+    for i, m in enumerate(models):
+        for j, d in enumerate(devices):
+            text = "no baseline" if (m, d) in cells and np.isnan(grid[i, j]) else ("" if np.isnan(grid[i, j]) else f"{grid[i, j]:+.1f}%")
+            dark = not np.isnan(grid[i, j]) and abs(grid[i, j]) > HEAT_LIMIT * 60  # past 60 % of the scale
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(range(len(devices)), devices, fontsize=7, rotation=20)
+    ax.set_yticks(range(len(models)), models, fontsize=7)
+    fig.colorbar(image, ax=ax, label="steady change vs baseline (%)")
+    return figure_png(fig)
+
+
+def stacked_png(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    plt = _pyplot()
+    rows = sorted(rows, key=lambda r: (r["device"], label(r)))
+    names = [f"{r['device']} · {label(r)}" for r in rows]
+    phases = [("load", [r["load_s"] or 0 for r in rows]), ("first run", [r["first_run_s"] or 0 for r in rows]),
+              ("steady (1 call)", [r["steady_median_s"] or 0 for r in rows]),
+              ("copy (all outputs)", [sum(v or 0 for v in r["copy_s"]) for r in rows])]
+    fig, ax = plt.subplots(figsize=(7, max(2.2, 0.35 * len(rows) + 1)))
+    left = np.zeros(len(rows))
+    for name, values in phases:
+        ms = np.asarray(values) * 1000
+        ax.barh(names, ms, left=left, label=name)
+        left += ms
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlabel("ms per cell: load + first run + one steady call + copies")
+    ax.legend(fontsize=7, loc="lower right")
+    return figure_png(fig)
+
+
+def _hottest(health: dict[str, Any] | None) -> float | None:
+    if not health:
+        return None
+    values = list((health.get("thermal") or {}).values())
+    if health.get("battery_temp_c") is not None:
+        values.append(health["battery_temp_c"])
+    return max(values) if values else None
+
+
+def quality_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in sorted(rows, key=lambda r: (r["device"], label(r))):
+        context = r["context"]
+        cooldown = context.get("cooldown") or {}
+        before, after = _hottest(context.get("device_health")), _hottest(context.get("device_health_after"))
+        events = []
+        if cooldown.get("gate") in ("timed out", "unreadable"):
+            events.append(f"gate {cooldown['gate']}" + (f": {cooldown['reason']}" if cooldown.get("reason") else ""))
+        elif cooldown.get("gate_wait_s"):
+            events.append(f"waited {cooldown['gate_wait_s']:.0f} s to cool/charge")
+        if before is not None and after is not None and after - before >= THERMAL_RISE_C:
+            events.append(f"warmed {after - before:.1f} °C")
+        battery = (context.get("device_health") or {}).get("battery_pct")
+        out.append({"device": r["device"], "model": label(r), "cv": r["steady_cv"], "unstable": r["unstable"],
+                    "repeats": r["steady_n"], "temp_before": before, "temp_after": after, "battery": battery,
+                    "events": "; ".join(events)})
+    return out
+
+
+def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Series whose steady history changed level, with one figure of them."""
+    series = drift_rows(rows, lambda r: r["steady_median_s"])
+    shifted = [s for s in series if s["change_points"]]
+    return {"series": len(series), "shifted": shifted, "png": drift_png(shifted[:8]) if shifted else ""}
+
+
+def drift_png(shifted: list[dict[str, Any]]) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 3))
+    for s in shifted:
+        line, = ax.plot(s["sweeps"], [v * 1000 for v in s["values"]], "o-", markersize=2, linewidth=0.8,
+                        label=f"{s['device']} · {s['model']}{' (tuned)' if s['tuned'] else ''}")
+        for seg in s["segments"]:
+            ax.hlines(seg["median"] * 1000, seg["first_sweep"], seg["last_sweep"], colors=line.get_color(), linewidth=2.5)
+    ax.set_xlabel("sweep")
+    ax.set_ylabel("steady median (ms)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    return figure_png(fig)
