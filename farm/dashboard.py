@@ -112,10 +112,16 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
         except StoreError as exc:
             state["tracker_error"] = exc.message
     temperatures: dict[str, float] = {}
-    for run in reversed(runs):
-        thermal = json.loads(run.pop("context") or "{}").get("thermal")
-        if thermal:
-            temperatures[run["device"]] = max(thermal.values())
+    for run in reversed(runs):  # newest last, so it wins
+        context = json.loads(run.pop("context") or "{}")
+        readings = [*((context.get("thermal") or {}).values())]
+        for key in ("device_health_after", "device_health"):  # the device's own sensors (a phone's zones, battery)
+            health = context.get(key) or {}
+            readings += [*((health.get("thermal") or {}).values())]
+            if health.get("battery_temp_c") is not None:
+                readings.append(health["battery_temp_c"])
+        if readings:
+            temperatures[run["device"]] = max(readings)
     for run in runs:
         run.pop("context", None)
     for name, device in inventory.devices.items():

@@ -146,7 +146,7 @@ max_cooldown_s = 5
         assert data["status"] == "ok" and data["check"]["status"] == "passed" and data["emulated"] is True
         context = json.loads(run_farm("results", "--json", env=env).stdout)[0]["context"]
         assert context["device_health"]["battery_pct"] == 87 and context["device_health"]["battery_temp_c"] == 31.2
-        assert context["cooldown"]["gate"] == "passed"
+        assert context["cooldown"]["gate"] == "passed" and context["device_health_after"]["battery_pct"] == 87
         assert (tmp_path / "phone-data" / "farm" / "farm-rpc-server").exists()  # pushed over adb sync
 
         os.killpg(first["pid"], signal.SIGKILL)  # the server dies on the phone
