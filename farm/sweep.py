@@ -109,6 +109,15 @@ def bench_cell(
     return CellResult(store.record_result(result, device, model, artifact), result, artifact)
 
 
+def cell_eta(count: int, total: int, elapsed_s: float) -> str:
+    """'cell 3/8, ETA 2m10s' from the mean time of this device's cells so far."""
+    text = f"cell {count}/{total}"
+    if count > 1 and total >= count:
+        left = elapsed_s / (count - 1) * (total - count + 1)
+        text += f", ETA {int(left // 60)}m{int(left % 60):02d}s"
+    return text
+
+
 def _say(progress: Progress | None, device: Device, model: ModelSource):
     return (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
 
@@ -206,9 +215,10 @@ def run_sweep(
                                skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
         queues: dict[str, queue.Queue] = {name: queue.Queue() for name in spec.devices}
         lock = threading.Lock()
+        totals = {name: sum(1 for d, _ in todo if d == name) for name in spec.devices}
         workers = [threading.Thread(target=_device_worker, name=f"sweep-{name}", daemon=True,
                                     args=(tracker, devices[name], queues[name], spec, db_path, sweep_id, done,
-                                          outcome, lock, progress))
+                                          outcome, lock, progress, totals[name]))
                    for name in spec.devices]
         for worker in workers:
             worker.start()
@@ -235,12 +245,17 @@ def run_sweep(
 
 
 def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: str | Path, sweep_id: int,
-                   done: dict, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None) -> None:
+                   done: dict, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None,
+                   total: int = 0) -> None:
     """Measure one device's cells in order: cooldown, measure, retry a dropped session once, store."""
     with Store(db_path) as store:
         first = True
+        started, count = time.monotonic(), 0
         while (item := cells.get()) is not None:
             model, artifact = item
+            count += 1
+            if progress:
+                progress(device.name, model.name, "cell", cell_eta(count, total, time.monotonic() - started))
             previous = len(done.get((device.name, model.name), []))
             for attempt in range(previous + 1, spec.retries + 2):
                 waited = cool_down(device, first, _say(progress, device, model))

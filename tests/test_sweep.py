@@ -151,3 +151,10 @@ def test_sweep_file_binds_dynamic_input_shapes(farm_net, inventory_file, farm_en
                     env=farm_env)
     assert proc.returncode == 0, proc.stderr
     assert [c["status"] for c in json.loads(proc.stdout)["cells"]] == ["ok"]
+
+
+def test_cell_eta_from_the_device_s_own_pace():
+    from farm.sweep import cell_eta
+
+    assert cell_eta(1, 8, 0.0) == "cell 1/8"  # nothing measured yet: no estimate
+    assert cell_eta(3, 8, 20.0) == "cell 3/8, ETA 1m00s"  # 10 s a cell, 6 cells left counting this one

@@ -73,7 +73,7 @@ def test_short_tune_stores_records_and_changes_the_artifact(farm_net, inventory_
 
 def test_interrupted_tune_keeps_records_and_resumes(farm_net, inventory_file, farm_env, tmp_path):
     db_path = tmp_path / "results.db"
-    proc = _start_tune(inventory_file, farm_env, "--device", "cpu-b", "--model", "convnet", "--trials", "200",
+    proc = _start_tune(inventory_file, farm_env, "--device", "cpu-b", "--model", "mlp", "--trials", "200",
                        "--per-task", "8", "--progress")
     try:
         _wait_for_records(db_path, proc)
@@ -88,7 +88,7 @@ def test_interrupted_tune_keeps_records_and_resumes(farm_net, inventory_file, fa
     assert kept > 0
     with sqlite3.connect(db_path) as db:
         assert db.execute("SELECT status FROM tune_sessions ORDER BY id DESC").fetchone()[0] == "interrupted"
-    again = run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "convnet",
+    again = run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "mlp",
                      "--trials", "4", "--per-task", "2", "--json", env=farm_env)
     assert again.returncode == 0, again.stderr
     out = json.loads(again.stdout)
