@@ -43,6 +43,16 @@ def wait_until(check, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+def port_open(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def stop_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -84,8 +94,8 @@ def phone(tmp_path):
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                             start_new_session=True))
         wait_until(lambda: "listening" in (tmp_path / "phone.log").read_text(), 20, "the stand-in phone")
-        wait_until(lambda: subprocess.run(["adb", "-P", str(adb_port), "devices"], capture_output=True,
-                                          env=env).returncode == 0, 20, "the adb server")
+        # a socket, not `adb devices`: the adb client would start a daemon of its own if it came first
+        wait_until(lambda: port_open(adb_port), 20, "the adb server")
         yield f"{phone_addr}:5555", f"127.0.0.1:{adb_port}"
     finally:
         for proc in reversed(started):

@@ -204,3 +204,16 @@ def test_devices_probe_reports_a_killed_server_within_10_s(farm_net, farm_env, t
     victim_row = next(d for d in json.loads(second.stdout)["devices"] if d["device"] == "victim")
     assert victim_row["state"] == "missing" and "probe-victim" in victim_row["reason"]
     assert victim_row["last_seen_s_ago"] is not None and victim_row["last_seen_s_ago"] < 10
+
+
+def test_phones_without_an_adb_server_is_one_error_with_a_hint(tmp_path):
+    from farm.rpc.processes import free_port
+
+    started = time.time()
+    proc = run_farm("phones", "--adb", f"127.0.0.1:{free_port()}", env={"FARM_HOME": str(tmp_path)})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("error: no adb server answers at 127.0.0.1:") and len(lines) == 2
+    assert lines[1].startswith("hint: start one with `adb start-server`")
+    assert not [p for p in psutil.process_iter(["cmdline", "create_time"])  # farm did not start one itself
+                if "fork-server" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] >= started - 1]

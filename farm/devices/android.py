@@ -23,6 +23,7 @@ needs a bionic build of the TVM runtime and server: set ``server_bundle`` to tha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -56,6 +57,18 @@ class Phone:
     battery_temp_c: float | None = None
 
 
+@contextlib.contextmanager
+def adb_errors(what: str):
+    """Translate adbutils' and the socket's errors into one DeviceError saying what was being done."""
+    from adbutils.errors import AdbError
+
+    try:
+        yield
+    except (AdbError, OSError) as exc:
+        raise DeviceError(f"{what}: adb said {str(exc).strip() or exc.__class__.__name__}",
+                          "check `adb devices -l` (the phone is attached and authorized) and the adb server") from exc
+
+
 def adb_address(device: Device | None = None) -> tuple[str, int]:
     text = str((device.options.get("adb") if device else None)
                or f"127.0.0.1:{os.environ.get('ANDROID_ADB_SERVER_PORT', '5037')}")
@@ -66,15 +79,23 @@ def adb_address(device: Device | None = None) -> tuple[str, int]:
 
 
 def client(address: tuple[str, int]):
+    """An adbutils client of the adb server at ``address``, which must already run.
+
+    Checked with a plain socket first: on a refused connection adbutils would run
+    `adb start-server` itself, leaving a daemon nobody started on purpose."""
+    import socket
+
     import adbutils
 
-    adb = adbutils.AdbClient(host=address[0], port=address[1], socket_timeout=30)
     try:
-        adb.server_version()
-    except Exception as exc:  # adbutils raises several kinds for "nothing listens there"
-        raise DeviceError(f"no adb server answers at {address[0]}:{address[1]} ({exc.__class__.__name__})",
+        socket.create_connection(address, timeout=3).close()
+    except OSError as exc:
+        raise DeviceError(f"no adb server answers at {address[0]}:{address[1]} ({exc.strerror or exc.__class__.__name__})",
                           "start one with `adb start-server` (Debian: apt-get install adb), or set adb = \"HOST:PORT\" "
                           "on the device / ANDROID_ADB_SERVER_PORT") from None
+    adb = adbutils.AdbClient(host=address[0], port=address[1], socket_timeout=30)
+    with adb_errors(f"asking the adb server at {address[0]}:{address[1]}"):
+        adb.server_version()
     return adb
 
 
@@ -114,9 +135,10 @@ def describe(phone) -> Phone:
 def list_phones(address: tuple[str, int]) -> list[Phone]:
     adb = client(address)
     phones = []
-    for entry in adb.device_list():
-        state = entry.get_state()
-        phones.append(describe(entry) if state == "device" else Phone(entry.serial, state))
+    with adb_errors("listing the phones"):
+        for entry in adb.device_list():
+            state = entry.get_state()
+            phones.append(describe(entry) if state == "device" else Phone(entry.serial, state))
     return phones
 
 
@@ -134,10 +156,13 @@ def read_battery(phone) -> dict[str, Any]:
 
 def read_health(device: Device) -> dict[str, Any]:
     """Battery and thermal zones of the phone, for the measurement context and cooldown gates."""
-    phone = attach(client(adb_address(device)), str(device.options["serial"]))
-    health = read_battery(phone)
+    serial = str(device.options["serial"])
+    with adb_errors(f"reading battery and temperatures of phone {serial}"):
+        phone = attach(client(adb_address(device)), serial)
+        health = read_battery(phone)
+        zone_lines = shell(phone, THERMAL).splitlines()
     zones: dict[str, float] = {}
-    for line in shell(phone, THERMAL).splitlines():
+    for line in zone_lines:
         name, _, value = line.strip().rpartition(" ")
         if re.fullmatch(r"-?\d+", value):
             milli = int(value)
@@ -178,7 +203,13 @@ def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[M
         if name not in device.options:
             raise InventoryError(f"device {device.name!r} (kind android) has no {name}",
                                  'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001')
-    serial, port = str(device.options["serial"]), int(device.options["server_port"])
+    serial = str(device.options["serial"])
+    with adb_errors(f"bringing up phone {serial}"):
+        return _bring_up(device, tracker, serial)
+
+
+def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[ManagedProcess]:
+    port = int(device.options["server_port"])
     address = adb_address(device)
     phone = attach(client(address), serial)
     device_dir = str(device.options.get("device_dir", DEFAULT_DIR))
