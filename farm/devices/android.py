@@ -10,7 +10,7 @@
    address the tracker hands out (127.0.0.1:P on this host) reaches the phone. Each phone
    needs its own ``server_port``;
 4. start the server with ``setsid nohup`` on the phone, registered under the device's key,
-   and record its PID with an ``adb -s SERIAL shell`` prefix, so ``farm down``, the watchdog
+   and record its PID with a ``python -m farm.devices.adb_shell`` prefix, so ``farm down``, the watchdog
    (``farm serve --watch``) and ``is_running`` act on the phone.
 
 The default bundle is farm's aarch64 build against glibc (``devices/emulated.py``): it runs
@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shlex
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +233,6 @@ def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[Mana
         tail = shell(phone, f"tail -n 5 {shlex.quote(log_path)}").strip().replace("\n", " | ")
         raise DeviceError(f"the RPC server on phone {serial} exited at start: {tail}",
                           "a real phone needs a server built for Android (server_bundle); the stand-in needs launcher = qemu")
-    remote = ["adb", "-H", address[0], "-P", str(address[1]), "-s", serial, "shell"]
+    remote = [sys.executable, "-m", "farm.devices.adb_shell", address[0], str(address[1]), serial]
     return [ManagedProcess("server", device.name, device.key, int(pid[0]), port, f"{serial}:{log_path}", time.time(),
                            SERVER, json.dumps(remote))]
