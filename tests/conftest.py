@@ -6,6 +6,7 @@ recorded here, in ``finally``; readiness is polled from the tracker's summary.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -169,3 +170,33 @@ def db_location(request, tmp_path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "r.db")
     return request.getfixturevalue("postgres_db")
+
+
+# -- network namespaces: a second host, a phone ----------------------------------------------------
+
+@contextlib.contextmanager
+def network_namespace(prefix: str, second_octet: int):
+    """(namespace, this host's address, its address): a namespace joined to this host by a veth pair,
+    its loopback up; removed on exit. Needs root and iproute2."""
+    import uuid
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    tag = uuid.uuid4().hex[:6]
+    ns, here, there = f"{prefix}-{tag}", f"{prefix[:3]}{tag}a", f"{prefix[:3]}{tag}b"
+    subnet = 100 + int(tag[:2], 16) % 100
+    host_addr, ns_addr = f"10.{second_octet}.{subnet}.1", f"10.{second_octet}.{subnet}.2"
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", here, "type", "veth", "peer", "name", there)
+        ip("link", "set", there, "netns", ns)
+        ip("addr", "add", f"{host_addr}/24", "dev", here)
+        ip("link", "set", here, "up")
+        ip("netns", "exec", ns, "ip", "addr", "add", f"{ns_addr}/24", "dev", there)
+        ip("netns", "exec", ns, "ip", "link", "set", there, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        yield ns, host_addr, ns_addr
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from farm.rpc.processes import free_port
-from tests.conftest import REPO, run_farm, write_inventory
+from tests.conftest import REPO, network_namespace, run_farm, write_inventory
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,10 +26,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None,
                        reason="needs qemu-user and g++-aarch64-linux-gnu: bash tools/setup.sh --emulation"),
 ]
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
 def wait_until(check, timeout_s: float, what: str):
@@ -68,40 +63,27 @@ def stop_group(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def phone(tmp_path):
     """(serial, adb "HOST:PORT"): a stand-in phone in its own namespace, and our own adb server."""
-    tag = uuid.uuid4().hex[:6]
-    ns, here, there = f"farmph-{tag}", f"fp{tag}a", f"fp{tag}b"
-    subnet = 100 + int(tag[:2], 16) % 100
-    host_addr, phone_addr = f"10.214.{subnet}.1", f"10.214.{subnet}.2"
     adb_port = free_port()
     env = {**os.environ, "ADB_MDNS": "0", "ANDROID_SDK_HOME": str(tmp_path / "adb-home")}
     started: list[subprocess.Popen] = []
-    ip("netns", "add", ns)
-    try:
-        ip("link", "add", here, "type", "veth", "peer", "name", there)
-        ip("link", "set", there, "netns", ns)
-        ip("addr", "add", f"{host_addr}/24", "dev", here)
-        ip("link", "set", here, "up")
-        ip("netns", "exec", ns, "ip", "addr", "add", f"{phone_addr}/24", "dev", there)
-        ip("netns", "exec", ns, "ip", "link", "set", there, "up")
-        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        with open(tmp_path / "phone.log", "wb") as log:
-            started.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, str(REPO / "tests" / "standin_phone.py"),
-                 "--listen", f"{phone_addr}:5555", "--system", str(tmp_path / "phone-system")],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-        with open(tmp_path / "adb.log", "wb") as log:
-            started.append(subprocess.Popen(["adb", "-P", str(adb_port), "nodaemon", "server"], stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                            start_new_session=True))
-        wait_until(lambda: "listening" in (tmp_path / "phone.log").read_text(), 20, "the stand-in phone")
-        # a socket, not `adb devices`: the adb client would start a daemon of its own if it came first
-        wait_until(lambda: port_open(adb_port), 20, "the adb server")
-        yield f"{phone_addr}:5555", f"127.0.0.1:{adb_port}"
-    finally:
-        for proc in reversed(started):
-            stop_group(proc)
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with network_namespace("farmph", 214) as (ns, _, phone_addr):
+        try:
+            with open(tmp_path / "phone.log", "wb") as log:
+                started.append(subprocess.Popen(
+                    ["ip", "netns", "exec", ns, sys.executable, str(REPO / "tests" / "standin_phone.py"),
+                     "--listen", f"{phone_addr}:5555", "--system", str(tmp_path / "phone-system")],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+            with open(tmp_path / "adb.log", "wb") as log:
+                started.append(subprocess.Popen(["adb", "-P", str(adb_port), "nodaemon", "server"], stdout=log,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                                start_new_session=True))
+            wait_until(lambda: "listening" in (tmp_path / "phone.log").read_text(), 20, "the stand-in phone")
+            # a socket, not `adb devices`: the adb client would start a daemon of its own if it came first
+            wait_until(lambda: port_open(adb_port), 20, "the adb server")
+            yield f"{phone_addr}:5555", f"127.0.0.1:{adb_port}"
+        finally:
+            for proc in reversed(started):
+                stop_group(proc)
 
 
 def server_record(home) -> dict | None:

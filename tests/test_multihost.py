@@ -9,41 +9,21 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 
 import pytest
 
 from farm.rpc.processes import free_port
-from tests.conftest import REPO, run_farm, write_inventory
+from tests.conftest import REPO, network_namespace, run_farm, write_inventory
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 to create a network namespace")
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def second_host():
     """(namespace, host address, lab address): a namespace joined to this host by a veth pair."""
-    tag = uuid.uuid4().hex[:6]
-    ns, here, there = f"farm-{tag}", f"fv{tag}a", f"fv{tag}b"
-    subnet = 100 + int(tag[:2], 16) % 100
-    host_addr, lab_addr = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
-    ip("netns", "add", ns)
-    try:
-        ip("link", "add", here, "type", "veth", "peer", "name", there)
-        ip("link", "set", there, "netns", ns)
-        ip("addr", "add", f"{host_addr}/24", "dev", here)
-        ip("link", "set", here, "up")
-        ip("netns", "exec", ns, "ip", "addr", "add", f"{lab_addr}/24", "dev", there)
-        ip("netns", "exec", ns, "ip", "link", "set", there, "up")
-        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        yield ns, host_addr, lab_addr
-    finally:
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with network_namespace("farm", 213) as addresses:
+        yield addresses
 
 
 def test_device_on_second_host_is_benchmarked_through_one_tracker(second_host, tmp_path):
