@@ -1,7 +1,7 @@
 """Frozen records passed between farm's modules. Imports nothing from farm.
 
 Named ``records`` rather than ``model`` so it is never confused with the ML models
-that ``models.py`` loads.
+that ``models/`` loads.
 """
 
 from __future__ import annotations

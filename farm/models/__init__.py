@@ -1,0 +1,126 @@
+"""Models: load ONNX, PyTorch and TFLite models, the built-in zoo, variants, reference outputs.
+
+The only package that imports ``onnx``, ``onnxruntime``, ``torch`` and ``tflite``. The built-in
+models have deterministic random weights (a fixed seed per model), so their outputs are
+meaningful to check, unlike the constant-weight architectures the onnx package ships
+(available as ``onnx:NAME`` for compile and timing work). Modules: ``zoo`` (built-ins),
+``sources`` (ModelSource from ONNX, inputs), ``frameworks`` (torch, TFLite), ``variants``
+(fp16, int8); this file loads by spec and computes references.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from farm.errors import ModelError
+from farm.models.frameworks import TFLITE_HINT, _torch, load_tflite, load_torch, tflite_model, torch_program
+from farm.models.sources import _source, make_inputs, onnx_proto
+from farm.models.variants import CALIBRATION_METHODS, VARIANT_TOLERANCE, VARIANTS, make_variant
+from farm.models.zoo import BUILTINS, LIGHT_DIR, build_convnet, build_mlp, build_mobile_block, list_models
+from farm.records import ModelSource
+
+__all__ = [
+    "BUILTINS", "CALIBRATION_METHODS", "VARIANTS", "VARIANT_TOLERANCE", "build_convnet", "build_mlp",
+    "build_mobile_block", "list_models", "load_model", "load_model_variant", "load_reference_file", "make_inputs",
+    "make_variant", "onnx_proto", "reference_outputs", "tflite_model", "torch_program",
+]
+
+
+def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelSource:
+    """``spec`` is a built-in name, ``onnx:NAME`` from the onnx package, a path to a .onnx file,
+    a torch.export program (.pt2), or ``module:factory`` returning a torch.nn.Module (with ``shapes``)."""
+    if spec.endswith(".pt2") or (":" in spec and not spec.startswith("onnx:") and not Path(spec).exists()
+                                 and "/" not in spec):
+        return load_torch(spec, shapes or {})
+    if spec.endswith(".tflite"):
+        return load_tflite(spec, shapes or {})
+    if spec in BUILTINS:
+        proto = BUILTINS[spec]()
+        return _source(spec, f"builtin:{spec}", proto.SerializeToString(), proto, shapes)
+    if spec.startswith("onnx:"):
+        path = LIGHT_DIR / f"light_{spec[5:]}.onnx"
+        if not path.exists():
+            names = ", ".join(r["name"] for r in list_models() if r["kind"] == "onnx-package")
+            raise ModelError(f"no model {spec!r} in the onnx package", f"available: {names}")
+        name = spec
+    else:
+        path = Path(spec)
+        name = path.stem
+        if not path.exists():
+            raise ModelError(
+                f"model file {spec} does not exist",
+                f"give a path to a .onnx file or a built-in model ({', '.join(BUILTINS)}); see `farm models`",
+            )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {path}: {exc.strerror}", "check the path and permissions") from None
+    try:
+        proto = onnx.load_model_from_string(data)
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # protobuf DecodeError, onnx ValidationError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"{path} is not a valid ONNX model ({first})",
+            "the file may be truncated or not ONNX: export it again (torch.onnx.export, tf2onnx)",
+        ) from None
+    if not proto.graph.output:
+        raise ModelError(f"{path} has no graph outputs", "export the model with its outputs")
+    return _source(name, str(path), data, proto, shapes)
+
+
+def load_model_variant(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelSource:
+    """``NAME`` or ``NAME@VARIANT`` (int8 calibrated with min-max on generated inputs)."""
+    base, _, variant = spec.rpartition("@")
+    if base and variant in VARIANTS:
+        return make_variant(load_model(base, shapes), variant)
+    return load_model(spec, shapes)
+
+
+def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs of onnxruntime on the CPU, the reference farm checks TVM against.
+
+    For a variant: the fp32 model's outputs on the same inputs in fp32, so the check measures
+    the variant's accuracy drift."""
+    if model.frontend == "tflite":
+        try:
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError:
+            raise ModelError("LiteRT (ai-edge-litert) is not installed: no TFLite reference", TFLITE_HINT) from None
+        interpreter = Interpreter(model_content=model.data)
+        interpreter.allocate_tensors()
+        for detail in interpreter.get_input_details():
+            interpreter.set_tensor(detail["index"], inputs[detail["name"]])
+        interpreter.invoke()
+        return [np.array(interpreter.get_tensor(d["index"])) for d in interpreter.get_output_details()]
+    if model.frontend == "torch":
+        torch = _torch()
+        with torch.no_grad():
+            out = torch_program(model).module()(*[torch.from_numpy(v) for v in inputs.values()])
+        flat = list(out) if isinstance(out, (tuple, list)) else [out]
+        return [o.detach().numpy() for o in flat]
+    import onnxruntime
+
+    try:
+        if model.base_onnx:
+            session = onnxruntime.InferenceSession(model.base_onnx, providers=["CPUExecutionProvider"])
+            inputs = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in inputs.items()}
+        else:
+            session = onnxruntime.InferenceSession(model.data, providers=["CPUExecutionProvider"])
+        return [np.asarray(o) for o in session.run(None, inputs)]
+    except Exception as exc:
+        raise ModelError(f"onnxruntime could not run {model.name}: {exc}", "the check will be skipped") from None
+
+
+def load_reference_file(path: str) -> list[np.ndarray]:
+    """Expected outputs saved by the user with ``np.savez(path, out0, out1, ...)``."""
+    try:
+        with np.load(path) as data:
+            return [data[k] for k in data.files]  # archive order is saving order
+    except FileNotFoundError:
+        raise ModelError(f"reference file {path} does not exist", "save expected outputs with np.savez(path, out0, ...)") from None
+    except Exception as exc:
+        raise ModelError(f"cannot read reference file {path}: {exc}", "save expected outputs with np.savez(path, out0, ...)") from None
