@@ -26,9 +26,14 @@ examples:
   farm devices                            # inventory merged with the tracker's live view
   farm bench --device x86-local --model convnet --json
   farm report                             # HTML report of the latest run per device × model
+  farm sweep --confirm                    # nightly: every device × model, regressions confirmed by rerun
+  farm drift                              # slow drift: where each series' history changed level
+  farm phones                             # Android phones the adb server sees (then kind = "android")
+  farm serve --watch                      # bring devices up and restart any server that dies
   farm down                               # stop every server and the tracker farm started
 
-environment: FARM_DEVICES (inventory), FARM_DB (results database), FARM_HOME (state: pid files, logs, artifact cache)
+environment: FARM_DEVICES (inventory), FARM_DB (results database: a file or postgresql://...),
+             FARM_HOME (state: pid files, logs, artifact cache)
 """
 
 
@@ -36,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--devices", default=argparse.SUPPRESS,
                         help="inventory file (env FARM_DEVICES, default ./devices.toml)")
-    common.add_argument("--db", default=argparse.SUPPRESS, help="results database (env FARM_DB, default .farm/results.db)")
+    common.add_argument("--db", default=argparse.SUPPRESS,
+                        help="results database: a file or postgresql://USER@HOST:PORT/DB (env FARM_DB, then [store] db "
+                             "in the inventory, default .farm/results.db)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output on stdout")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log more to stderr")
 
