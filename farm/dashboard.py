@@ -15,6 +15,7 @@ from typing import Any
 import tornado.ioloop
 import tornado.web
 
+from farm.devices.health import hottest
 from farm.errors import FarmError, StoreError
 from farm.records import Inventory
 from farm.rpc.tracker import query_summary
@@ -114,12 +115,9 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
     temperatures: dict[str, float] = {}
     for run in reversed(runs):  # newest last, so it wins
         context = json.loads(run.pop("context") or "{}")
-        readings = [*((context.get("thermal") or {}).values())]
-        for key in ("device_health_after", "device_health"):  # the device's own sensors (a phone's zones, battery)
-            health = context.get(key) or {}
-            readings += [*((health.get("thermal") or {}).values())]
-            if health.get("battery_temp_c") is not None:
-                readings.append(health["battery_temp_c"])
+        # this host's sensors (local devices) and the device's own (a phone's zones, its battery)
+        readings = [t for t in (hottest({"thermal": context.get("thermal")}), hottest(context.get("device_health") or {}),
+                                hottest(context.get("device_health_after") or {})) if t is not None]
         if readings:
             temperatures[run["device"]] = max(readings)
     for run in runs:

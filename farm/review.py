@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from farm.devices.health import hottest
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
 from farm.regress import METHOD, detect, series_value
 from farm.results import run_rows
@@ -206,21 +207,12 @@ def stacked_png(rows: list[dict[str, Any]]) -> str:
     return figure_png(fig)
 
 
-def _hottest(health: dict[str, Any] | None) -> float | None:
-    if not health:
-        return None
-    values = list((health.get("thermal") or {}).values())
-    if health.get("battery_temp_c") is not None:
-        values.append(health["battery_temp_c"])
-    return max(values) if values else None
-
-
 def quality_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in sorted(rows, key=lambda r: (r["device"], label(r))):
         context = r["context"]
         cooldown = context.get("cooldown") or {}
-        before, after = _hottest(context.get("device_health")), _hottest(context.get("device_health_after"))
+        before, after = hottest(context.get("device_health") or {}), hottest(context.get("device_health_after") or {})
         events = []
         if cooldown.get("gate") in ("timed out", "unreadable"):
             events.append(f"gate {cooldown['gate']}" + (f": {cooldown['reason']}" if cooldown.get("reason") else ""))

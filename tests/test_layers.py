@@ -22,11 +22,11 @@ ALLOWED = {
     "measure": {"errors", "records", "rpc", "__init__"},
     "results": {"stats", "store"},
     "sweep": {"errors", "records", "compile", "devices", "measure", "models", "store"},
-    "review": {"drift", "regress", "results", "stats", "store"},
+    "review": {"devices", "drift", "regress", "results", "stats", "store"},
     "report": {"results", "review", "stats", "store", "__init__"},
     "tune": {"compile", "errors", "records", "rpc", "store", "sweep"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
-    "dashboard": {"errors", "records", "rpc", "store"},
+    "dashboard": {"devices", "errors", "records", "rpc", "store"},
     "cli": {"*"},
     "__init__": set(),
 }

@@ -16,10 +16,10 @@ from typing import Any
 
 from farm.errors import StoreError
 from farm.records import Artifact, BenchResult, Device, ModelSource
-from farm.store.backends import exists, is_url, open_backend, redact
+from farm.store.backends import exists, open_backend
 from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 
-__all__ = ["Store", "SCHEMA_VERSION", "exists", "is_url", "redact"]
+__all__ = ["Store", "SCHEMA_VERSION", "exists"]
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -29,18 +29,17 @@ class Store:
     """An open results database. Use as a context manager or call ``close``."""
 
     def __init__(self, path: str | Path, readonly: bool = False) -> None:
-        self._backend = open_backend(path, readonly)
-        self._db = self._backend
-        self.kind = self._backend.kind
-        self.path = Path(path) if self.kind == "sqlite" else self._backend.location  # shown in reports, never a password
+        self._db = open_backend(path, readonly)
+        self.kind = self._db.kind
+        self.path = Path(path) if self.kind == "sqlite" else self._db.location  # shown in reports, never a password
         try:
             if readonly:
                 if self._version() > SCHEMA_VERSION:
                     raise StoreError(f"{self.path} has a newer schema than this farm", "upgrade farm")
             else:
                 self._migrate()
-        except self._backend.errors as exc:
-            self._backend.close()
+        except self._db.errors as exc:
+            self._db.close()
             raise StoreError(f"cannot open results database {self.path}: {exc}",
                              "pass another --db PATH, or move the damaged file aside") from None
 
@@ -51,13 +50,13 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        self._backend.close()
+        self._db.close()
 
     def _transaction(self, migrating: bool = False):
-        return self._backend.transaction(migrating)
+        return self._db.transaction(migrating)
 
     def _version(self) -> int:
-        if not self._backend.table_exists("meta"):
+        if not self._db.table_exists("meta"):
             return 0
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         return int(row[0]) if row else 0
@@ -72,7 +71,7 @@ class Store:
                 if self._version() >= target:  # another farm migrated meanwhile
                     continue
                 for statement in statements(MIGRATIONS[target]):
-                    db.execute(self._backend.ddl(statement))
+                    db.execute(self._db.ddl(statement))
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                            (str(target),))
 
@@ -125,7 +124,7 @@ class Store:
                 check = result.check
                 db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
                            (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
-        except self._backend.errors as exc:
+        except self._db.errors as exc:
             raise StoreError(f"could not write the result to {self.path}: {exc}", "check disk space and permissions") from None
         return run_id
 
@@ -174,7 +173,7 @@ class Store:
                                         "session_id, added_at) VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                                         (tuning_key, sha(wsha + body), wsha, body, run_s, session_id, now))
                     added += cursor.rowcount
-        except self._backend.errors as exc:
+        except self._db.errors as exc:
             raise StoreError(f"could not store tuning records in {self.path}: {exc}", "check disk space") from None
         return added
 
