@@ -148,10 +148,7 @@ def _watch(devices, tracker, state: Path, interval_s: float) -> None:
 def cmd_phones(args) -> int:
     from farm.devices.android import adb_address, list_phones
 
-    address = adb_address()
-    if args.adb:
-        host, _, port = args.adb.rpartition(":")
-        address = (host, int(port)) if port.isdigit() else adb_address()
+    address = adb_address(given=args.adb)
     rows = [asdict(p) for p in list_phones(address)]
     if args.json:
         emit_json({"adb": f"{address[0]}:{address[1]}", "phones": rows})
@@ -165,8 +162,7 @@ def _stop_servers(state: Path, as_json: bool) -> list[int] | int:
     from farm.rpc import processes
 
     records = processes.load_records(state)
-    stopped = [r.pid for r in records if r.role == "watchdog" and processes.stop_process(r)]
-    stopped += [r.pid for r in records if r.role == "server" and processes.stop_process(r)]
+    stopped = [r.pid for r in stop_roles(records, ("watchdog", "server"))]
     processes.save_records(state, [r for r in records if r.role not in ("server", "watchdog")])
     if as_json:
         emit_json({"stopped_servers": stopped})
@@ -175,14 +171,20 @@ def _stop_servers(state: Path, as_json: bool) -> list[int] | int:
     return 0
 
 
+def stop_roles(records, roles: tuple[str, ...]) -> list:
+    """Stop the recorded processes of each role in turn (the watchdog first, so it restarts nothing);
+    returns the records that were running."""
+    from farm.rpc import processes
+
+    return [r for role in roles for r in records if r.role == role and processes.stop_process(r)]
+
+
 def cmd_down(args) -> int:
     from farm.rpc import processes
 
     state = home_dir()
     records = processes.load_records(state)
-    stopped = [asdict(r) for r in records if r.role == "watchdog" and processes.stop_process(r)]
-    stopped += [asdict(r) for r in records if r.role == "server" and processes.stop_process(r)]
-    stopped += [asdict(r) for r in records if r.role == "tracker" and processes.stop_process(r)]
+    stopped = [asdict(r) for r in stop_roles(records, ("watchdog", "server", "tracker"))]
     processes.save_records(state, [])
     if args.json:
         emit_json({"stopped": stopped})

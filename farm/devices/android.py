@@ -70,12 +70,14 @@ def adb_errors(what: str):
                           "check `adb devices -l` (the phone is attached and authorized) and the adb server") from exc
 
 
-def adb_address(device: Device | None = None) -> tuple[str, int]:
-    text = str((device.options.get("adb") if device else None)
+def adb_address(device: Device | None = None, given: str | None = None) -> tuple[str, int]:
+    """The adb server: ``given`` (--adb), else the device's ``adb`` field, else 127.0.0.1:$ANDROID_ADB_SERVER_PORT/5037."""
+    text = str(given or (device.options.get("adb") if device else None)
                or f"127.0.0.1:{os.environ.get('ANDROID_ADB_SERVER_PORT', '5037')}")
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
-        raise InventoryError(f"adb server address {text!r} is not HOST:PORT", 'write adb = "127.0.0.1:5037"')
+        raise InventoryError(f"adb server address {text!r} is not HOST:PORT",
+                             'write --adb 127.0.0.1:5037, or adb = "127.0.0.1:5037" on the device in devices.toml')
     return host, int(port)
 
 
