@@ -10,7 +10,7 @@ import jinja2
 
 import farm
 from farm.results import run_rows
-from farm.review import figure_png, stacked_png, sweep_review
+from farm.review import figure_png, pyplot, stacked_png, sweep_review
 from farm.stats import format_duration
 from farm.store import Store
 
@@ -56,11 +56,7 @@ def _variant_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _distribution_png(store: Store, rows: list[dict[str, Any]]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     data = [(f"{r['device']}\n{r['model']}{' (tuned)' if r['tuned'] else ''}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
     data = [(label, values) for label, values in data if values]
     if not data:

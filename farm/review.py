@@ -34,7 +34,8 @@ def figure_png(fig) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,7 +130,7 @@ def alert_evidence(store: Store, rows: list[dict[str, Any]], alert: dict[str, An
 
 
 def trend_png(alert: dict[str, Any], history: list[tuple[int, float, int]], z_limit: float) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     base = alert["baseline"]
     fig, ax = plt.subplots(figsize=(5.2, 2.6))
     scale, unit = time_unit([v for _, v, _ in history] + [alert["value"], base["centre"]])
@@ -147,7 +148,7 @@ def trend_png(alert: dict[str, Any], history: list[tuple[int, float, int]], z_li
 
 
 def distribution_png(alert: dict[str, Any], old: list[float], new: list[float]) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.2, 2.6))
     scale, unit = time_unit(list(old) + list(new))
     data = [[v * scale for v in old], [v * scale for v in new]]
@@ -165,7 +166,7 @@ def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
     cells = {(label(v), v["device"]): v["change"] for v in verdicts if v["metric"] == "steady"}
     if not cells:
         return ""
-    plt = _pyplot()
+    plt = pyplot()
     models = sorted({m for m, _ in cells})
     devices = sorted({d for _, d in cells})
     grid = np.full((len(models), len(devices)), np.nan)
@@ -188,7 +189,7 @@ def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
 def stacked_png(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
-    plt = _pyplot()
+    plt = pyplot()
     rows = sorted(rows, key=lambda r: (r["device"], label(r)))
     names = [f"{r['device']} · {label(r)}" for r in rows]
     phases = [("load", [r["load_s"] or 0 for r in rows]), ("first run", [r["first_run_s"] or 0 for r in rows]),
@@ -235,7 +236,7 @@ def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def drift_png(shifted: list[dict[str, Any]]) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3))
     for s in shifted:
         line, = ax.plot(s["sweeps"], [v * 1000 for v in s["values"]], "o-", markersize=2, linewidth=0.8,
