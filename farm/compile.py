@@ -7,6 +7,7 @@ format, toolchain and TVM version.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -24,7 +25,7 @@ from tvm.target import codegen
 
 from farm.errors import BuildError, first_line
 from farm.models import onnx_proto
-from farm.records import Artifact, Device, ModelSource, TuningSet
+from farm.records import HOST_KINDS, Artifact, Device, ModelSource, TuningSet
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +76,29 @@ def _resolve_tag(target: dict[str, Any]) -> dict[str, Any]:
 def effective_target(device: Device) -> dict[str, Any]:
     """The target farm compiles for: tags resolved, hosts fixed, the host CPU filled in for local devices."""
     target = _resolve_tag(device.target) if "tag" in device.target else dict(device.target)
-    if device.kind == "local" and target["kind"] == "llvm" and "mtriple" not in target:
+    on_this_host = device.kind in HOST_KINDS
+    if on_this_host and target["kind"] == "llvm" and "mtriple" not in target:
         cpu = host_cpu()
         if cpu and "mcpu" not in target:
             target["mcpu"] = cpu
-    if device.kind in ("local", "qemu") and target["kind"] == "llvm":
+    if device.kind in ("local", "qemu", "opencl") and target["kind"] == "llvm":
         target.setdefault("num-cores", os.cpu_count() or 1)  # this host's cores run the code (MetaSchedule needs it)
     if device.host is not None:
         target["host"] = dict(device.host)
+    elif device.kind == "opencl" and target["kind"] != "llvm":  # this host runs the host code
+        cpu = host_cpu()
+        target["host"] = {"kind": "llvm", **({"mcpu": cpu} if cpu else {})}
     return target
+
+
+def fallback_device(device: Device) -> Device:
+    """The device's CPU as a device of its own: same server (key), its host target, named ``NAME@cpu``.
+
+    What a GPU device with ``fallback = "cpu"`` runs a model on when its GPU fails the model."""
+    host = effective_target(device).get("host") or {"kind": "llvm"}
+    options = {k: v for k, v in device.options.items() if k != "fallback"}
+    return dataclasses.replace(device, name=f"{device.name}@cpu", target=dict(host), host=None, options=options,
+                               tags=(*device.tags, "fallback"))
 
 
 def make_target(target: dict[str, Any]) -> tvm.target.Target:

@@ -103,8 +103,9 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
                     spec = sweep["spec"]
                     total = len(spec["devices"]) * (len(spec["models"]) + (1 if spec.get("reference") and
                                                                            spec["reference"] not in spec["models"] else 0))
-                    done = sum(1 for attempts in store.sweep_attempts(sweep["id"]).values()
-                               if any(s == "ok" for _, s in attempts) or len(attempts) > spec["retries"])
+                    done = sum(1 for (device, _), attempts in store.sweep_attempts(sweep["id"]).items()
+                               if device in spec["devices"]  # not a GPU device's CPU fallback (NAME@cpu)
+                               and (any(s == "ok" for _, s in attempts) or len(attempts) > spec["retries"]))
                     state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
                                       "cells_done": done, "cells_total": total}
                     state["alerts"] = [{"sweep_id": a["sweep_id"], "device": a["device"], "model": a["model"],

@@ -19,8 +19,10 @@ DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
 
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
-    "emulated", "tags", "cc", "runner_timeout_s", "max_temp_c", "min_battery_pct", "max_cooldown_s",
+    "emulated", "tags", "cc", "runner_timeout_s", "max_temp_c", "min_battery_pct", "max_cooldown_s", "fallback",
 }
+FALLBACKS = ("cpu",)
+CPU_TARGETS = ("llvm", "c")
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
 KIND_FIELDS = {
     "local": {"server_port"},
@@ -29,6 +31,7 @@ KIND_FIELDS = {
     "android": {"serial", "server_port", "adb", "device_dir", "launcher", "server_bundle"},
     "ios": {"proxy"},
     "linux": {"ssh", "ssh_key", "ssh_options", "remote_python", "server_port"},
+    "opencl": {"server_port", "runtime"},
 }
 
 EXAMPLE = '''[devices.x86-local]
@@ -182,7 +185,15 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
             _gate_number(raw[gate], fail, gate)
     if kind == "android":
         _android_fields(raw, fail)
-    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k in ("cc", "runner_timeout_s", *GATE_FIELDS)}
+    if kind == "opencl":
+        _opencl_fields(raw, target, fail)
+    if "fallback" in raw:
+        if raw["fallback"] not in FALLBACKS:
+            raise fail("fallback", f"{raw['fallback']!r} is unknown",
+                       'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
+        if target.get("kind") in CPU_TARGETS:
+            raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
+    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k in ("cc", "runner_timeout_s", "fallback", *GATE_FIELDS)}
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
@@ -242,6 +253,18 @@ def _android_fields(raw: dict[str, Any], fail) -> None:
     launcher = raw.get("launcher", [])
     if not isinstance(launcher, list) or not all(isinstance(p, str) for p in launcher):
         raise fail("launcher", "must be a list of strings", 'write launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]')
+
+
+def _opencl_fields(raw: dict[str, Any], target: dict[str, Any], fail) -> None:
+    if target.get("kind") != "opencl":
+        raise fail("target", f"kind {target.get('kind')!r} is not OpenCL",
+                   'an opencl device runs OpenCL kernels: write target = { kind = "opencl" } (device = "mali" etc. allowed)')
+    port = raw.get("server_port", 1)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise fail("server_port", f"{port!r} is not a port", "write server_port = 9095, or leave it out for a free one")
+    if "runtime" in raw and (not isinstance(raw["runtime"], str) or not raw["runtime"]):
+        raise fail("runtime", "must be a path", 'write runtime = "/path/to/libtvm_runtime_opencl.so", or leave it '
+                   "out and farm builds TVM's OpenCL runtime")
 
 
 def _number(value: Any, fail, field: str) -> float:

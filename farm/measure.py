@@ -2,9 +2,13 @@
 
     1 session   request a server for the device's key (bounded wait)
     2 upload    push the artifact (timed)
-    3 load      load the module and create the Relax VM (timed)
-    4 first     first run, host wall clock around call + device sync (timed)
-    5 steady    ``time_evaluator`` on the device: warm-up discarded, every repeat kept raw
+    3 load      load the module and create the Relax VM (timed); the driver's kernel cache is
+                cleared first where the server offers it (farm's GPU server), so this is a cold start
+    4 first     cold first run, host wall clock around call + device sync (timed: GPU kernels built)
+    4 warm      a second load of the same artifact and its first run (kernels from the driver's cache)
+    5 steady    ``time_evaluator`` on the device: warm-up discarded, every repeat kept raw. On OpenCL
+                that is the sum of kernel event times (``steady_clock = "kernel"``), so GPUs also get
+                per-call wall time on the device (call + sync) where the server offers it
     6 copy      device→host copy of each output, timed on the device apart from compute
     7 check     outputs against the reference, with tolerance
     cleanup     remove the uploaded file and drop the session (always)
@@ -31,7 +35,8 @@ from tvm import relax
 
 import farm
 from farm.errors import FarmError, first_line
-from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, CopyTiming, Device, TrackerAddress
+from farm.records import (HOST_KINDS, Artifact, BenchConfig, BenchResult, CheckResult, CopyCurve, CopyPoint, CopyTiming,
+                           Device, TrackerAddress)
 from farm.rpc.session import request_session
 
 log = logging.getLogger(__name__)
@@ -39,7 +44,14 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, str], None]
 DEVICE_TYPE = {"llvm": "cpu", "c": "cpu", "opencl": "opencl", "cuda": "cuda", "metal": "metal",
                "vulkan": "vulkan", "rocm": "rocm", "webgpu": "webgpu"}
+# What TVM's time_evaluator measures per device type: OpenCL sums kernel events (no launch overhead, no gaps)
+STEADY_CLOCK = {"cpu": "wall", "opencl": "kernel"}
+# Device types whose TVM timer sees only kernels: copies (blocking: clFinish) are timed with the CPU's clock
+KERNEL_ONLY_TIMERS = ("opencl",)
+CPU_DEVICE_TYPE = 1
+SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache")  # farm.rpc.server registers them
 MAX_NUMBER = 100_000
+COPY_CURVE_BYTES = tuple(4096 * 4**i for i in range(8))  # 4 KiB … 64 MiB
 
 
 class StepFailed(Exception):
@@ -80,31 +92,45 @@ def bench_artifact(
 
         step = "load"
         say(step, remote_name)
+        device_type = DEVICE_TYPE[artifact.target["kind"]]
+        helpers = _server_helpers(session)
+        context["kernel_cache"] = "cpu code" if device_type == "cpu" else \
+            f"cleared ({helpers['farm.ClearKernelCache']()})" if "farm.ClearKernelCache" in helpers else "not controlled"
+        fields["steady_clock"] = STEADY_CLOCK.get(device_type, "device")
         t0 = time.perf_counter()
         lib = session.load_module(remote_name)
-        dev = session.device(DEVICE_TYPE[artifact.target["kind"]], 0)
+        dev = session.device(device_type, 0)
         vm = relax.VirtualMachine(lib, dev)
         fields["load_s"] = time.perf_counter() - t0
 
         step = "first"
-        say(step, "first run")
+        say(step, "first run (cold)")
         args = [tvm.runtime.tensor(value, dev) for value in inputs.values()]
-        dev.sync()
-        t0 = time.perf_counter()
-        result = vm["main"](*args)
-        dev.sync()
-        fields["first_run_s"] = time.perf_counter() - t0
+        fields["first_run_s"], result = _first_run(vm, dev, args)
         outputs = _unpack(session, result)
+
+        step = "warm"
+        say(step, "second load, first run (warm)")
+        t0 = time.perf_counter()
+        vm = relax.VirtualMachine(session.load_module(remote_name), dev)
+        fields["load_warm_s"] = time.perf_counter() - t0
+        fields["first_run_warm_s"], _ = _first_run(vm, dev, args)
 
         step = "steady"
         vm.set_input("main", *args)
         number = config.number or _calibrate(
             lambda n, r: vm.time_evaluator("invoke_stateful", dev, number=n, repeat=r)("main").results,
             config.min_repeat_ms)
-        say(step, f"{config.repeat} repeats × {number} calls")
+        say(step, f"{config.repeat} repeats × {number} calls ({fields['steady_clock']} time)")
         timer = vm.time_evaluator("invoke_stateful", dev, number=number, repeat=config.repeat)
         fields["steady_number"] = number
         fields["steady_samples_s"] = tuple(float(v) for v in timer("main").results)
+        if device_type != "cpu" and "farm.WallTimeEvaluator" in helpers:
+            wall = _wall_timer(helpers["farm.WallTimeEvaluator"], vm, dev)
+            number = config.number or _calibrate(wall, config.min_repeat_ms)
+            say(step, f"{config.repeat} repeats × {number} calls (wall time: call + sync)")
+            fields["steady_wall_number"] = number
+            fields["steady_wall_samples_s"] = tuple(float(v) for v in wall(number, config.repeat))
 
         step = "copy"
         say(step, f"{len(outputs)} output(s)")
@@ -119,9 +145,9 @@ def bench_artifact(
     except StepFailed as exc:
         return _result(device, artifact, config, context, started_at, fields, "failed", exc.step, exc.reason, exc.hint)
     except Exception as exc:  # TVM raises RuntimeError/TVMError/OSError for device-side failures
-        reason = first_line(exc)
+        reason = failure_reason(exc)
         hint = "the device dropped the session; check `farm devices`" if _is_connection_error(exc) else \
-            "see the device's server log; the failure is stored with its reason"
+            _driver_hint(reason) or "see the device's server log; the failure is stored with its reason"
         return _result(device, artifact, config, context, started_at, fields, "failed", step, reason, hint)
     finally:
         if session is not None:
@@ -141,6 +167,37 @@ def _result(device, artifact, config, context, started_at, fields, status, step,
         status=status, reason=reason, failed_step=step, hint=hint, artifact_key=artifact.cache_key,
         config=config, context=context, started_at=started_at, **fields,
     )
+
+
+def _server_helpers(session) -> dict[str, Any]:
+    """farm's own server functions, where the device's server has them (farm.rpc.server)."""
+    found = {}
+    for name in SERVER_HELPERS:
+        try:
+            found[name] = session.get_function(name)
+        except AttributeError:  # a stock TVM server: no such function
+            pass
+    return found
+
+
+def _first_run(vm, dev, args) -> tuple[float, Any]:
+    """Host wall clock around the first call and a device sync (one RPC round trip included)."""
+    dev.sync()
+    t0 = time.perf_counter()
+    result = vm["main"](*args)
+    dev.sync()
+    return time.perf_counter() - t0, result
+
+
+def _wall_timer(make_timer, vm, dev) -> Callable[[int, int], tuple[float, ...]]:
+    """Per-call wall time on the device: each call followed by a sync, timed by the server's clock."""
+    dev_type = _dev_type(dev)
+
+    def run(number: int, repeat: int) -> tuple[float, ...]:
+        blob = make_timer(vm.module, "invoke_stateful", dev_type, dev.index, number, repeat)("main")
+        return struct.unpack("@" + "d" * repeat, bytes(blob))
+
+    return run
 
 
 def _unpack(session, result) -> list:
@@ -168,21 +225,80 @@ def _time_copy(session, index: int, output, config: BenchConfig) -> CopyTiming:
     shape = tuple(int(d) for d in output.shape)
     dtype = str(output.dtype)
     host = tvm.runtime.empty(shape, dtype, session.cpu(0))
-    dev = output.device
+    run = _copy_timer(session, output, host, output.device)
+    number = _calibrate(run, max(config.min_repeat_ms / 5, 1.0))
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return CopyTiming(index, nbytes, shape, dtype, number, tuple(float(v) for v in run(number, config.copy_repeat)))
+
+
+def _copy_timer(session, source, dest, gpu) -> Callable[[int, int], tuple[float, ...]]:
+    """Time ``runtime.TVMTensorCopyFromTo(source, dest)`` on the device, no network in the figure.
+
+    The timer syncs ``gpu``, the device side of the copy; where TVM's timer for that device sees only
+    kernel events (OpenCL), the CPU's clock times it instead: TVM's OpenCL copies block (clFinish)."""
     make_timer = session.get_function("runtime.RPCTimeEvaluator")
-    dev_type = dev.dlpack_device_type() if hasattr(dev, "dlpack_device_type") else dev.device_type
-    dev_type = int(dev_type) % 128  # strip the RPC session mask: the timer runs on the remote side
+    dev_type = _dev_type(gpu)
+    if gpu._DEVICE_TYPE_TO_NAME.get(dev_type) in KERNEL_ONLY_TIMERS:
+        dev_type = CPU_DEVICE_TYPE
 
     def run(number: int, repeat: int) -> tuple[float, ...]:
         # (mod=None, name, dev_type, dev_id, number, repeat, min_repeat_ms, limit_zero_time_iterations,
         #  cooldown_interval_ms, repeats_to_cooldown, cache_flush_bytes, f_preproc)
-        timer = make_timer(None, "runtime.TVMTensorCopyFromTo", dev_type, dev.index, number, repeat, 0, 100, 0, 1, 0, "")
-        blob = timer(output, host)
-        return struct.unpack("@" + "d" * repeat, blob)
+        timer = make_timer(None, "runtime.TVMTensorCopyFromTo", dev_type, gpu.index, number, repeat, 0, 100, 0, 1, 0, "")
+        return struct.unpack("@" + "d" * repeat, timer(source, dest))
 
-    number = _calibrate(run, max(config.min_repeat_ms / 5, 1.0))
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    return CopyTiming(index, nbytes, shape, dtype, number, tuple(float(v) for v in run(number, config.copy_repeat)))
+    return run
+
+
+def _dev_type(dev) -> int:
+    return int(dev.dlpack_device_type()) % 128  # strip the RPC session mask: the timer runs on the remote side
+
+
+def measure_copy_curve(
+    tracker: TrackerAddress, device: Device, target_kind: str, config: BenchConfig,
+    sizes: tuple[int, ...] = COPY_CURVE_BYTES, progress: Progress | None = None,
+) -> CopyCurve:
+    """Device→host and host→device copy time per size on ``device``, timed on the device (no network).
+
+    Always returns a CopyCurve; a failure is stored as a failed curve with its reason."""
+    say = progress or (lambda step, detail: None)
+    device_type = DEVICE_TYPE[target_kind]
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    context = {"farm_version": farm.__version__, "tvm_version": tvm.__version__, "device_kind": device.kind,
+               "emulated": device.emulated, "clock": "wall (CPU clock; TVM's OpenCL copies block)"
+               if device_type in KERNEL_ONLY_TIMERS else f"{device_type} timer"}
+    points: list[CopyPoint] = []
+    session = None
+    try:
+        say("session", f"requesting {device.key!r}")
+        session = request_session(tracker, device.key, config.timeout_s, device.session_timeout_s)
+        dev, host = session.device(device_type, 0), session.cpu(0)
+        for nbytes in sizes:
+            say("copy curve", f"{nbytes} bytes")
+            on_device = tvm.runtime.empty((nbytes,), "uint8", dev)
+            on_host = tvm.runtime.empty((nbytes,), "uint8", host)
+            for direction, source, dest in (("d2h", on_device, on_host), ("h2d", on_host, on_device)):
+                run = _copy_timer(session, source, dest, dev)
+                number = config.number or _calibrate(run, max(config.min_repeat_ms / 5, 1.0))
+                points.append(CopyPoint(direction, nbytes, number, tuple(float(v) for v in run(number, config.copy_repeat))))
+            del on_device, on_host
+    except FarmError as exc:
+        return CopyCurve(device.name, device.key, device_type, started_at, tuple(points), "failed",
+                         f"{exc.message} ({exc.hint})", context)
+    except Exception as exc:  # TVM raises RuntimeError/TVMError for device-side failures
+        log.debug("copy curve on %s failed", device.name, exc_info=True)
+        return CopyCurve(device.name, device.key, device_type, started_at, tuple(points), "failed", failure_reason(exc),
+                         context)
+    return CopyCurve(device.name, device.key, device_type, started_at, tuple(points), "ok", "", context)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The first line of a device-side error, plus the driver's own error lines when TVM quotes a build log."""
+    text = str(exc)
+    head = first_line(exc)
+    driver = [line.strip() for line in text.splitlines()[1:]
+              if "error" in line.lower() and "traceback" not in line.lower() and line.strip() not in head][:3]
+    return " | ".join([head, *driver]) if driver else head
 
 
 def _check(outputs: list, reference: list[np.ndarray] | None, config: BenchConfig, reference_name: str) -> CheckResult:
@@ -215,7 +331,7 @@ def measurement_context(device: Device, artifact: Artifact) -> dict[str, Any]:
         "artifact_digest": artifact.file_digest, "export": artifact.export, "toolchain": artifact.toolchain,
         "device_kind": device.kind, "emulated": device.emulated, "thermal": None,
     }
-    if device.kind == "local":  # the device is this host: its own figures describe it
+    if device.kind in HOST_KINDS:  # the device is this host: its own figures describe it
         context["host"] = {
             "platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
             "load_avg": list(os.getloadavg()), "mem_available_mb": psutil.virtual_memory().available // 2**20,
@@ -229,8 +345,27 @@ def measurement_context(device: Device, artifact: Artifact) -> dict[str, Any]:
     return context
 
 
+# What OpenCL drivers and TVM's OpenCL runtime say when a device has no usable OpenCL (no libOpenCL.so, no ICD,
+# no GPU) or cannot build a kernel; the hint says what it means for the user.
+NO_PLATFORM = ("cannot open libopencl", "cl_platform_not_found", "no opencl platform", "cl_device_not_found",
+               "cl_invalid_platform")
+
+
+def _driver_hint(reason: str) -> str:
+    text = reason.lower()
+    if any(marker in text for marker in NO_PLATFORM):
+        return ("the device has no usable OpenCL platform (no libOpenCL.so, ICD or GPU driver): install its GPU driver, "
+                'or set fallback = "cpu" to measure its CPU instead')
+    if "cl_build_program_failure" in text:
+        return ("the device's OpenCL compiler rejected a kernel (the driver's words are in the reason): the model uses "
+                'something this GPU lacks; fallback = "cpu" measures its CPU instead')
+    return ""
+
+
 def _is_connection_error(exc: BaseException) -> bool:
     text = str(exc).lower()
+    if "error caught from rpc call" in text:  # the device answered with its own error: it is there
+        return False
     return isinstance(exc, (ConnectionError, OSError)) or "socket" in text or "connection" in text or "rpc" in text
 
 

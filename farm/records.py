@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DEVICE_KINDS = ("local", "remote", "qemu", "android", "ios", "linux")
+DEVICE_KINDS = ("local", "remote", "qemu", "android", "ios", "linux", "opencl")
+HOST_KINDS = ("local", "opencl")  # kinds whose code runs on this host: its CPU, sensors and load describe them
 EXPORT_FORMATS = ("so", "tar", "system-lib")
 
 
@@ -154,11 +155,41 @@ class BenchResult:
     artifact_key: str = ""
     upload_s: float | None = None
     load_s: float | None = None
-    first_run_s: float | None = None
+    first_run_s: float | None = None  # the cold first run: kernels built (driver kernel cache cleared where farm can)
+    load_warm_s: float | None = None  # a second load of the same artifact in the same session
+    first_run_warm_s: float | None = None  # ... and its first run: kernels from the driver's cache
     steady_number: int | None = None
-    steady_samples_s: tuple[float, ...] = ()
+    steady_samples_s: tuple[float, ...] = ()  # what TVM's time_evaluator gives: see steady_clock
+    steady_clock: str = "wall"  # wall (CPU) | kernel (OpenCL: sum of kernel event times) | device (GPU events)
+    steady_wall_number: int | None = None
+    steady_wall_samples_s: tuple[float, ...] = ()  # GPUs: per-call wall time on the device, call + sync
+    fallback_of: int | None = None  # the failed GPU run this CPU run stands in for
     copies: tuple[CopyTiming, ...] = ()
     check: CheckResult = CheckResult("skipped", detail="not reached")
     config: BenchConfig = BenchConfig()
     context: dict[str, Any] = field(default_factory=dict)
     started_at: str = ""
+
+
+@dataclass(frozen=True)
+class CopyPoint:
+    """Copies of ``nbytes`` in one direction (``d2h`` device→host, ``h2d`` host→device), timed on the device."""
+
+    direction: str
+    nbytes: int
+    number: int
+    samples_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class CopyCurve:
+    """Copy time against size for one device: is get_output eating the GPU's gain?"""
+
+    device: str
+    key: str
+    device_type: str
+    started_at: str
+    points: tuple[CopyPoint, ...]
+    status: str = "ok"  # ok | failed
+    reason: str = ""
+    context: dict[str, Any] = field(default_factory=dict)

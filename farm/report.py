@@ -11,7 +11,7 @@ import jinja2
 import farm
 from farm.results import run_rows
 from farm.review import figure_png, pyplot, stacked_png, sweep_review
-from farm.stats import format_duration
+from farm.stats import format_duration, summarize
 from farm.store import Store
 
 
@@ -26,6 +26,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
     )
     env.filters["ms"] = format_duration
+    env.filters["bytes"] = format_bytes
+    curves = _copy_curves(store)
     html = env.get_template("report.html").render(
         title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}), db_path=str(store.path),
@@ -34,6 +36,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         alerts=store.alerts(sweep_id) if sweep_id is not None else [], sweep_id=sweep_id,
         review=sweep_review(store, sweep_id) if sweep_id is not None else None,
         variants=_variant_rows(latest),
+        copy_curves=curves, copy_sizes=sorted({n for c in curves for _, n in c["by_size"]}),
+        copy_curves_png=_copy_curves_png(curves) if curves else "",
     )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,6 +45,49 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out_path)
     return out_path
+
+
+def format_bytes(nbytes: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size and nbytes % size == 0:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
+
+
+def _copy_curves(store: Store) -> list[dict[str, Any]]:
+    """The latest copy curve per device, with each (direction, size)'s median and bandwidth."""
+    curves = store.copy_curves(latest_only=True)
+    for curve in curves:
+        curve["clock"] = curve["context"].get("clock", "")
+        curve["by_size"] = {}
+        for point in curve["points"]:
+            median = summarize(point["samples_s"]).median
+            curve["by_size"][(point["direction"], point["nbytes"])] = {
+                "median_s": median, "gb_per_s": point["nbytes"] / median / 1e9 if median > 0 else 0.0}
+    return sorted(curves, key=lambda c: c["device"])
+
+
+def _copy_curves_png(curves: list[dict[str, Any]]) -> str:
+    plt = pyplot()
+    fig, (time_ax, rate_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for curve in curves:
+        for direction, style in (("d2h", "-o"), ("h2d", "--s")):
+            points = sorted((n, p) for (d, n), p in curve["by_size"].items() if d == direction)
+            if not points:
+                continue
+            label = f"{curve['device']} {'device→host' if direction == 'd2h' else 'host→device'}"
+            sizes = [n for n, _ in points]
+            time_ax.plot(sizes, [p["median_s"] * 1e6 for _, p in points], style, markersize=3, label=label)
+            rate_ax.plot(sizes, [p["gb_per_s"] for _, p in points], style, markersize=3, label=label)
+    for ax in (time_ax, rate_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes copied")
+        ax.grid(True, alpha=0.3)
+    time_ax.set_yscale("log")
+    time_ax.set_ylabel("copy time (µs)")
+    rate_ax.set_ylabel("effective bandwidth (GB/s)")
+    rate_ax.legend(fontsize=7)
+    return figure_png(fig)
 
 
 def _variant_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

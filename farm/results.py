@@ -10,8 +10,11 @@ from farm.store import Store
 
 COLUMNS = [
     "run_id", "started_at", "device", "key", "model", "status", "failed_step", "reason",
-    "upload_s", "load_s", "first_run_s", "steady_number", "steady_n", "steady_median_s", "steady_p10_s",
-    "steady_p90_s", "steady_ci_low_s", "steady_ci_high_s", "steady_cv", "unstable", "copy_s", "copy_bytes",
+    "upload_s", "load_s", "first_run_s", "load_warm_s", "first_run_warm_s", "steady_clock", "steady_number",
+    "steady_n", "steady_median_s", "steady_p10_s",
+    "steady_p90_s", "steady_ci_low_s", "steady_ci_high_s", "steady_cv", "unstable",
+    "steady_wall_number", "steady_wall_n", "steady_wall_median_s", "steady_wall_p10_s", "steady_wall_p90_s",
+    "copy_s", "copy_bytes", "copy_share", "fallback_of",
     "check", "max_abs_err", "emulated", "tuned", "tuned_tasks", "total_tasks", "sweep_id", "attempt",
     "artifact_key", "tvm_version",
     "farm_version",
@@ -24,14 +27,24 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
     for run in store.runs(device=device, model=model, latest_only=latest_only, sweep_id=sweep_id):
         steady = summarize(store.samples(run["id"]))
         copies = store.copies(run["id"])
+        wall = summarize(store.samples(run["id"], "steady_wall"))
         copy_medians = []
         for copy in copies:
             summary = summarize(store.samples(run["id"], "copy", copy["output_index"]))
             copy_medians.append(summary.median if summary else None)
+        # get_output's cost against one run's: the wall time where a GPU has one, else the steady figure
+        per_run = wall.median if wall else steady.median if steady else None
+        copy_share = sum(copy_medians) / per_run if per_run and copy_medians and None not in copy_medians else None
         rows.append({
             "run_id": run["id"], "started_at": run["started_at"], "device": run["device"], "key": run["key"],
             "model": run["model"], "model_digest": run["model_digest"], "status": run["status"], "failed_step": run["failed_step"], "reason": run["reason"],
             "upload_s": run["upload_s"], "load_s": run["load_s"], "first_run_s": run["first_run_s"],
+            "load_warm_s": run["load_warm_s"], "first_run_warm_s": run["first_run_warm_s"],
+            "steady_clock": run["steady_clock"],
+            "steady_wall_number": run["steady_wall_number"], "steady_wall_n": wall.n if wall else 0,
+            "steady_wall_median_s": wall.median if wall else None,
+            "steady_wall_p10_s": wall.p10 if wall else None, "steady_wall_p90_s": wall.p90 if wall else None,
+            "copy_share": copy_share, "fallback_of": run["fallback_of"],
             "steady_number": run["steady_number"],
             "steady_n": steady.n if steady else 0,
             "steady_median_s": steady.median if steady else None,

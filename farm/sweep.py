@@ -23,10 +23,10 @@ from typing import Callable
 
 import numpy as np
 
-from farm.compile import compile_model, effective_target, tuning_key
+from farm.compile import compile_model, effective_target, fallback_device, tuning_key
 from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, StoreError
-from farm.measure import bench_artifact
+from farm.measure import bench_artifact, measure_copy_curve
 from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
 from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource, TrackerAddress, TuningSet
 from farm.store import Store
@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
 RETRYABLE_STEPS = ("session", "upload", "load", "first", "steady", "copy")  # a dropped session, not a wrong output
+UNREACHABLE_STEPS = ("session", "upload")  # the device itself is gone: its CPU is no fallback
+CPU_TARGETS = ("llvm", "c")
+# TVM's compiler runs in one thread at a time: the sweep's compile loop, or a worker's fallback compile
+COMPILE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,17 @@ class CellResult:
     run_id: int
     result: BenchResult
     artifact: Artifact | None
+    fallback: "CellResult | None" = None  # the same model on the device's CPU, when its GPU failed it
+
+
+def needs_fallback(device: Device, result: BenchResult) -> bool:
+    """A GPU that failed a model (compile, load, run or wrong output) on a device with ``fallback = "cpu"``."""
+    return (device.options.get("fallback") == "cpu" and result.status != "ok"
+            and result.failed_step not in UNREACHABLE_STEPS)
+
+
+def is_gpu(device: Device) -> bool:
+    return effective_target(device)["kind"] not in CPU_TARGETS
 
 
 def tuning_set(store: Store, device: Device) -> TuningSet:
@@ -93,20 +108,30 @@ def measure_cell(
 def bench_cell(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
     config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
-    first: bool = True,
+    first: bool = True, fallback_of: int | None = None,
 ) -> CellResult:
     """Compile (cached; with the store's tuning records unless ``tuned`` is False), cool down (not before a
-    device's ``first`` cell, though temperature/battery gates apply always), measure and store one cell."""
+    device's ``first`` cell, though temperature/battery gates apply always), measure and store one cell.
+    When a GPU fails it and the device names a fallback, the model is measured on the device's CPU too."""
     if progress:
         progress(device.name, model.name, "compile", model.name)
     try:
         artifact = compile_cell(device, model, store, cache_dir, tuned)
     except FarmError as exc:
-        result = compile_failure(device, model, config, exc)
-        return CellResult(store.record_result(result, device, model, None), result, None)
-    waited = cool_down(device, first, _say(progress, device, model))
-    result = with_health(measure_cell(tracker, device, model, artifact, config, reference_file, progress), waited, device)
-    return CellResult(store.record_result(result, device, model, artifact), result, artifact)
+        result = dataclasses.replace(compile_failure(device, model, config, exc), fallback_of=fallback_of)
+        cell = CellResult(store.record_result(result, device, model, None), result, None)
+    else:
+        waited = cool_down(device, first, _say(progress, device, model))
+        result = with_health(measure_cell(tracker, device, model, artifact, config, reference_file, progress), waited, device)
+        result = dataclasses.replace(result, fallback_of=fallback_of)
+        cell = CellResult(store.record_result(result, device, model, artifact), result, artifact)
+    if not needs_fallback(device, result):
+        return cell
+    if progress:
+        progress(device.name, model.name, "fallback", f"GPU failed at {result.failed_step}: measuring on the CPU")
+    cpu = bench_cell(tracker, fallback_device(device), model, store, cache_dir, config, reference_file, progress, tuned,
+                     first=False, fallback_of=cell.run_id)
+    return dataclasses.replace(cell, fallback=cpu)
 
 
 def cell_eta(count: int, total: int, elapsed_s: float) -> str:
@@ -133,12 +158,27 @@ def run_matrix(
     tracker: TrackerAddress, devices: list[Device], models: list[ModelSource], store: Store, cache_dir: Path,
     config: BenchConfig, progress: Progress | None = None,
 ) -> list[CellResult]:
-    """Every device × model, one device at a time, cooling down between a device's cells."""
+    """Every device × model, one device at a time, cooling down between a device's cells; a GPU device's
+    copy curve after its cells."""
     cells = []
     for device in devices:
         for index, model in enumerate(models):
             cells.append(bench_cell(tracker, device, model, store, cache_dir, config, progress=progress, first=index == 0))
+        if is_gpu(device):
+            record_copy_curve(tracker, device, config, store, None, progress)
     return cells
+
+
+def record_copy_curve(tracker: TrackerAddress, device: Device, config: BenchConfig, store: Store,
+                      sweep_id: int | None, progress: Progress | None) -> None:
+    """Measure and store the device's copy curve; a failure is stored as a failed curve, never raised."""
+    if progress:
+        progress(device.name, "-", "copy curve", "device<->host copies, 4 KiB ... 64 MiB")
+    curve = measure_copy_curve(tracker, device, effective_target(device)["kind"], config)
+    try:
+        store.record_copy_curve(curve, sweep_id)
+    except StoreError as exc:
+        log.error("%s", exc.message)
 
 
 # -- sweeps ---------------------------------------------------------------------------------
@@ -218,7 +258,7 @@ def run_sweep(
         totals = {name: sum(1 for d, _ in todo if d == name) for name in spec.devices}
         workers = [threading.Thread(target=_device_worker, name=f"sweep-{name}", daemon=True,
                                     args=(tracker, devices[name], queues[name], spec, db_path, sweep_id, done,
-                                          outcome, lock, progress, totals[name]))
+                                          outcome, lock, progress, totals[name], cache_dir))
                    for name in spec.devices]
         for worker in workers:
             worker.start()
@@ -229,7 +269,8 @@ def run_sweep(
                 if progress:
                     progress(device_name, model_name, "compile", "")
                 try:
-                    artifact: Artifact | FarmError = compile_cell(device, model, store, cache_dir, spec.tuned)
+                    with COMPILE_LOCK:
+                        artifact: Artifact | FarmError = compile_cell(device, model, store, cache_dir, spec.tuned)
                 except FarmError as exc:
                     artifact = exc
                 queues[device_name].put((model, artifact))
@@ -246,7 +287,7 @@ def run_sweep(
 
 def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: str | Path, sweep_id: int,
                    done: dict, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None,
-                   total: int = 0) -> None:
+                   total: int, cache_dir: Path) -> None:
     """Measure one device's cells in order: cooldown, measure, retry a dropped session once, store."""
     with Store(db_path) as store:
         first = True
@@ -273,7 +314,34 @@ def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec,
                 with lock:
                     outcome.cells.append(CellResult(run_id, result, stored_artifact))
                 retry = result.status != "ok" and result.failed_step in RETRYABLE_STEPS
-                if not retry:
+                if not retry or attempt > spec.retries:
+                    if needs_fallback(device, result):
+                        _fallback_cell(tracker, device, model, spec, store, cache_dir, sweep_id, run_id, outcome, lock,
+                                       progress)
                     break
-                if progress and attempt <= spec.retries:
+                if progress:
                     progress(device.name, model.name, "retry", result.reason)
+        if is_gpu(device):
+            record_copy_curve(tracker, device, spec.config, store, sweep_id, progress)
+
+
+def _fallback_cell(tracker, device: Device, model: ModelSource, spec: SweepSpec, store: Store, cache_dir: Path, sweep_id: int,
+                   gpu_run_id: int, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None) -> None:
+    """The model on the device's CPU (``NAME@cpu``), stored as the fallback of the failed GPU run."""
+    cpu = fallback_device(device)
+    if progress:
+        progress(device.name, model.name, "fallback", f"GPU run {gpu_run_id} failed: measuring on the CPU")
+    try:
+        with COMPILE_LOCK:
+            artifact: Artifact | None = compile_cell(cpu, model, store, cache_dir, spec.tuned)
+        result = with_health(measure_cell(tracker, cpu, model, artifact, spec.config, progress=progress), {}, cpu)
+    except FarmError as exc:
+        artifact, result = None, compile_failure(cpu, model, spec.config, exc)
+    result = dataclasses.replace(result, fallback_of=gpu_run_id)
+    try:
+        run_id = store.record_result(result, cpu, model, artifact, sweep_id)
+    except StoreError as exc:
+        log.error("%s", exc.message)
+        return
+    with lock:
+        outcome.cells.append(CellResult(run_id, result, artifact))

@@ -97,3 +97,42 @@ def test_sweep_three_models_on_local_and_emulated_devices(farm_net, farm_env, tm
         text, errors, images = open_in_chromium(Path(out["report"]))
         assert errors == [] and images
         assert "board emulated" in text and "mobile-block" in text
+
+
+@pytest.mark.skipif(not Path("/usr/include/CL/cl.h").exists(), reason="needs opencl-headers: bash tools/setup.sh --opencl")
+def test_board_loads_the_aarch64_opencl_runtime_and_a_missing_platform_is_a_stored_failure(tmp_path, farm_env):
+    """TVM's OpenCL runtime cross-built with opencl_wrapper (as phones need: libOpenCL.so is opened at run time)
+    ships in the aarch64 bundle and loads in the board; with no OpenCL there, the GPU cell fails with the reason
+    stored and its fallback measures the board's CPU."""
+    from farm.devices.opencl import LIBRARY, board_with_opencl, ensure_runtime
+    from farm.artifacts import inspect_artifact
+
+    library = ensure_runtime("aarch64")
+    assert inspect_artifact(library).members[0].arch == "aarch64"
+    bundle = board_with_opencl(ensure_board().server.parent)
+    assert (bundle / LIBRARY).exists() and (bundle / "farm-rpc-server").exists()
+    inventory = write_inventory(tmp_path / "devices.toml", """
+[devices.board-gpu]
+kind = "qemu"
+key = "test-arm64-gpu"
+target = { kind = "opencl", device = "mali" }
+host = { kind = "llvm", mtriple = "aarch64-linux-gnu", mattr = ["+neon"] }
+fallback = "cpu"
+""", free_port())
+    env = {**farm_env, "FARM_DEVICES": str(inventory)}
+    try:
+        assert run_farm("tracker", "start", env=env).returncode == 0
+        serve = run_farm("serve", "--json", env=env)
+        assert serve.returncode == 0, serve.stderr
+        bench = run_farm("bench", "--device", "board-gpu", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
+                         "--json", env=env)
+        log = (Path(farm_env["FARM_HOME"]) / "server-board-gpu.log").read_text()
+    finally:
+        run_farm("down", env=env)
+    assert f"loaded {bundle / LIBRARY}" in log
+    assert bench.returncode == 1
+    data = json.loads(bench.stdout)
+    assert data["status"] == "failed" and data["failed_step"] == "load" and "Cannot open libOpenCL" in data["reason"]
+    assert bench.stderr.splitlines()[0].startswith("error: ") and "no usable OpenCL" in bench.stderr
+    assert data["fallback"]["status"] == "ok" and data["fallback"]["device"] == "board-gpu@cpu"
+    assert data["fallback"]["fallback_of"] == data["run_id"] and data["fallback"]["check"]["status"] == "passed"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Set farm up on a fresh machine: a virtualenv in .venv with the pinned dependencies.
-#   bash tools/setup.sh          # what `farm demo` needs
+#   bash tools/setup.sh          # what `farm demo` needs, with its OpenCL device where it can be had (see --opencl)
 #   bash tools/setup.sh --emulation  # plus Debian's qemu-user and aarch64 cross g++ (the emulated board)
+#   bash tools/setup.sh --opencl     # an OpenCL implementation (Debian's POCL) and TVM's OpenCL runtime, built from
+#                                    # TVM's sources (TVM_SOURCE_DIR, else ../shared/tvm-src) against the wheel; the
+#                                    # default tries it too and goes on without it (--no-opencl skips it)
 #   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file, adb, postgresql
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
@@ -9,11 +12,15 @@ cd "$(dirname "$0")/.."
 
 want_test=0
 want_emulation=0
+want_opencl=1
+need_opencl=0  # --opencl / --test: a failure to get it is an error, not a warning
 for arg in "$@"; do
   case "$arg" in
-    --test) want_test=1; want_emulation=1 ;;
+    --test) want_test=1; want_emulation=1; need_opencl=1 ;;
     --emulation) want_emulation=1 ;;
-    *) echo "usage: bash tools/setup.sh [--emulation] [--test]" >&2; exit 2 ;;
+    --opencl) need_opencl=1 ;;
+    --no-opencl) want_opencl=0 ;;
+    *) echo "usage: bash tools/setup.sh [--emulation] [--opencl | --no-opencl] [--test]" >&2; exit 2 ;;
   esac
 done
 
@@ -45,9 +52,26 @@ if [ "$want_emulation" = 1 ]; then
   command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
   command -v aarch64-linux-gnu-g++ >/dev/null || missing+=(g++-aarch64-linux-gnu)
 fi
+[ "$need_opencl" = 1 ] && want_opencl=1
+optional=()
+if [ "$want_opencl" = 1 ]; then
+  # POCL: a real OpenCL 1.2 implementation on the CPU; the ICD loader and headers to build TVM's OpenCL runtime
+  [ -f /etc/OpenCL/vendors/pocl.icd ] || optional+=(pocl-opencl-icd)
+  ls /usr/lib/*/libOpenCL.so >/dev/null 2>&1 || optional+=(ocl-icd-opencl-dev)
+  [ -f /usr/include/CL/cl.h ] || optional+=(opencl-headers)
+  if [ "$need_opencl" = 1 ]; then missing+=("${optional[@]}"); optional=(); fi
+fi
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
+if [ ${#optional[@]} -gt 0 ] && [ ${#missing[@]} -eq 0 ]; then
+  # the default setup: the demo's OpenCL device is a bonus, not a requirement
+  { [ -z "$sudo" ] || sudo -n true 2>/dev/null; } && { $sudo apt-get update -q && \
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${optional[@]}"; } >&2 \
+    || echo "warning: could not install ${optional[*]}; the demo runs without its OpenCL device (bash tools/setup.sh --opencl)" >&2
+elif [ ${#optional[@]} -gt 0 ]; then
+  missing+=("${optional[@]}")
+fi
 if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -q
   # policy-rc.d 101: packages must not start services (openssh-server would listen on port 22)
   printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
@@ -55,5 +79,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
   $sudo rm -f /usr/sbin/policy-rc.d
   [ "${status:-0}" = 0 ] || exit "$status"
+fi
+if [ "$want_opencl" = 1 ] && [ -f /usr/include/CL/cl.h ]; then
+  # TVM's OpenCL runtime from TVM's sources, against the installed wheel; cached in ~/.cache/farm (about 12 s once)
+  # Without TVM's sources there is nothing to build: a warning (OpenCL devices and tests are skipped), not a failure.
+  .venv/bin/python -c "import sys; from farm.devices.opencl import main; sys.exit(main())" >&2 \
+    || { [ "$need_opencl" = 0 ] && echo "warning: TVM's OpenCL runtime was not built (see above); the demo runs without its OpenCL device" >&2; } \
+    || exit 1
 fi
 echo "farm is set up: .venv/bin/farm --help" >&2

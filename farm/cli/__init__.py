@@ -13,9 +13,9 @@ import sys
 
 from farm.errors import FarmError
 
-from farm.cli.common import add_bench_options, add_progress, add_variant_options, default_db
+from farm.cli.common import add_bench_options, add_progress, add_variant_options, byte_size, default_db
 from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dashboard, cmd_phones
-from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_results, cmd_report, cmd_demo, cmd_compare
+from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_copies, cmd_results, cmd_report, cmd_demo, cmd_compare
 from farm.cli.tuning import cmd_tune
 from farm.cli.sweeping import cmd_sweep, cmd_regressions, cmd_drift
 
@@ -67,9 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default: [tracker] port in devices.toml, else 9190)")
 
     p = add("serve", cmd_serve, "bring the inventory's devices onto the tracker (servers, proxies, phones, boards)",
-            "Per device kind: local → `python -m tvm.exec.rpc_server` here; qemu → the emulated aarch64 board;\n"
+            "Per device kind: local → farm's server here (`python -m farm.rpc.server`: TVM's rpc_server that survives\n"
+            "a client killed mid-transfer); qemu → the emulated aarch64 board;\n"
             "android → push farm's RPC server over adb, reverse the tracker port, forward the server port, start it;\n"
-            "ios → TVM's rpc_proxy for the phone's RPC app; linux → rpc_server on the board over ssh.\n"
+            "ios → TVM's rpc_proxy for the phone's RPC app; linux → rpc_server on the board over ssh;\n"
+            "opencl → the same server with TVM's OpenCL runtime, built from\n"
+            "TVM's sources on first use, and a kernel cache of its own that a measurement clears for a cold run.\n"
             "Each runs in its own process group with a pid record; farm waits until the tracker lists them.\n"
             "--watch then stays in the foreground and restarts any of them that dies (Ctrl-C or `farm down` ends it).")
     p.add_argument("--device", action="append", help="only this device (repeatable)")
@@ -117,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", help="expected outputs (.npz, np.savez order) instead of onnxruntime's")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
     add_variant_options(p)
+    add_progress(p)
+    add_bench_options(p)
+
+    p = add("copies", cmd_copies, "copy curve of a GPU device: device→host and host→device time against size",
+            "Times copies of 4 KiB … 64 MiB in both directions on the device (TVM's remote time evaluator around\n"
+            "runtime.TVMTensorCopyFromTo: no network in the figure) and stores every raw sample. Answers\n"
+            "\"is get_output eating my GPU gain?\" with a number; the report plots it (µs and GB/s per size).\n"
+            "On OpenCL the CPU's clock times them (TVM's OpenCL copies block; its timer sees only kernels).\n\n"
+            "  farm copies --device pocl-gpu\n"
+            "  farm copies --device pocl-gpu --size 4K --size 1M --size 64M --json")
+    p.add_argument("--device", required=True, help="inventory device name (a GPU target)")
+    p.add_argument("--size", action="append", type=byte_size, help="copy size, e.g. 4K, 1M, 64M (repeatable; "
+                   "default 4 KiB … 64 MiB, ×4)")
     add_progress(p)
     add_bench_options(p)
 

@@ -105,6 +105,19 @@ def bench_config(args):
                        timeout_s=args.timeout, rtol=args.rtol, atol=args.atol)
 
 
+def byte_size(text: str) -> int:
+    """An argparse type: 4096, 4K, 4KiB, 64M, 1G (powers of 1024)."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    clean = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        value = float(clean[:-1]) * units[clean[-1]] if clean and clean[-1] in units else float(clean)
+    except ValueError:
+        value = -1
+    if value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes: write e.g. 4096, 4K, 64M")
+    return int(value)
+
+
 def add_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true", default=sys.stderr.isatty(),
                    help="print each step to stderr (default: on when stderr is a terminal)")

@@ -77,37 +77,105 @@ def cmd_bench(args) -> int:
     with Store(args.db) as store:
         cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", config,
                           reference_file=args.reference, progress=progress_printer(args.progress), tuned=not args.untuned)
+    data = bench_json(cell, device)
+    if args.json:
+        emit_json(data)
+    else:
+        print_bench(cell)
+        if cell.fallback is not None:
+            print_bench(cell.fallback)
     r = cell.result
-    steady_median = None
-    if r.steady_samples_s:
-        from farm.stats import summarize
+    if r.status != "ok":
+        print(f"error: {r.reason}", file=sys.stderr)
+        fallback = "" if cell.fallback is None else \
+            f"; measured on its CPU instead as run {cell.fallback.run_id} ({cell.fallback.result.status})"
+        print(f"hint: {r.hint or 'the failed run is stored; see farm results'} (stored as run {cell.run_id}{fallback})",
+              file=sys.stderr)
+        return 1
+    return 0
 
-        steady_median = summarize(r.steady_samples_s).median
+
+def bench_json(cell, device) -> dict:
+    """One cell as `farm bench --json` prints it. The steady figure says its clock (wall, or kernel on OpenCL)."""
+    from farm.stats import summarize
+
+    def median(samples) -> float | None:
+        return summarize(samples).median if samples else None
+
+    r = cell.result
     data = {
         "run_id": cell.run_id, "status": r.status, "reason": r.reason, "failed_step": r.failed_step,
         "device": r.device, "key": r.key, "model": r.model, "upload_s": r.upload_s, "load_s": r.load_s,
-        "first_run_s": r.first_run_s, "steady_median_s": steady_median, "steady_number": r.steady_number,
-        "steady_samples_s": list(r.steady_samples_s),
+        "first_run_s": r.first_run_s, "first_run_cold_s": r.first_run_s, "load_warm_s": r.load_warm_s,
+        "first_run_warm_s": r.first_run_warm_s, "kernel_cache": r.context.get("kernel_cache"),
+        "steady_median_s": median(r.steady_samples_s), "steady_number": r.steady_number,
+        "steady_samples_s": list(r.steady_samples_s), "steady_clock": r.steady_clock,
+        "steady_wall_median_s": median(r.steady_wall_samples_s), "steady_wall_number": r.steady_wall_number,
+        "steady_wall_samples_s": list(r.steady_wall_samples_s),
         "copy_s": [{"output": c.output_index, "bytes": c.nbytes, "shape": list(c.shape), "dtype": c.dtype,
-                    "number": c.number, "median_s": sorted(c.samples_s)[len(c.samples_s) // 2],
+                    "number": c.number, "median_s": median(c.samples_s),
                     "samples_s": list(c.samples_s)} for c in r.copies],
         "check": asdict(r.check),
         "artifact": cell.artifact.path if cell.artifact else None, "emulated": device.emulated,
         "tuned_tasks": cell.artifact.tuned_tasks if cell.artifact else 0,
+        "fallback_of": r.fallback_of,
     }
+    if r.steady_clock == "kernel":
+        data["steady_kernel_samples_s"] = data["steady_samples_s"]
+        data["steady_kernel_median_s"] = data["steady_median_s"]
+    if cell.fallback is not None:
+        data["fallback"] = bench_json(cell.fallback, device)
+    return data
+
+
+def print_bench(cell) -> None:
+    from farm.stats import summarize
+
+    r = cell.result
+    median = summarize(r.steady_samples_s).median if r.steady_samples_s else None
+    label = "on the CPU, fallback for run %d: " % r.fallback_of if r.fallback_of else ""
+    print(f"run {cell.run_id}: {label}{r.device} · {r.model}: {r.status}" + (f" at {r.failed_step}" if r.failed_step else ""))
+    print(f"  load {duration(r.load_s)}   first run cold {duration(r.first_run_s)}   "
+          f"warm {duration(r.first_run_warm_s)} (load {duration(r.load_warm_s)})")
+    print(f"  steady median {duration(median)} {r.steady_clock} time ({len(r.steady_samples_s)} repeats × "
+          f"{r.steady_number or 0} calls)")
+    if r.steady_wall_samples_s:
+        wall = summarize(r.steady_wall_samples_s).median
+        print(f"  steady median {duration(wall)} wall time per call + sync ({len(r.steady_wall_samples_s)} repeats × "
+              f"{r.steady_wall_number} calls)")
+    for c in r.copies:
+        print(f"  copy output {c.output_index} ({c.nbytes} B): {duration(summarize(c.samples_s).median)}")
+    err = r.check.max_abs_err
+    print(f"  check: {r.check.status}" + (f" (max abs error {err:.3g})" if err is not None else ""))
+
+
+def cmd_copies(args) -> int:
+    from farm.compile import effective_target
+    from farm.inventory import find_device
+    from farm.measure import COPY_CURVE_BYTES, measure_copy_curve
+    from farm.stats import summarize
+    from farm.store import Store
+
+    inventory = load_inventory_of(args)
+    device = find_device(inventory, args.device)
+    sizes = tuple(args.size) if args.size else COPY_CURVE_BYTES
+    curve = measure_copy_curve(inventory.tracker, device, effective_target(device)["kind"], bench_config(args), sizes,
+                               progress=progress_printer(args.progress))
+    with Store(args.db) as store:
+        curve_id = store.record_copy_curve(curve)
+    points = [{"direction": p.direction, "bytes": p.nbytes, "number": p.number,
+               "median_s": summarize(p.samples_s).median, "gb_per_s": p.nbytes / summarize(p.samples_s).median / 1e9,
+               "samples_s": list(p.samples_s)} for p in curve.points]
     if args.json:
-        emit_json(data)
+        emit_json({"curve_id": curve_id, "device": curve.device, "device_type": curve.device_type,
+                   "status": curve.status, "reason": curve.reason, "clock": curve.context.get("clock"), "points": points})
     else:
-        print(f"run {cell.run_id}: {r.device} · {r.model}: {r.status}" + (f" at {r.failed_step}" if r.failed_step else ""))
-        print(f"  load {duration(r.load_s)}   first run {duration(r.first_run_s)}   steady median {duration(steady_median)}"
-              f" ({len(r.steady_samples_s)} repeats × {r.steady_number or 0} calls)")
-        for c in data["copy_s"]:
-            print(f"  copy output {c['output']} ({c['bytes']} B): {duration(c['median_s'])}")
-        err = r.check.max_abs_err
-        print(f"  check: {r.check.status}" + (f" (max abs error {err:.3g})" if err is not None else ""))
-    if r.status != "ok":
-        print(f"error: {r.reason}", file=sys.stderr)
-        print(f"hint: {r.hint or 'the failed run is stored; see farm results'} (stored as run {cell.run_id})", file=sys.stderr)
+        print(f"copy curve {curve_id}: {curve.device} ({curve.device_type}), {curve.context.get('clock')}")
+        print_table([{**p, "median": duration(p["median_s"]), "GB/s": f"{p['gb_per_s']:.2f}"} for p in points],
+                    ["direction", "bytes", "median", "GB/s", "number"])
+    if curve.status != "ok":
+        print(f"error: {curve.reason}", file=sys.stderr)
+        print(f"hint: what was measured before the failure is stored as copy curve {curve_id}", file=sys.stderr)
         return 1
     return 0
 
@@ -124,9 +192,11 @@ def cmd_results(args) -> int:
     elif args.json:
         emit_json(rows)
     else:
-        table = [{**r, "steady": duration(r["steady_median_s"]), "load": duration(r["load_s"]), "first": duration(r["first_run_s"])}
-                 for r in rows]
-        print_table(table, ["run_id", "started_at", "device", "model", "status", "failed_step", "load", "first", "steady", "check"])
+        table = [{**r, "steady": duration(r["steady_median_s"]), "load": duration(r["load_s"]), "first": duration(r["first_run_s"]),
+                  "warm": duration(r["first_run_warm_s"]), "clock": r["steady_clock"],
+                  "wall": duration(r["steady_wall_median_s"])} for r in rows]
+        print_table(table, ["run_id", "started_at", "device", "model", "status", "failed_step", "load", "first", "warm",
+                            "steady", "clock", "wall", "check"])
     return 0
 
 

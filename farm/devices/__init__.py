@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from farm.devices import android, emulated, ios, linux, local, remote
+from farm.devices import android, emulated, ios, linux, local, opencl, remote
 from farm.errors import DeviceError, FarmError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess, is_running, load_records, save_records
@@ -18,7 +18,8 @@ from farm.rpc.processes import ManagedProcess, is_running, load_records, save_re
 BringUp = Callable[[Device, TrackerAddress, Path], list[ManagedProcess]]
 
 PLUGINS: dict[str, BringUp] = {"local": local.bring_up, "remote": remote.bring_up, "qemu": emulated.bring_up,
-                             "ios": ios.bring_up, "linux": linux.bring_up, "android": android.bring_up}
+                             "ios": ios.bring_up, "linux": linux.bring_up, "android": android.bring_up,
+                             "opencl": opencl.bring_up}
 
 
 def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:

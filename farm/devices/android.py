@@ -182,8 +182,9 @@ def bundle_folder(device: Device) -> Path:
                                  "point server_bundle at a folder holding the phone's RPC server and its libraries")
         return folder
     from farm.devices.emulated import ensure_board
+    from farm.devices.opencl import board_with_opencl
 
-    return ensure_board().server.parent
+    return board_with_opencl(ensure_board().server.parent)
 
 
 def push_bundle(phone, folder: Path, device_dir: str) -> int:

@@ -17,16 +17,15 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import logging
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.devices.cache import building, cache_root
 from farm.errors import DeviceError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
@@ -48,10 +47,6 @@ class Board:
     server: Path  # aarch64 executable, libs beside it (rpath $ORIGIN)
     sysroot: Path
     versions: str
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("FARM_CACHE", Path.home() / ".cache" / "farm"))
 
 
 def _versions() -> tuple[str, str]:
@@ -76,9 +71,7 @@ def ensure_board(progress=None) -> Board:
     server = folder / "farm-rpc-server"
     if server.exists():
         return Board(server, SYSROOT, tag)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="board-", dir=folder.parent))
-    try:
+    with building(folder, "board-") as work:
         if progress:
             progress(f"downloading aarch64 wheels of apache-tvm {tvm_version} and apache-tvm-ffi {ffi_version}")
         wheels = work / "wheels"
@@ -110,13 +103,6 @@ def ensure_board(progress=None) -> Board:
         if build.returncode != 0:
             raise DeviceError(f"building the native RPC server failed: {build.stderr.strip()[-500:]}", SETUP_HINT)
         shutil.rmtree(wheels)
-        if folder.exists():  # another process built it meanwhile
-            shutil.rmtree(work)
-        else:
-            work.rename(folder)
-    finally:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
     return Board(server, SYSROOT, tag)
 
 
@@ -126,7 +112,11 @@ def board_command(board: Board, tracker: TrackerAddress, key: str, port: int) ->
 
 
 def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+    from farm.devices.opencl import board_with_opencl
+
     board = ensure_board(progress=lambda msg: log.warning("%s: %s", device.name, msg))
+    folder = board_with_opencl(board.server.parent, progress=lambda msg: log.warning("%s: %s", device.name, msg))
+    board = Board(folder / board.server.name, board.sysroot, board.versions)
     port = device.options.get("server_port") or free_port()
     log_path = state_dir / f"server-{device.name}.log"
     proc = spawn(board_command(board, tracker, device.key, port), log_path)

@@ -1,7 +1,7 @@
 """Device health (temperature, battery) and the cooldown before each measurement.
 
 ``read_health`` reads what the device can tell: a phone's battery and thermal zones over adb,
-this host's sensors for ``local`` devices; other kinds report nothing. ``cool_down`` waits the
+this host's sensors for devices on this host (``local``, ``opencl``); other kinds report nothing. ``cool_down`` waits the
 device's fixed ``cooldown_s`` and then, when the inventory sets gates, polls until the device
 is at most ``max_temp_c`` and its battery at least ``min_battery_pct``, for at most
 ``max_cooldown_s`` (default 600 s). What it waited and saw goes into the measurement context,
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import psutil
 
 from farm.errors import FarmError
-from farm.records import Device
+from farm.records import HOST_KINDS, Device
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def read_health(device: Device) -> dict[str, Any]:
         from farm.devices.android import read_health as phone_health
 
         return phone_health(device)
-    if device.kind == "local":
+    if device.kind in HOST_KINDS:  # this host: its own sensors
         health: dict[str, Any] = {}
         temps = getattr(psutil, "sensors_temperatures", lambda: {})()
         if temps:

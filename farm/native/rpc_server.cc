@@ -7,9 +7,15 @@
 // `rpc.ServerLoop`. Each session runs in a forked child, so a crash in a model ends only
 // that session, and a `-timeout=N` from the client is enforced by killing the child.
 //
-// usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090]
+// Device runtimes found beside the executable (libtvm_runtime_opencl.so, TVM's OpenCL runtime built
+// with its opencl_wrapper, which opens the phone's libOpenCL.so at first use) are loaded at start,
+// as are those named with --load. Sessions also get farm.WallTimeEvaluator: per-call wall time on
+// the device, each call followed by a device sync (on OpenCL TVM's own timer sums kernel events).
+//
+// usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090] [--load LIB]...
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -29,7 +35,9 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include <tvm/ffi/device.h>
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 
@@ -179,8 +187,52 @@ int Handshake(int conn, const std::string& key, const std::string& matchkey) {
   return at == std::string::npos ? 0 : std::atoi(client.c_str() + at + 9);
 }
 
+// Load a device runtime into the process before any session forks from it.
+bool LoadRuntime(const std::string& path, bool required) {
+  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    if (required) Die("cannot load " + path + ": " + dlerror());
+    return false;
+  }
+  Log("loaded " + path);
+  return true;
+}
+
+void SyncDevice(DLDevice dev) {
+  static auto sync = tvm::ffi::Function::GetGlobal("runtime.Device_StreamSync");
+  if (sync) (*sync)(dev, static_cast<int64_t>(0));
+}
+
+// farm.WallTimeEvaluator(mod, name, dev_type, dev_id, number, repeat) -> timer(args...) -> bytes of
+// `repeat` doubles: the mean wall time of `number` calls, each followed by a device sync. One call
+// before, as TVM's evaluator does, is not timed.
+tvm::ffi::Function WallTimeEvaluator(tvm::ffi::Module mod, tvm::ffi::String name, int dev_type, int dev_id,
+                                     int number, int repeat) {
+  namespace ffi = tvm::ffi;
+  auto found = mod->GetFunction(name);
+  if (!found.has_value()) Log("WallTimeEvaluator: no function " + std::string(name));
+  ffi::Function func = found.value();
+  DLDevice dev{static_cast<DLDeviceType>(dev_type), dev_id};
+  return ffi::Function::FromPacked([func, dev, number, repeat](ffi::PackedArgs args, ffi::Any* rv) {
+    ffi::Any unused;
+    func.CallPacked(args.data(), args.size(), &unused);
+    SyncDevice(dev);
+    std::vector<double> values;
+    for (int r = 0; r < repeat; ++r) {
+      auto start = std::chrono::steady_clock::now();
+      for (int n = 0; n < number; ++n) {
+        func.CallPacked(args.data(), args.size(), &unused);
+        SyncDevice(dev);
+      }
+      std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+      values.push_back(spent.count() / number);
+    }
+    *rv = ffi::Bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
+  });
+}
+
 void RegisterServerEnv() {
   namespace ffi = tvm::ffi;
+  ffi::Function::SetGlobal("farm.WallTimeEvaluator", ffi::Function::FromTyped(WallTimeEvaluator), true);
   ffi::Function::SetGlobal(
       "tvm.rpc.server.workpath",
       ffi::Function::FromTyped([](ffi::String path) -> ffi::String { return g_workdir + "/" + std::string(path); }),
@@ -227,6 +279,7 @@ void Serve(int conn, int timeout_s) {
 int main(int argc, char** argv) {
   std::string tracker_host, key, host = "127.0.0.1";
   int tracker_port = 0, port = 9090;
+  std::vector<std::string> loads;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--tracker") {
@@ -240,11 +293,17 @@ int main(int argc, char** argv) {
       host = value;
     } else if (flag == "--port") {
       port = std::atoi(value.c_str());
+    } else if (flag == "--load") {
+      loads.push_back(value);
     } else {
-      Die("unknown option " + flag + " (usage: --tracker HOST:PORT --key KEY [--host H] [--port P])");
+      Die("unknown option " + flag + " (usage: --tracker HOST:PORT --key KEY [--host H] [--port P] [--load LIB])");
     }
   }
-  if (tracker_host.empty() || key.empty()) Die("usage: --tracker HOST:PORT --key KEY [--host H] [--port P]");
+  if (tracker_host.empty() || key.empty()) Die("usage: --tracker HOST:PORT --key KEY [--host H] [--port P] [--load LIB]");
+  std::string self = argv[0];
+  std::string here = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
+  LoadRuntime(here + "/libtvm_runtime_opencl.so", false);  // absent on CPU-only bundles
+  for (const std::string& lib : loads) LoadRuntime(lib, true);
   signal(SIGPIPE, SIG_IGN);
   int listener = ListenOn(host, port);
   Log("listening on " + host + ":" + std::to_string(port) + ", key " + key);

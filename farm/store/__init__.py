@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import StoreError
-from farm.records import Artifact, BenchResult, Device, ModelSource
+from farm.records import Artifact, BenchResult, CopyCurve, Device, ModelSource
 from farm.store.backends import exists, open_backend
 from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 
@@ -104,17 +104,21 @@ class Store:
                 run_id = self._insert_id(
                     """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                        failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
-                       min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt)
-                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
+                       load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                     (result.started_at or now, result.device, result.key, result.model, result.model_digest,
                      result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
                      result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
                      int(device.emulated), result.context.get("farm_version", ""),
                      result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
-                     int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt))
+                     int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt, result.load_warm_s,
+                     result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of))
                 db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                                [(run_id, "steady", 0, i, v, result.steady_number or 0)
-                                for i, v in enumerate(result.steady_samples_s)])
+                                for i, v in enumerate(result.steady_samples_s)]
+                               + [(run_id, "steady_wall", 0, i, v, result.steady_wall_number or 0)
+                                  for i, v in enumerate(result.steady_wall_samples_s)])
                 for copy in result.copies:
                     db.execute("INSERT INTO copies VALUES (?,?,?,?,?,?)",
                                (run_id, copy.output_index, copy.nbytes, json.dumps(list(copy.shape)), copy.dtype, copy.number))
@@ -127,6 +131,42 @@ class Store:
         except self._db.errors as exc:
             raise StoreError(f"could not write the result to {self.path}: {exc}", "check disk space and permissions") from None
         return run_id
+
+    def record_copy_curve(self, curve: CopyCurve, sweep_id: int | None = None) -> int:
+        """Store one copy curve with every raw sample, atomically. Returns its id."""
+        try:
+            with self._transaction() as db:
+                curve_id = self._insert_id(
+                    """INSERT INTO copy_curves (started_at, device, key, device_type, status, reason, sweep_id, context)
+                       VALUES (?,?,?,?,?,?,?,?)""",
+                    (curve.started_at, curve.device, curve.key, curve.device_type, curve.status, curve.reason,
+                     sweep_id, json.dumps(curve.context)))
+                db.executemany("INSERT INTO copy_curve_samples VALUES (?,?,?,?,?,?)",
+                               [(curve_id, p.direction, p.nbytes, i, v, p.number)
+                                for p in curve.points for i, v in enumerate(p.samples_s)])
+        except self._db.errors as exc:
+            raise StoreError(f"could not write the copy curve to {self.path}: {exc}", "check disk space and permissions") from None
+        return curve_id
+
+    def copy_curves(self, device: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
+        """Copy curves, newest first, each with ``points``: {direction, nbytes, number, samples_s}."""
+        sql, params = "SELECT * FROM copy_curves c", []
+        if device:
+            sql, params = sql + " WHERE c.device = ?", [device]
+        if latest_only:
+            sql += (" WHERE" if not device else " AND") + \
+                " c.id = (SELECT MAX(id) FROM copy_curves c2 WHERE c2.device = c.device)"
+        curves = [dict(row) for row in self._db.execute(sql + " ORDER BY c.id DESC", params)]
+        for curve in curves:
+            curve["context"] = json.loads(curve["context"])
+            points: dict[tuple[str, int], dict[str, Any]] = {}
+            for row in self._db.execute("SELECT * FROM copy_curve_samples WHERE curve_id=? ORDER BY direction, nbytes, idx",
+                                        (curve["id"],)):
+                point = points.setdefault((row["direction"], row["nbytes"]), {
+                    "direction": row["direction"], "nbytes": row["nbytes"], "number": row["number"], "samples_s": []})
+                point["samples_s"].append(row["value_s"])
+            curve["points"] = list(points.values())
+        return curves
 
     def _insert_id(self, sql: str, params: tuple) -> int:
         """Run an INSERT and return the new row's id."""
@@ -323,7 +363,8 @@ class Store:
 
     def count(self, table: str) -> int:
         if table not in ("runs", "samples", "copies", "checks", "devices", "models", "artifacts", "tune_records",
-                         "tune_workloads", "tune_sessions", "sweeps", "alerts", "probes"):
+                         "tune_workloads", "tune_sessions", "sweeps", "alerts", "probes", "copy_curves",
+                         "copy_curve_samples"):
             raise ValueError(table)
         return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 

@@ -7,13 +7,16 @@ SCHEMA_VERSION history:
   3  sweeps; runs.sweep_id, runs.attempt
   4  alerts (regression verdicts with method, baseline and confirmation, reproducible)
   5  probes (device health checks)
+  6  GPUs: runs.load_warm_s/first_run_warm_s (cold vs warm first run), runs.steady_clock (what the steady
+     samples measure: wall | kernel | device), runs.steady_wall_number + samples metric 'steady_wall',
+     runs.fallback_of (the failed GPU run a CPU run stands in for); copy_curves + copy_curve_samples
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -89,6 +92,21 @@ MIGRATIONS: dict[int, str] = {
         id INTEGER PRIMARY KEY AUTOINCREMENT, device TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL,
         state TEXT NOT NULL, reason TEXT NOT NULL, latency_s REAL);
     CREATE INDEX probes_device ON probes (device, at);
+    """,
+    6: """
+    ALTER TABLE runs ADD COLUMN load_warm_s REAL;
+    ALTER TABLE runs ADD COLUMN first_run_warm_s REAL;
+    ALTER TABLE runs ADD COLUMN steady_clock TEXT NOT NULL DEFAULT 'wall';
+    ALTER TABLE runs ADD COLUMN steady_wall_number INTEGER;
+    ALTER TABLE runs ADD COLUMN fallback_of INTEGER;
+    CREATE TABLE copy_curves (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL, device TEXT NOT NULL, key TEXT NOT NULL,
+        device_type TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL, sweep_id INTEGER,
+        context TEXT NOT NULL);
+    CREATE TABLE copy_curve_samples (
+        curve_id INTEGER NOT NULL REFERENCES copy_curves(id), direction TEXT NOT NULL, nbytes INTEGER NOT NULL,
+        idx INTEGER NOT NULL, value_s REAL NOT NULL, number INTEGER NOT NULL,
+        PRIMARY KEY (curve_id, direction, nbytes, idx));
     """,
 }
 

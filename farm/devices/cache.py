@@ -1,0 +1,31 @@
+"""What farm builds once and keeps in ``$FARM_CACHE`` (default ``~/.cache/farm``): the emulated board,
+TVM's OpenCL runtime, bundles. Each is built in a temp folder beside its place and renamed into it, so
+a killed build leaves nothing half-made and two farms building at once do not clash."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FARM_CACHE", Path.home() / ".cache" / "farm"))
+
+
+@contextlib.contextmanager
+def building(folder: Path, prefix: str) -> Iterator[Path]:
+    """Yield a temp folder to build into; on success it becomes ``folder`` (unless another process's build
+    got there first); on failure it is removed."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=folder.parent))
+    try:
+        yield work
+        if not folder.exists():
+            work.rename(folder)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""farm's RPC server for devices on this host: TVM's own rpc_server, kept alive, plus what a GPU measurement needs.
+
+    python -m farm.rpc.server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090]
+                              [--load-library libtvm_runtime_opencl.so] [--kernel-cache DIR]
+
+It runs TVM's ``rpc.Server`` (same protocol, same forked session per connection). Where TVM's
+server stops serving for good when a session's child exits non-zero (a client killed in the middle
+of a transfer: the child dies on the broken socket, ``_serving`` raises and the listen loop ends),
+farm's logs it and keeps serving: a sweep killed mid-cell must not take the device down with it.
+It registers, in the server's worker before any session forks from it:
+
+- ``farm.WallTimeEvaluator(mod, name, dev_type, dev_id, number, repeat)`` → a timer that returns
+  ``repeat`` doubles (bytes): per-call wall time on the device, each call followed by a device
+  sync. On OpenCL TVM's own ``time_evaluator`` sums kernel event times instead (no launch
+  overhead, no gaps); farm stores both, labelled.
+- ``farm.ClearKernelCache()`` → empties the driver's on-disk kernel cache (``--kernel-cache``:
+  POCL_CACHE_DIR, and CUDA_CACHE_PATH for NVIDIA's OpenCL) so the next first run builds its
+  kernels cold. Returns the folder it cleared.
+
+The library is loaded in the worker (``import tvm`` there runs in a fresh process, not a fork
+of this one), so each session's OpenCL context is created fresh in its own child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import logging
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+
+KERNEL_CACHE_ENV = ("POCL_CACHE_DIR", "CUDA_CACHE_PATH")
+
+
+def wall_time_evaluator(mod, name: str, dev_type: int, dev_id: int, number: int, repeat: int):
+    import tvm
+
+    func = mod[name]
+    dev = tvm.runtime.device(int(dev_type), int(dev_id))
+
+    def timer(*args) -> bytearray:
+        func(*args)  # warm-up, as TVM's evaluator does
+        dev.sync()
+        values = []
+        for _ in range(int(repeat)):
+            start = time.perf_counter()
+            for _ in range(int(number)):
+                func(*args)
+                dev.sync()
+            values.append((time.perf_counter() - start) / int(number))
+        return bytearray(struct.pack("@" + "d" * len(values), *values))
+
+    return tvm.runtime.convert(timer)
+
+
+def clear_kernel_cache() -> str:
+    folder = os.environ.get("FARM_KERNEL_CACHE", "")
+    if not folder:
+        return ""
+    shutil.rmtree(folder, ignore_errors=True)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def keep_serving(serving):
+    """TVM's ``_serving``, but a session whose child died is logged and closed instead of ending the server."""
+
+    @functools.wraps(serving)
+    def wrapped(sock, addr, opts, load_library):
+        home = os.getcwd()
+        try:
+            serving(sock, addr, opts, load_library)
+        except RuntimeError as exc:  # "Child process N exited unsuccessfully": the client went away mid-call
+            logging.getLogger("farm.rpc.server").warning("session from %s ended abnormally: %s; still serving",
+                                                         addr, exc)
+            session_dir = os.getcwd()
+            os.chdir(home)
+            if session_dir != home:
+                shutil.rmtree(session_dir, ignore_errors=True)
+            sock.close()
+
+    return wrapped
+
+
+def register(library: str | None) -> None:
+    """Runs in TVM's server worker: keep serving after a bad session, load the device runtime, register helpers."""
+    import tvm
+    from tvm.rpc import server as tvm_server
+
+    if not getattr(tvm_server._serving, "__wrapped__", None):
+        tvm_server._serving = keep_serving(tvm_server._serving)  # _listen_loop looks it up at each session
+    if library:
+        ctypes.CDLL(library, ctypes.RTLD_GLOBAL)
+    tvm.register_global_func("farm.WallTimeEvaluator", wall_time_evaluator, override=True)
+    tvm.register_global_func("farm.ClearKernelCache", clear_kernel_cache, override=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m farm.rpc.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tracker", required=True, help="HOST:PORT of the tracker to register with")
+    parser.add_argument("--key", required=True, help="the tracker key (the device's key in devices.toml)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9090, help="exactly this port (no sliding to the next)")
+    parser.add_argument("--load-library", default="", help="a device runtime to load, e.g. libtvm_runtime_opencl.so")
+    parser.add_argument("--kernel-cache", default="", help="the driver's kernel cache folder (cleared for cold runs)")
+    args = parser.parse_args(argv)
+    if args.kernel_cache:
+        Path(args.kernel_cache).mkdir(parents=True, exist_ok=True)
+        os.environ["FARM_KERNEL_CACHE"] = args.kernel_cache
+        for name in KERNEL_CACHE_ENV:
+            os.environ[name] = args.kernel_cache
+    from tvm import rpc
+
+    from farm.rpc import server as this  # by reference: cloudpickle would copy __main__'s functions by value
+
+    host, port = args.tracker.rsplit(":", 1)
+    server = rpc.Server(args.host, args.port, args.port + 1, key=args.key, tracker_addr=(host, int(port)),
+                        server_init_callback=functools.partial(this.register, args.load_library or None))
+    server.proc.join()
+
+
+if __name__ == "__main__":
+    main()
