@@ -1,5 +1,10 @@
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +99,29 @@ def test_stop_process_kills_server_group_and_tracker_forgets_it(farm_net, tmp_pa
         time.sleep(0.1)
     assert query_summary(farm_net.tracker).keys["test-extra"].servers == 0
     assert stop_process(record) is False  # already gone: nothing else is touched
+
+
+def test_server_outlives_a_client_killed_mid_transfer(farm_net, tmp_path):
+    """TVM's own rpc_server stops serving for good when a session's child dies on a broken socket."""
+    record = start_server(farm_net.tracker, "sturdy", "test-sturdy", tmp_path)
+    client = tmp_path / "client.py"
+    client.write_text(
+        "import sys, tvm\nfrom farm.rpc.session import request_session\nfrom farm.records import TrackerAddress\n"
+        f"session = request_session(TrackerAddress('127.0.0.1', {farm_net.tracker.port}), 'test-sturdy', 60)\n"
+        "array = tvm.runtime.empty((256 * 2**20,), 'uint8', session.cpu(0))\n"
+        "print('downloading', flush=True)\n"
+        "while True:\n    array.numpy()\n")
+    proc = subprocess.Popen([sys.executable, str(client)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "downloading"  # the client has its session
+        time.sleep(1)
+        assert proc.poll() is None  # killed while 256 MiB are on the wire
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        session = request_session(farm_net.tracker, "test-sturdy", timeout_s=60, session_timeout_s=60)
+        assert session.cpu(0).exist
+        assert "ended abnormally" in Path(record.log_path).read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        stop_process(record)

@@ -29,6 +29,7 @@ from farm.rpc.tracker import wait_for_tracker
 log = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SERVER_MODULE = "farm.rpc.server"
 
 
 @dataclass(frozen=True)
@@ -104,19 +105,19 @@ def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0
 
 def start_server(
     tracker: TrackerAddress, name: str, key: str, state_dir: Path, host: str = "127.0.0.1", port: int | None = None,
+    options: tuple[str, ...] = (),
 ) -> ManagedProcess:
-    """Run ``python -m tvm.exec.rpc_server`` registered under ``key``. Does not wait for registration."""
+    """Run ``python -m farm.rpc.server`` (TVM's rpc_server that survives a client killed mid-transfer)
+    registered under ``key``, on exactly ``port``; ``options`` go to it (``--load-library``, ``--kernel-cache``).
+    Does not wait for registration."""
     port = port or free_port(host)
     log_path = state_dir / f"server-{name}.log"
-    proc = spawn(
-        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", host, "--port", str(port), "--port-end", str(port + 1),
-         "--tracker", str(tracker), "--key", key],
-        log_path,
-    )
+    proc = spawn([sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port), "--tracker", str(tracker),
+                  "--key", key, *options], log_path)
     time.sleep(0.05)
     if proc.poll() is not None:
         raise DeviceError(f"rpc_server for {name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")
-    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time())
+    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time(), SERVER_MODULE)
 
 
 def _on_remote(record: ManagedProcess, command: str, timeout_s: float = 15.0) -> subprocess.CompletedProcess | None:
