@@ -102,8 +102,8 @@ def test_tune_whose_device_dies_ends_with_one_line_and_keeps_records(farm_net, f
         '\n[devices.victim]\nkind = "local"\nkey = "test-victim"\ntarget = { kind = "llvm" }\n'))
     try:
         wait_for_servers(farm_net.tracker, {"test-victim": 1}, timeout_s=30)
-        # enough trials per task that tuning goes on after the first round has stored records
-        proc = _start_tune(inventory, farm_env, "--device", "victim", "--model", "convnet", "--trials", "400",
+        # enough trials per task that tuning goes on after the first batch (16) has stored records
+        proc = _start_tune(inventory, farm_env, "--device", "victim", "--model", "mlp", "--trials", "400",
                            "--per-task", "64", "--timeout", "2")
         try:
             kept = _wait_for_records(tmp_path / "results.db", proc)

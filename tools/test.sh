@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Run farm's test suite from a fresh checkout: sets up what it needs, then pytest.
-# Extra arguments go to pytest (e.g. bash tools/test.sh -m 'not slow').
+# Extra arguments go to one plain pytest run instead (e.g. bash tools/test.sh -m 'not slow' -n 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh --test
-exec .venv/bin/python -m pytest -q -ra "$@"
+if [ $# -gt 0 ]; then
+    exec .venv/bin/python -m pytest -q -ra "$@"
+fi
+# Two workers, a test file each at a time (module fixtures start once); then, alone, the tests
+# marked quiet (a regression baseline needs a machine that is not running the other worker).
+status=0
+.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile -m "not quiet" || status=$?
+.venv/bin/python -m pytest -q -ra -m quiet || status=$?
+exit $status
