@@ -73,8 +73,9 @@ def test_short_tune_stores_records_and_changes_the_artifact(farm_net, inventory_
 
 def test_interrupted_tune_keeps_records_and_resumes(farm_net, inventory_file, farm_env, tmp_path):
     db_path = tmp_path / "results.db"
+    # far more trials than one batch (16): the session is still going when the first records are stored
     proc = _start_tune(inventory_file, farm_env, "--device", "cpu-b", "--model", "mlp", "--trials", "200",
-                       "--per-task", "8", "--progress")
+                       "--per-task", "100", "--progress")
     try:
         _wait_for_records(db_path, proc)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
