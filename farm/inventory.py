@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import InventoryError
-from farm.records import DEVICE_KINDS, EXPORT_FORMATS, Device, Inventory, TrackerAddress
+from farm.records import CPU_TARGETS, DEVICE_KINDS, EXPORT_FORMATS, Device, Inventory, TrackerAddress
 
 TARGET_KINDS = ("llvm", "c", "cuda", "opencl", "metal", "vulkan", "rocm", "webgpu")
 DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
@@ -22,7 +22,6 @@ COMMON_FIELDS = {
     "emulated", "tags", "cc", "runner_timeout_s", "max_temp_c", "min_battery_pct", "max_cooldown_s", "fallback",
 }
 FALLBACKS = ("cpu",)
-CPU_TARGETS = ("llvm", "c")
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
 KIND_FIELDS = {
     "local": {"server_port"},

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEVICE_KINDS = ("local", "remote", "qemu", "android", "ios", "linux", "opencl")
+CPU_TARGETS = ("llvm", "c")  # target kinds whose code runs on the CPU (no GPU to fall back from)
 HOST_KINDS = ("local", "opencl")  # kinds whose code runs on this host: its CPU, sensors and load describe them
 EXPORT_FORMATS = ("so", "tar", "system-lib")
 

@@ -28,7 +28,8 @@ from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, StoreError
 from farm.measure import bench_artifact, measure_copy_curve
 from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
-from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource, TrackerAddress, TuningSet
+from farm.records import (CPU_TARGETS, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
+                           TrackerAddress, TuningSet)
 from farm.store import Store
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
 RETRYABLE_STEPS = ("session", "upload", "load", "first", "steady", "copy")  # a dropped session, not a wrong output
 UNREACHABLE_STEPS = ("session", "upload")  # the device itself is gone: its CPU is no fallback
-CPU_TARGETS = ("llvm", "c")
 # TVM's compiler runs in one thread at a time: the sweep's compile loop, or a worker's fallback compile
 COMPILE_LOCK = threading.Lock()
 
@@ -108,7 +108,7 @@ def measure_cell(
 def bench_cell(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
     config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
-    first: bool = True, fallback_of: int | None = None,
+    first: bool = True,
 ) -> CellResult:
     """Compile (cached; with the store's tuning records unless ``tuned`` is False), cool down (not before a
     device's ``first`` cell, though temperature/battery gates apply always), measure and store one cell.
@@ -118,20 +118,38 @@ def bench_cell(
     try:
         artifact = compile_cell(device, model, store, cache_dir, tuned)
     except FarmError as exc:
-        result = dataclasses.replace(compile_failure(device, model, config, exc), fallback_of=fallback_of)
+        result = compile_failure(device, model, config, exc)
         cell = CellResult(store.record_result(result, device, model, None), result, None)
     else:
         waited = cool_down(device, first, _say(progress, device, model))
         result = with_health(measure_cell(tracker, device, model, artifact, config, reference_file, progress), waited, device)
-        result = dataclasses.replace(result, fallback_of=fallback_of)
         cell = CellResult(store.record_result(result, device, model, artifact), result, artifact)
     if not needs_fallback(device, result):
         return cell
+    return dataclasses.replace(cell, fallback=fallback_cell(tracker, device, model, store, cache_dir, config, cell.run_id,
+                                                            reference_file, progress, tuned))
+
+
+def fallback_cell(
+    tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path, config: BenchConfig,
+    gpu_run_id: int, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
+    sweep_id: int | None = None,
+) -> CellResult:
+    """The model on the device's CPU (``NAME@cpu``) after its GPU failed run ``gpu_run_id``: compiled (one compile
+    at a time: sweep workers call this too), cooled down like any next cell, measured, stored as that run's fallback."""
+    cpu = fallback_device(device)
     if progress:
-        progress(device.name, model.name, "fallback", f"GPU failed at {result.failed_step}: measuring on the CPU")
-    cpu = bench_cell(tracker, fallback_device(device), model, store, cache_dir, config, reference_file, progress, tuned,
-                     first=False, fallback_of=cell.run_id)
-    return dataclasses.replace(cell, fallback=cpu)
+        progress(device.name, model.name, "fallback", f"GPU run {gpu_run_id} failed: measuring on the CPU")
+    try:
+        with COMPILE_LOCK:
+            artifact: Artifact | None = compile_cell(cpu, model, store, cache_dir, tuned)
+    except FarmError as exc:
+        artifact, result = None, compile_failure(cpu, model, config, exc)
+    else:
+        waited = cool_down(cpu, False, _say(progress, cpu, model))
+        result = with_health(measure_cell(tracker, cpu, model, artifact, config, reference_file, progress), waited, cpu)
+    result = dataclasses.replace(result, fallback_of=gpu_run_id)
+    return CellResult(store.record_result(result, cpu, model, artifact, sweep_id), result, artifact)
 
 
 def cell_eta(count: int, total: int, elapsed_s: float) -> str:
@@ -316,32 +334,16 @@ def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec,
                 retry = result.status != "ok" and result.failed_step in RETRYABLE_STEPS
                 if not retry or attempt > spec.retries:
                     if needs_fallback(device, result):
-                        _fallback_cell(tracker, device, model, spec, store, cache_dir, sweep_id, run_id, outcome, lock,
-                                       progress)
+                        try:
+                            cell = fallback_cell(tracker, device, model, store, cache_dir, spec.config, run_id,
+                                                 progress=progress, tuned=spec.tuned, sweep_id=sweep_id)
+                        except StoreError as exc:
+                            log.error("%s", exc.message)
+                        else:
+                            with lock:
+                                outcome.cells.append(cell)
                     break
                 if progress:
                     progress(device.name, model.name, "retry", result.reason)
         if is_gpu(device):
             record_copy_curve(tracker, device, spec.config, store, sweep_id, progress)
-
-
-def _fallback_cell(tracker, device: Device, model: ModelSource, spec: SweepSpec, store: Store, cache_dir: Path, sweep_id: int,
-                   gpu_run_id: int, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None) -> None:
-    """The model on the device's CPU (``NAME@cpu``), stored as the fallback of the failed GPU run."""
-    cpu = fallback_device(device)
-    if progress:
-        progress(device.name, model.name, "fallback", f"GPU run {gpu_run_id} failed: measuring on the CPU")
-    try:
-        with COMPILE_LOCK:
-            artifact: Artifact | None = compile_cell(cpu, model, store, cache_dir, spec.tuned)
-        result = with_health(measure_cell(tracker, cpu, model, artifact, spec.config, progress=progress), {}, cpu)
-    except FarmError as exc:
-        artifact, result = None, compile_failure(cpu, model, spec.config, exc)
-    result = dataclasses.replace(result, fallback_of=gpu_run_id)
-    try:
-        run_id = store.record_result(result, cpu, model, artifact, sweep_id)
-    except StoreError as exc:
-        log.error("%s", exc.message)
-        return
-    with lock:
-        outcome.cells.append(CellResult(run_id, result, artifact))

@@ -163,9 +163,9 @@ def cmd_copies(args) -> int:
                                progress=progress_printer(args.progress))
     with Store(args.db) as store:
         curve_id = store.record_copy_curve(curve)
-    points = [{"direction": p.direction, "bytes": p.nbytes, "number": p.number,
-               "median_s": summarize(p.samples_s).median, "gb_per_s": p.nbytes / summarize(p.samples_s).median / 1e9,
-               "samples_s": list(p.samples_s)} for p in curve.points]
+    points = [{"direction": p.direction, "bytes": p.nbytes, "number": p.number, "median_s": median,
+               "gb_per_s": p.nbytes / median / 1e9, "samples_s": list(p.samples_s)}
+              for p in curve.points for median in [summarize(p.samples_s).median]]
     if args.json:
         emit_json({"curve_id": curve_id, "device": curve.device, "device_type": curve.device_type,
                    "status": curve.status, "reason": curve.reason, "clock": curve.context.get("clock"), "points": points})
