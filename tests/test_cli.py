@@ -52,8 +52,9 @@ def test_bench_on_unserved_key_fails_within_timeout(farm_net, inventory_file, fa
     assert lines[0] == "error: no free device for key 'test-nobody-serves-this' after 2 s"
     assert lines[1].startswith("hint: check `farm devices`")
     assert "Traceback" not in proc.stderr
-    # the 2 s wait plus interpreter start, TVM import and compile (cached after the first test)
-    assert elapsed < 2 + 2 + 15
+    # the 2 s wait plus interpreter start, TVM import and compiling mlp (this test's cache is empty), with room
+    # for a loaded 2-core machine; without the bound the request would block for good
+    assert elapsed < 2 + 45
 
 
 def test_stock_rpc_server_as_remote_device_is_benchmarked(farm_net, tmp_path, farm_env):
