@@ -5,6 +5,7 @@ a killed build leaves nothing half-made and two farms building at once do not cl
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -14,6 +15,11 @@ from typing import Iterator
 
 def cache_root() -> Path:
     return Path(os.environ.get("FARM_CACHE", Path.home() / ".cache" / "farm"))
+
+
+def tvm_versions() -> tuple[str, str]:
+    """(apache-tvm, apache-tvm-ffi) installed here: what a cached build was built against."""
+    return importlib.metadata.version("apache-tvm"), importlib.metadata.version("apache-tvm-ffi")
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ Built once per (TVM version, tvm-ffi version, server source) in ``$FARM_CACHE``
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import logging
 import shutil
@@ -25,7 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.devices.cache import building, cache_root
+from farm.devices.cache import building, cache_root, tvm_versions
 from farm.errors import DeviceError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
@@ -49,10 +48,6 @@ class Board:
     versions: str
 
 
-def _versions() -> tuple[str, str]:
-    return importlib.metadata.version("apache-tvm"), importlib.metadata.version("apache-tvm-ffi")
-
-
 def check_prerequisites() -> None:
     missing = [tool for tool in (QEMU, CROSS_CXX) if shutil.which(tool) is None]
     if not (SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
@@ -64,7 +59,7 @@ def check_prerequisites() -> None:
 def ensure_board(progress=None) -> Board:
     """Return the built board, building it on first use (downloads two wheels from PyPI)."""
     check_prerequisites()
-    tvm_version, ffi_version = _versions()
+    tvm_version, ffi_version = tvm_versions()
     source_digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     tag = f"{tvm_version}-{ffi_version}-{source_digest}-r{RECIPE}"
     folder = cache_root() / f"board-aarch64-{tag}"

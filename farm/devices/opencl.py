@@ -17,7 +17,6 @@ with the runtime loaded and a kernel cache of its own, so a measurement can clea
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -26,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from farm.devices.cache import building, cache_root
+from farm.devices.cache import building, cache_root, tvm_versions
 from farm.errors import DeviceError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess, start_server
@@ -80,8 +79,7 @@ def runtime_tag(arch: str) -> str:
     digest = hashlib.sha256()
     for path in _source_files(root):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    tvm_version = importlib.metadata.version("apache-tvm")
-    ffi_version = importlib.metadata.version("apache-tvm-ffi")
+    tvm_version, ffi_version = tvm_versions()
     return f"{arch}-{tvm_version}-{ffi_version}-{digest.hexdigest()[:12]}-r{RECIPE}"
 
 
@@ -138,7 +136,7 @@ def _build(work: Path, cross: bool) -> None:
         output, _ = job.communicate()
         if job.returncode != 0:
             raise DeviceError(f"compiling TVM's {src.name} failed: {output.strip()[-600:]}",
-                              f"the sources may not match apache-tvm {importlib.metadata.version('apache-tvm')}; "
+                              f"the sources may not match apache-tvm {tvm_versions()[0]}; "
                               + SOURCES_HINT)
     done = subprocess.run([compiler, "-shared", "-o", str(work / LIBRARY), *map(str, objects), "-Wl,--no-undefined", *link],
                           capture_output=True, text=True)
