@@ -23,9 +23,10 @@ import tvm
 from tvm import relax
 from tvm.target import codegen
 
+from farm.devices import kind_of
 from farm.errors import BuildError, first_line
 from farm.models import onnx_proto
-from farm.records import HOST_KINDS, Artifact, Device, ModelSource, TuningSet
+from farm.records import Artifact, Device, HostCPU, ModelSource, TuningSet
 
 log = logging.getLogger(__name__)
 
@@ -74,21 +75,10 @@ def _resolve_tag(target: dict[str, Any]) -> dict[str, Any]:
 
 
 def effective_target(device: Device) -> dict[str, Any]:
-    """The target farm compiles for: tags resolved, hosts fixed, the host CPU filled in for local devices."""
+    """The target farm compiles for: tags resolved, then the device kind's rules (host CPU for devices on
+    this host, hosts of GPU targets, the device's own ``host``)."""
     target = _resolve_tag(device.target) if "tag" in device.target else dict(device.target)
-    on_this_host = device.kind in HOST_KINDS
-    if on_this_host and target["kind"] == "llvm" and "mtriple" not in target:
-        cpu = host_cpu()
-        if cpu and "mcpu" not in target:
-            target["mcpu"] = cpu
-    if device.kind in ("local", "qemu", "opencl") and target["kind"] == "llvm":
-        target.setdefault("num-cores", os.cpu_count() or 1)  # this host's cores run the code (MetaSchedule needs it)
-    if device.host is not None:
-        target["host"] = dict(device.host)
-    elif device.kind == "opencl" and target["kind"] != "llvm":  # this host runs the host code
-        cpu = host_cpu()
-        target["host"] = {"kind": "llvm", **({"mcpu": cpu} if cpu else {})}
-    return target
+    return kind_of(device).effective_target(device, target, HostCPU(host_cpu(), os.cpu_count() or 1))
 
 
 def fallback_device(device: Device) -> Device:

@@ -15,10 +15,10 @@ from typing import Any
 import tornado.ioloop
 import tornado.web
 
-from farm.devices.health import hottest
 from farm.errors import FarmError, StoreError
 from farm.records import Inventory
 from farm.rpc.tracker import query_summary
+from farm.stats import hottest
 from farm.store import Store, exists
 
 PAGE = """<!DOCTYPE html>

@@ -1,5 +1,6 @@
-"""The main job on an embedded default: private tracker, two local devices, built-in models, and, where
-this host has an OpenCL implementation and TVM's OpenCL runtime sources, an OpenCL device (GPU path).
+"""The main job on an embedded default: private tracker, two local devices, built-in models, and each
+device a kind offers when this host can serve it (an OpenCL device where this host has an OpenCL
+implementation and TVM's OpenCL runtime sources: the GPU path).
 
 Starts everything it needs on free loopback ports, benchmarks, stores, reports, and
 stops what it started (in ``finally``), whatever happens in between.
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from farm.devices import bring_up, opencl
+from farm.devices import bring_up, kinds
 from farm.inventory import parse_inventory
 from farm.models import load_model
 from farm.records import BenchConfig, TrackerAddress
@@ -23,15 +24,6 @@ from farm.store import Store
 from farm.sweep import CellResult, Progress, run_matrix
 
 DEMO_MODELS = ("mlp", "convnet")
-# Added to the embedded inventory when opencl.runtime_available(): POCL here, a GPU driver elsewhere.
-OPENCL_DEVICE = """
-[devices.opencl-gpu]
-kind = "opencl"
-key = "demo-opencl"
-target = { kind = "opencl" }
-fallback = "cpu"
-tags = ["demo", "opencl", "gpu-api"]
-"""
 
 
 @dataclass(frozen=True)
@@ -45,12 +37,11 @@ class DemoOutcome:
 
 def run_demo(
     db_path: str | Path, report_dir: Path, state_dir: Path, cache_dir: Path, models: tuple[str, ...] = DEMO_MODELS,
-    config: BenchConfig = BenchConfig(), progress: Progress | None = None, with_opencl: bool = True,
+    config: BenchConfig = BenchConfig(), progress: Progress | None = None,
 ) -> DemoOutcome:
     start = time.monotonic()
     text = resources.files("farm").joinpath("demo.toml").read_text()
-    if with_opencl and opencl.runtime_available():
-        text += OPENCL_DEVICE
+    text += "".join(kind.demo_entry() for kind in kinds().values())
     inventory = parse_inventory(text, "farm/demo.toml (embedded)")
     sources = [load_model(name) for name in models]  # bad model names fail before anything starts
     port = free_port()

@@ -1,7 +1,8 @@
-"""devices.toml: load and validate the inventory. No TVM here.
+"""devices.toml: load and validate the inventory. No TVM here (every verb reads it).
 
-Every error names the file, the line where it can tell, the device and the field,
-and says what to write instead.
+The fields every device has are checked here; a kind's own fields, and the rules between its
+devices, are its kind's (``farm.devices.kinds()``). Every error names the file, the line where it
+can tell, the device and the field, and says what to write instead.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from farm.devices import kinds
 from farm.errors import InventoryError
-from farm.records import CPU_TARGETS, DEVICE_KINDS, EXPORT_FORMATS, Device, Inventory, TrackerAddress
+from farm.records import CPU_TARGETS, EXPORT_FORMATS, Device, Inventory, TrackerAddress
 
 TARGET_KINDS = ("llvm", "c", "cuda", "opencl", "metal", "vulkan", "rocm", "webgpu")
 DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
@@ -23,16 +25,6 @@ COMMON_FIELDS = {
 }
 FALLBACKS = ("cpu",)
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
-KIND_FIELDS = {
-    "local": {"server_port"},
-    "remote": set(),
-    "qemu": {"server_port"},
-    "android": {"serial", "server_port", "adb", "device_dir", "launcher", "server_bundle"},
-    "ios": {"proxy"},
-    "linux": {"ssh", "ssh_key", "ssh_options", "remote_python", "server_port"},
-    "opencl": {"server_port", "runtime"},
-}
-
 EXAMPLE = '''[devices.x86-local]
 kind = "local"
 key = "x86-local"
@@ -78,14 +70,11 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
     for name, raw in raw_devices.items():
         where = _where(path, text, name)
         devices[name] = _parse_device(name, raw, where)
-    ports: dict[int, str] = {}
+    by_kind: dict[str, list[Device]] = {}
     for device in devices.values():
-        if device.kind == "android" and "server_port" in device.options:
-            other = ports.setdefault(int(device.options["server_port"]), device.name)
-            if other != device.name:
-                raise InventoryError(
-                    f"{path}: devices {other!r} and {device.name!r} share server_port {device.options['server_port']}",
-                    "give each phone a server_port of its own: farm forwards that port on this host to the phone")
+        by_kind.setdefault(device.kind, []).append(device)
+    for kind, members in by_kind.items():
+        kinds()[kind].validate_fleet(members, path)
     keys: dict[str, str] = {}
     for device in devices.values():
         other = keys.get(device.key)
@@ -146,14 +135,16 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
 
     if not isinstance(raw, dict):
         raise fail("entry", "must be a table", f"write it as:\n{EXAMPLE}")
+    known = kinds()
     kind = raw.get("kind")
     if kind is None:
-        raise fail("kind", "is missing", f"add kind = one of {', '.join(DEVICE_KINDS)}")
-    if kind not in DEVICE_KINDS:
-        raise fail("kind", f"{kind!r} is unknown", f"write kind = one of {', '.join(DEVICE_KINDS)}")
-    unknown = set(raw) - COMMON_FIELDS - KIND_FIELDS[kind]
+        raise fail("kind", "is missing", f"add kind = one of {', '.join(known)}")
+    if kind not in known:
+        raise fail("kind", f"{kind!r} is unknown", f"write kind = one of {', '.join(known)}")
+    plugin = known[kind]
+    unknown = set(raw) - COMMON_FIELDS - set(plugin.fields)
     if unknown:
-        allowed = ", ".join(sorted(COMMON_FIELDS | KIND_FIELDS[kind]))
+        allowed = ", ".join(sorted(COMMON_FIELDS | set(plugin.fields)))
         raise fail(f"field {sorted(unknown)[0]!r}", f"is not known for kind {kind!r}", f"allowed fields: {allowed}")
     key = raw.get("key")
     if key is None:
@@ -169,11 +160,11 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         raise fail("export", f"{export!r} is unknown", f"write export = one of {', '.join(EXPORT_FORMATS)}")
     cooldown_s = _number(raw.get("cooldown_s", 0.0), fail, "cooldown_s")
     session_timeout_s = _number(raw.get("session_timeout_s", 600.0), fail, "session_timeout_s")
-    emulated = raw.get("emulated", kind == "qemu")
+    emulated = raw.get("emulated", plugin.always_emulated)
     if not isinstance(emulated, bool):
         raise fail("emulated", "must be true or false", "write emulated = true for devices run under qemu")
-    if kind == "qemu" and not emulated:
-        raise fail("emulated", "cannot be false for a qemu device", "leave emulated out: qemu devices are emulated")
+    if plugin.always_emulated and not emulated:
+        raise fail("emulated", f"cannot be false for a {kind} device", f"leave emulated out: {kind} devices are emulated")
     tags = raw.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise fail("tags", "must be a list of strings", 'write tags = ["phone", "mali"]')
@@ -182,17 +173,14 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     for gate in GATE_FIELDS:
         if gate in raw:
             _gate_number(raw[gate], fail, gate)
-    if kind == "android":
-        _android_fields(raw, fail)
-    if kind == "opencl":
-        _opencl_fields(raw, target, fail)
+    plugin.validate(raw, target, fail)
     if "fallback" in raw:
         if raw["fallback"] not in FALLBACKS:
             raise fail("fallback", f"{raw['fallback']!r} is unknown",
                        'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
         if target.get("kind") in CPU_TARGETS:
             raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
-    options = {k: raw[k] for k in raw if k in KIND_FIELDS[kind] or k in ("cc", "runner_timeout_s", "fallback", *GATE_FIELDS)}
+    options = {k: raw[k] for k in raw if k in plugin.fields or k in ("cc", "runner_timeout_s", "fallback", *GATE_FIELDS)}
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
@@ -214,9 +202,9 @@ def _parse_target(raw: Any, fail, field: str) -> dict[str, Any]:
         if not isinstance(raw["tag"], str) or "/" not in raw["tag"]:
             raise fail(f"{field}.tag", f"{raw['tag']!r} is not a TVM target tag", 'write e.g. target = { tag = "nvidia/jetson-orin-nano" }')
         return dict(raw)
-    kind = raw.get("kind")
-    if kind not in TARGET_KINDS:
-        raise fail(f"{field}.kind", f"{kind!r} is not a TVM target kind", f"use one of {', '.join(TARGET_KINDS)}")
+    target_kind = raw.get("kind")
+    if target_kind not in TARGET_KINDS:
+        raise fail(f"{field}.kind", f"{target_kind!r} is not a TVM target kind", f"use one of {', '.join(TARGET_KINDS)}")
     for option, value in raw.items():
         if not _is_target_value(value):
             raise fail(f"{field}.{option}", "must be a string, number, boolean or list of them", "check the value")
@@ -237,33 +225,6 @@ def _gate_number(value: Any, fail, field: str) -> None:
                 "max_cooldown_s": "max_cooldown_s = 600 (the longest a gate may wait)"}
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise fail(field, f"{value!r} must be a number >= 0", f"write {examples[field]}")
-
-
-def _android_fields(raw: dict[str, Any], fail) -> None:
-    """serial and server_port may be left out (then farm compiles for the phone but does not bring it up)."""
-    if "serial" in raw and (not isinstance(raw["serial"], str) or not raw["serial"]):
-        raise fail("serial", "must be a string", 'write serial = "R58M123ABC" or serial = "10.0.0.7:5555"')
-    if "serial" in raw and "server_port" not in raw:
-        raise fail("server_port", "is missing", "add server_port = 5001: a port of its own per phone, "
-                   "forwarded from this host to the same port on the phone")
-    port = raw.get("server_port", 1)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise fail("server_port", f"{port!r} is not a port", "write server_port = 5001")
-    launcher = raw.get("launcher", [])
-    if not isinstance(launcher, list) or not all(isinstance(p, str) for p in launcher):
-        raise fail("launcher", "must be a list of strings", 'write launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]')
-
-
-def _opencl_fields(raw: dict[str, Any], target: dict[str, Any], fail) -> None:
-    if target.get("kind") != "opencl":
-        raise fail("target", f"kind {target.get('kind')!r} is not OpenCL",
-                   'an opencl device runs OpenCL kernels: write target = { kind = "opencl" } (device = "mali" etc. allowed)')
-    port = raw.get("server_port", 1)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise fail("server_port", f"{port!r} is not a port", "write server_port = 9095, or leave it out for a free one")
-    if "runtime" in raw and (not isinstance(raw["runtime"], str) or not raw["runtime"]):
-        raise fail("runtime", "must be a path", 'write runtime = "/path/to/libtvm_runtime_opencl.so", or leave it '
-                   "out and farm builds TVM's OpenCL runtime")
 
 
 def _number(value: Any, fail, field: str) -> float:

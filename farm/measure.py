@@ -22,20 +22,19 @@ from __future__ import annotations
 import logging
 import math
 import os
-import platform
 import struct
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 import numpy as np
-import psutil
 import tvm
 from tvm import relax
 
 import farm
+from farm.devices import kind_of
 from farm.errors import FarmError, first_line
-from farm.records import (HOST_KINDS, Artifact, BenchConfig, BenchResult, CheckResult, CopyCurve, CopyPoint, CopyTiming,
+from farm.records import (Artifact, BenchConfig, BenchResult, CheckResult, CopyCurve, CopyPoint, CopyTiming,
                            Device, TrackerAddress)
 from farm.rpc.session import request_session
 
@@ -325,24 +324,14 @@ def _check(outputs: list, reference: list[np.ndarray] | None, config: BenchConfi
 
 
 def measurement_context(device: Device, artifact: Artifact) -> dict[str, Any]:
-    """What a number needs beside it to be trusted later."""
+    """What a number needs beside it to be trusted later; the device's kind adds what it can tell (this host's
+    CPU, load and sensors for devices on this host)."""
     context: dict[str, Any] = {
         "farm_version": farm.__version__, "tvm_version": tvm.__version__, "target": artifact.target,
         "artifact_digest": artifact.file_digest, "export": artifact.export, "toolchain": artifact.toolchain,
         "device_kind": device.kind, "emulated": device.emulated, "thermal": None,
     }
-    if device.kind in HOST_KINDS:  # the device is this host: its own figures describe it
-        context["host"] = {
-            "platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "load_avg": list(os.getloadavg()), "mem_available_mb": psutil.virtual_memory().available // 2**20,
-        }
-        freq = psutil.cpu_freq()
-        if freq is not None:
-            context["host"]["cpu_freq_mhz"] = freq.current
-        temps = getattr(psutil, "sensors_temperatures", lambda: {})()
-        if temps:
-            context["thermal"] = {name: max(t.current for t in entries) for name, entries in temps.items() if entries}
-    return context
+    return {**context, **kind_of(device).measurement_context(device)}
 
 
 # What OpenCL drivers and TVM's OpenCL runtime say when a device has no usable OpenCL (no libOpenCL.so, no ICD,

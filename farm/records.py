@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DEVICE_KINDS = ("local", "remote", "qemu", "android", "ios", "linux", "opencl")
 CPU_TARGETS = ("llvm", "c")  # target kinds whose code runs on the CPU (no GPU to fall back from)
-HOST_KINDS = ("local", "opencl")  # kinds whose code runs on this host: its CPU, sensors and load describe them
 EXPORT_FORMATS = ("so", "tar", "system-lib")
 
 
@@ -39,6 +37,15 @@ class Device:
     emulated: bool = False
     tags: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """This host's CPU as a device kind's target rules need it: LLVM's name for it (None when LLVM does not
+    know it) and its core count."""
+
+    cpu: str | None
+    cores: int
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from farm.devices.health import hottest
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
 from farm.regress import METHOD, detect, series_value
 from farm.results import run_rows
-from farm.stats import bootstrap_median_ci
+from farm.stats import bootstrap_median_ci, hottest
 from farm.store import Store
 
 HEAT_LIMIT = 0.20  # colour scale of the heatmap saturates at ±20 %

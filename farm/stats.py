@@ -1,12 +1,14 @@
 """Robust statistics over raw samples. No TVM, no database.
 
 Every steady-state sample farm stores is already a mean over ``number`` calls
-(that is what ``time_evaluator`` returns); these functions summarize the repeats.
+(that is what ``time_evaluator`` returns); these functions summarize the repeats. ``hottest`` is
+the one rule for a health reading's temperature (the gates, the report's data quality, the dashboard).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,3 +79,11 @@ def format_duration(seconds: float | None) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+def hottest(health: dict[str, Any]) -> float | None:
+    """The highest temperature in a health reading (thermal zones and battery), None when it has none."""
+    values = list((health.get("thermal") or {}).values())
+    if health.get("battery_temp_c") is not None:
+        values.append(health["battery_temp_c"])
+    return max(values) if values else None

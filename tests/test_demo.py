@@ -4,7 +4,7 @@ import json
 
 import psutil
 
-from farm.devices import opencl
+from farm.devices.opencl_runtime import runtime_available
 from tests.conftest import run_farm
 from tests.test_report import CHROMIUM, open_in_chromium
 
@@ -16,7 +16,7 @@ def test_demo_benchmarks_builtin_models_on_its_devices_reports_and_stops_everyth
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     cells = {(c["device"], c["model"]): c["status"] for c in out["cells"]}
-    devices = ("host-native", "host-generic") + (("opencl-gpu",) if opencl.runtime_available() else ())
+    devices = ("host-native", "host-generic") + (("opencl-gpu",) if runtime_available() else ())
     assert cells == {(d, m): "ok" for d in devices for m in ("mlp", "convnet")}
     assert (tmp_path / out["db"]).exists()
     report = tmp_path / out["report"]

@@ -104,7 +104,7 @@ def test_board_loads_the_aarch64_opencl_runtime_and_a_missing_platform_is_a_stor
     """TVM's OpenCL runtime cross-built with opencl_wrapper (as phones need: libOpenCL.so is opened at run time)
     ships in the aarch64 bundle and loads in the board; with no OpenCL there, the GPU cell fails with the reason
     stored and its fallback measures the board's CPU."""
-    from farm.devices.opencl import LIBRARY, board_with_opencl, ensure_runtime
+    from farm.devices.opencl_runtime import LIBRARY, board_with_opencl, ensure_runtime
     from farm.artifacts import inspect_artifact
 
     library = ensure_runtime("aarch64")

@@ -1,7 +1,11 @@
 """Imports point down: the layering docs/ARCHITECTURE.md draws, checked with ast."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+from farm.devices import kinds
 
 PACKAGE = Path(__file__).resolve().parent.parent / "farm"
 
@@ -13,20 +17,20 @@ ALLOWED = {
     "regress": set(),
     "drift": set(),
     "artifacts": set(),
-    "inventory": {"errors", "records"},
+    "inventory": {"errors", "records", "devices"},  # the kinds' field schemas (importing them imports no TVM)
     "store": {"errors", "records"},
     "models": {"errors", "records"},
     "rpc": {"errors", "records", "rpc"},
-    "devices": {"errors", "records", "rpc", "devices"},
-    "compile": {"errors", "records", "models"},
-    "measure": {"errors", "records", "rpc", "__init__"},
+    "devices": {"errors", "records", "rpc", "devices", "stats"},
+    "compile": {"errors", "records", "models", "devices"},
+    "measure": {"errors", "records", "rpc", "devices", "__init__"},
     "results": {"stats", "store"},
     "sweep": {"errors", "records", "compile", "devices", "measure", "models", "store"},
-    "review": {"devices", "drift", "regress", "results", "stats", "store"},
+    "review": {"drift", "regress", "results", "stats", "store"},
     "report": {"results", "review", "stats", "store", "__init__"},
     "tune": {"compile", "errors", "records", "rpc", "store", "sweep"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
-    "dashboard": {"devices", "errors", "records", "rpc", "store"},
+    "dashboard": {"errors", "records", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
 }
@@ -74,4 +78,45 @@ def test_only_owners_import_tvm():
 def test_only_store_writes_sqlite():
     offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if {"sqlite3", "psycopg"} & _imports(p) and _layer(p) != "store"]
+    assert offenders == []
+
+
+READ_SIDE = ("report", "review", "dashboard", "results", "regress", "drift", "stats", "store")
+
+
+def test_the_read_side_never_imports_a_device_kind():
+    """What reads the store renders what was stored: it must work without (and never start) a device."""
+    offenders = [f"{p.relative_to(PACKAGE)} imports {name}" for p in PACKAGE.rglob("*.py") if _layer(p) in READ_SIDE
+                 for name in _imports(p) if name == "farm.devices" or name.startswith("farm.devices.")]
+    assert offenders == []
+
+
+def test_the_inventory_and_the_kinds_import_no_tvm():
+    """Every verb reads the inventory, which reads the kinds' fields: importing TVM there would cost seconds."""
+    code = "import sys, farm.inventory, farm.devices; farm.devices.kinds(); print(sorted(m for m in sys.modules if m == 'tvm' or m.startswith('tvm.')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def _compares_a_device_kind(node: ast.Compare, names: set[str]) -> bool:
+    sides = [node.left, *node.comparators]
+    about_kind = any(isinstance(s, ast.Attribute) and s.attr == "kind" or isinstance(s, ast.Name) and s.id == "kind"
+                     for s in sides)
+    constants = {c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    tables = [s for s in sides if isinstance(s, ast.Name) and s.id.isupper()]  # e.g. `device.kind in HOST_KINDS`
+    return about_kind and bool(constants & names or tables)
+
+
+def test_no_module_branches_on_a_device_kind_outside_the_kinds():
+    """farm asks the kind (farm/devices/kind.py) instead of comparing ``device.kind`` with a name."""
+    names = set(kinds())
+    kind_modules = {Path(type(k).__module__.replace(".", "/") + ".py").name for k in kinds().values()}
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name == "devices" and path.name in kind_modules:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and _compares_a_device_kind(node, names):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []

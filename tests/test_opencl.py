@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.devices import opencl
+from farm.devices import bring_up, opencl_runtime
 from farm.errors import DeviceError, InventoryError
 from farm.inventory import parse_inventory
 from farm.records import TrackerAddress
@@ -18,9 +18,9 @@ from farm.rpc.processes import free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import run_farm, write_inventory
 
-pytestmark = pytest.mark.skipif(not opencl.runtime_available(), reason=(
+pytestmark = pytest.mark.skipif(not opencl_runtime.runtime_available(), reason=(
     "needs an OpenCL implementation, its headers and TVM's OpenCL runtime sources: bash tools/setup.sh --opencl, "
-    f"and TVM_SOURCE_DIR or ../shared/tvm-src ({opencl.SOURCES_HINT})"))
+    f"and TVM_SOURCE_DIR or ../shared/tvm-src ({opencl_runtime.SOURCES_HINT})"))
 
 DEVICE = """
 [devices.pocl]
@@ -43,7 +43,7 @@ def gpu_farm(tmp_path_factory):
     started = []
     try:
         started.append(start_tracker("127.0.0.1", port, state))
-        started.extend(opencl.bring_up(device, tracker, state))
+        started.extend(bring_up(device, tracker, state))
         wait_for_servers(tracker, {key: 1}, timeout_s=90)
         yield inventory
     finally:
@@ -58,17 +58,17 @@ def bench(inventory: Path, env: dict, *args: str) -> tuple[subprocess.CompletedP
 
 
 def test_runtime_is_built_once_and_cached():
-    first = opencl.ensure_runtime()
+    first = opencl_runtime.ensure_runtime()
     assert first.name == "libtvm_runtime_opencl.so" and first.stat().st_size > 100_000
-    assert opencl.ensure_runtime() == first
-    assert opencl.runtime_tag("x86_64") in str(first)  # keyed by versions + source digest
+    assert opencl_runtime.ensure_runtime() == first
+    assert opencl_runtime.runtime_tag("x86_64") in str(first)  # keyed by versions + source digest
 
 
 def test_missing_sources_say_which_tvm_commit_to_check_out(monkeypatch, tmp_path):
     monkeypatch.setenv("TVM_SOURCE_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(DeviceError) as caught:
-        opencl.ensure_runtime()
-    assert "nowhere" in caught.value.message and opencl.TVM_COMMIT[:12] in caught.value.hint
+        opencl_runtime.ensure_runtime()
+    assert "nowhere" in caught.value.message and opencl_runtime.TVM_COMMIT[:12] in caught.value.hint
 
 
 def test_builtin_convnet_on_opencl_cold_warm_kernel_wall_and_copies(gpu_farm, farm_env):

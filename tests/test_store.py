@@ -107,7 +107,7 @@ def test_tuning_lines_merge_in_order_without_duplicates(db_location):
 
 
 def test_sweeps_alerts_and_probes_round_trip(db_location):
-    from farm.devices.probe import Probe
+    from farm.rpc.probe import Probe
 
     verdict = {"sweep_id": 0, "device": "cpu", "model": "mlp", "tuned": False, "metric": "steady", "run_id": 1,
                "baseline_run_id": None, "status": "candidate", "value": 0.002, "z": 3.5, "change": 0.25,

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.devices import opencl
+from farm.devices import bring_up
+from farm.devices.opencl_runtime import runtime_available
 from farm.inventory import parse_inventory
 from farm.measure import measure_copy_curve
 from farm.models import load_model
@@ -68,7 +69,7 @@ def main() -> int:
     parser.add_argument("--work", default=None, help="keep the store, cache and logs here (default: a temp dir)")
     args = parser.parse_args()
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)  # per-batch tables: --progress shows them
-    if not opencl.runtime_available():
+    if not runtime_available():
         print("error: no OpenCL device here\nhint: bash tools/setup.sh --opencl", file=sys.stderr)
         return 1
 
@@ -83,7 +84,7 @@ def main() -> int:
     started = []
     try:
         started.append(start_tracker(tracker.host, port, work))
-        started.extend(opencl.bring_up(device, tracker, work))
+        started.extend(bring_up(device, tracker, work))
         wait_for_servers(tracker, {device.key: 1}, timeout_s=120)
         with Store(work / "results.db") as store:
             untuned = describe(f"{model.name}, untuned (default GPU schedules)",

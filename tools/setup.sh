@@ -83,7 +83,7 @@ fi
 if [ "$want_opencl" = 1 ] && [ -f /usr/include/CL/cl.h ]; then
   # TVM's OpenCL runtime from TVM's sources, against the installed wheel; cached in ~/.cache/farm (about 12 s once)
   # Without TVM's sources there is nothing to build: a warning (OpenCL devices and tests are skipped), not a failure.
-  .venv/bin/python -c "import sys; from farm.devices.opencl import main; sys.exit(main())" >&2 \
+  .venv/bin/python -c "import sys; from farm.devices.opencl_runtime import main; sys.exit(main())" >&2 \
     || { [ "$need_opencl" = 0 ] && echo "warning: TVM's OpenCL runtime was not built (see above); the demo runs without its OpenCL device" >&2; } \
     || exit 1
 fi

@@ -66,13 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default: [tracker] host in devices.toml, else 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: [tracker] port in devices.toml, else 9190)")
 
+    from farm.devices import kinds
+
     p = add("serve", cmd_serve, "bring the inventory's devices onto the tracker (servers, proxies, phones, boards)",
-            "Per device kind: local → farm's server here (`python -m farm.rpc.server`: TVM's rpc_server that survives\n"
-            "a client killed mid-transfer); qemu → the emulated aarch64 board;\n"
-            "android → push farm's RPC server over adb, reverse the tracker port, forward the server port, start it;\n"
-            "ios → TVM's rpc_proxy for the phone's RPC app; linux → rpc_server on the board over ssh;\n"
-            "opencl → the same server with TVM's OpenCL runtime, built from\n"
-            "TVM's sources on first use, and a kernel cache of its own that a measurement clears for a cold run.\n"
+            "Per device kind:\n" + "".join(f"  {k.name} → {k.serve_help}\n" for k in kinds().values()) +
             "Each runs in its own process group with a pid record; farm waits until the tracker lists them.\n"
             "--watch then stays in the foreground and restarts any of them that dies (Ctrl-C or `farm down` ends it).")
     p.add_argument("--device", action="append", help="only this device (repeatable)")
@@ -92,9 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("devices", cmd_devices, "inventory merged with the tracker's live summary; --probe checks each device",
             "Each device's state: online (a free server), busy (servers, none free), missing (no server).\n"
             "--probe opens a no-op session on every device at once (bounded by --timeout): online, busy,\n"
-            "missing or unreachable with the reason and when it was last seen online; probes are stored.")
+            "missing or unreachable with the reason and when it was last seen online; probes are stored.\n"
+            "--kinds lists the device kinds instead (no tracker needed): their fields and what this host lacks.\n\n"
+            "Device kinds (kind = ... in devices.toml):\n" +
+            "".join(f"  {k.name}: {k.summary}" + (f" [fields: {', '.join(k.fields)}]" if k.fields else "") + "\n"
+                    for k in kinds().values()))
     p.add_argument("--probe", action="store_true", help="health-check every device with a no-op session")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds per probe (default 3)")
+    p.add_argument("--kinds", action="store_true", help="list the device kinds: summary, fields, what this host lacks")
 
     add("models", cmd_models, "list the built-in models and the onnx package's architectures")
 

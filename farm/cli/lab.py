@@ -62,7 +62,7 @@ def _tracker_address(args):
 
 
 def cmd_serve(args) -> int:
-    from farm.devices import bring_up, can_bring_up
+    from farm.devices import bring_up, can_bring_up, kind_of
     from farm.rpc import processes
     from farm.rpc.tracker import query_summary, wait_for_servers
 
@@ -94,13 +94,12 @@ def cmd_serve(args) -> int:
             failures.append((name, exc))
     records = [r for r in records if processes.is_running(r)] + started
     processes.save_records(state, records)
-    # an RPC proxy (ios) registers its device only once the phone's app connects: do not wait for it
-    waiting = {r.key: 1 for r in started if r.marker != "tvm.exec.rpc_proxy"}
+    kind = {r.pid: kind_of(inventory.devices[r.name]) for r in started}
+    waiting = {r.key: 1 for r in started if kind[r.pid].registers_at_start}
     wait_for_servers(tracker, waiting, timeout_s=args.wait)
     for r in started:
-        if r.marker == "tvm.exec.rpc_proxy":
-            print(f"{r.name}: RPC proxy listening on port {r.port}; in the iOS RPC app set that proxy address "
-                  f"and key {r.key!r}", file=sys.stderr)
+        if note := kind[r.pid].started_note(r):
+            print(note, file=sys.stderr)
     rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
             for r in records if r.role == "server"]
     if args.json:
@@ -196,6 +195,8 @@ def cmd_down(args) -> int:
 def cmd_devices(args) -> int:
     from farm.rpc.tracker import KeyStatus, query_summary
 
+    if args.kinds:
+        return _print_kinds(args.json)
     inventory = load_inventory_of(args)
     summary = query_summary(inventory.tracker)
     rows = []
@@ -209,7 +210,7 @@ def cmd_devices(args) -> int:
     extra = sorted(k for k in summary.keys if k not in known and summary.keys[k].servers)
     columns = ["device", "kind", "key", "target", "state", "servers", "free", "pending"]
     if args.probe:
-        from farm.devices.probe import probe_all
+        from farm.rpc.probe import probe_all
         from farm.store import Store
 
         probes = {p.device: p for p in probe_all(inventory.tracker, list(inventory.devices.values()), summary, args.timeout)}
@@ -229,6 +230,25 @@ def cmd_devices(args) -> int:
         print_table(rows, columns)
         if extra:
             print(f"keys registered but not in {inventory.path}: {', '.join(extra)}")
+    return 0
+
+
+def _print_kinds(as_json: bool) -> int:
+    from farm.devices import kinds
+
+    rows = [{"kind": k.name, "summary": k.summary, "serve": k.serve_help, "missing_here": k.prerequisites(),
+             "fields": {name: {"type": f.type, "example": f.example, "help": f.help} for name, f in k.fields.items()},
+             "example": f"[devices.NAME]\nkind = \"{k.name}\"\n{k.example}"} for k in kinds().values()]
+    if as_json:
+        emit_json({"kinds": rows})
+        return 0
+    for row in rows:
+        print(f"{row['kind']}: {row['summary']}")
+        print(f"  farm serve: {row['serve']}")
+        if row["missing_here"]:
+            print(f"  this host lacks: {row['missing_here']}")
+        for name, field in row["fields"].items():
+            print(f"  {name}: {field['help']} (e.g. {field['example']})")
     return 0
 
 

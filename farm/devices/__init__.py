@@ -1,43 +1,59 @@
-"""Bring-up per device kind: plug-ins chosen by the ``kind`` devices.toml names.
+"""Device kinds, one module each, found by the ``kind`` devices.toml names.
 
-A plug-in's ``bring_up(device, tracker, state_dir)`` starts whatever makes the device's
-RPC server register with the tracker and returns the processes farm now owns.
+Each kind is a ``DeviceKind`` subclass (``kind.py``) in a module of this package; ``kinds()``
+imports the package's modules once and collects them, so adding a kind is adding a module.
+``bring_up``, ``unready`` and ``watch`` are what `farm serve` asks of them.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
 import threading
 from pathlib import Path
 from typing import Callable
 
-from farm.devices import android, emulated, ios, linux, local, opencl, remote
-from farm.errors import DeviceError, FarmError
+from farm.devices.kind import DeviceKind
+from farm.errors import FarmError, InventoryError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess, is_running, load_records, save_records
 
-BringUp = Callable[[Device, TrackerAddress, Path], list[ManagedProcess]]
 
-PLUGINS: dict[str, BringUp] = {"local": local.bring_up, "remote": remote.bring_up, "qemu": emulated.bring_up,
-                             "ios": ios.bring_up, "linux": linux.bring_up, "android": android.bring_up,
-                             "opencl": opencl.bring_up}
+@functools.cache
+def kinds() -> dict[str, DeviceKind]:
+    """Every registered kind by name, in the order of their names."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    found: dict[str, DeviceKind] = {}
+    pending = list(DeviceKind.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if not cls.name:
+            continue  # a base such as ThisHost
+        if cls.name in found:
+            raise TypeError(f"two device kinds are named {cls.name!r}: {type(found[cls.name]).__name__} and {cls.__name__}")
+        found[cls.name] = cls()
+    return dict(sorted(found.items()))
+
+
+def kind_of(device: Device) -> DeviceKind:
+    try:
+        return kinds()[device.kind]
+    except KeyError:
+        raise InventoryError(f"device {device.name!r} has kind {device.kind!r}, which farm does not know",
+                             f"write kind = one of {', '.join(kinds())}") from None
 
 
 def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
-    plugin = PLUGINS.get(device.kind)
-    if plugin is None:
-        raise DeviceError(
-            f"farm cannot bring up {device.kind!r} devices yet ({device.name!r})",
-            f"start a TVM rpc_server for it yourself, registered under key {device.key!r} at {tracker} "
-            "(README: 'Devices farm does not start'); farm bench and farm devices then use it",
-        )
-    return plugin(device, tracker, state_dir)
+    return kind_of(device).bring_up(device, tracker, state_dir)
 
 
 def can_bring_up(device: Device) -> bool:
-    """Whether ``farm serve`` (without --device) starts something for it: a linux board only with an ssh
-    address, a phone only with a serial."""
-    needs = {"linux": "ssh", "android": "serial"}.get(device.kind)
-    return device.kind in PLUGINS and (needs is None or needs in device.options)
+    """Whether ``farm serve`` (without --device) starts something for it (e.g. a linux board only with an ssh
+    address, a phone only with a serial)."""
+    return kind_of(device).unready(device) == ""
 
 
 def watch(devices: dict[str, Device], tracker: TrackerAddress, state_dir: Path, interval_s: float,

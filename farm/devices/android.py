@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from farm.devices.kind import DeviceKind, Fail, Field
 from farm.errors import DeviceError, InventoryError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess
@@ -182,7 +183,7 @@ def bundle_folder(device: Device) -> Path:
                                  "point server_bundle at a folder holding the phone's RPC server and its libraries")
         return folder
     from farm.devices.emulated import ensure_board
-    from farm.devices.opencl import board_with_opencl
+    from farm.devices.opencl_runtime import board_with_opencl
 
     return board_with_opencl(ensure_board().server.parent)
 
@@ -200,16 +201,6 @@ def push_bundle(phone, folder: Path, device_dir: str) -> int:
         phone.sync.push(str(path), remote, mode=0o755 if path.name == SERVER else 0o644)
         sent += 1
     return sent
-
-
-def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
-    for name in ("serial", "server_port"):
-        if name not in device.options:
-            raise InventoryError(f"device {device.name!r} (kind android) has no {name}",
-                                 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001')
-    serial = str(device.options["serial"])
-    with adb_errors(f"bringing up phone {serial}"):
-        return _bring_up(device, tracker, serial)
 
 
 def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[ManagedProcess]:
@@ -239,3 +230,55 @@ def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[Mana
     remote = [sys.executable, "-m", "farm.devices.adb_shell", address[0], str(address[1]), serial]
     return [ManagedProcess("server", device.name, device.key, int(pid[0]), port, f"{serial}:{log_path}", time.time(),
                            SERVER, json.dumps(remote))]
+
+
+class Android(DeviceKind):
+    name = "android"
+    summary = "an Android phone reached through an adb server (CPU, or its OpenCL GPU)"
+    serve_help = ("push farm's RPC server over adb, reverse the tracker port, forward the server port, start it "
+                  "(needs serial and server_port)")
+    fields = {
+        "serial": Field("text", 'serial = "R58M123ABC" or serial = "10.0.0.7:5555"', "the phone's adb serial (farm phones)"),
+        "server_port": Field("port", "server_port = 5001", "a port of its own per phone, forwarded from this host to "
+                             "the same port on the phone"),
+        "adb": Field("address", 'adb = "127.0.0.1:5037"', "the adb server (default 127.0.0.1:$ANDROID_ADB_SERVER_PORT or 5037)"),
+        "device_dir": Field("text", f'device_dir = "{DEFAULT_DIR}"', f"where the server lives on the phone (default {DEFAULT_DIR})"),
+        "launcher": Field("texts", 'launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]',
+                          "a command the server runs under (the emulated stand-in phone)"),
+        "server_bundle": Field("text", 'server_bundle = "/path/to/android-arm64-bundle"',
+                               "a folder with the phone's RPC server and its libraries (default: farm's aarch64 bundle)"),
+    }
+    example = 'key = "mate10"\ntarget = { kind = "opencl", device = "mali" }\nhost = { kind = "llvm", mtriple = "aarch64-linux-android" }'
+
+    def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
+        """serial and server_port may be left out (then farm compiles for the phone but does not bring it up)."""
+        super().validate(raw, target, fail)
+        if "serial" in raw and "server_port" not in raw:
+            raise fail("server_port", "is missing", f"add {self.fields['server_port'].example}: "
+                       f"{self.fields['server_port'].help}")
+
+    def validate_fleet(self, devices: list[Device], path: str) -> None:
+        ports: dict[int, str] = {}
+        for device in devices:
+            if "server_port" not in device.options:
+                continue
+            other = ports.setdefault(int(device.options["server_port"]), device.name)
+            if other != device.name:
+                raise InventoryError(
+                    f"{path}: devices {other!r} and {device.name!r} share server_port {device.options['server_port']}",
+                    "give each phone a server_port of its own: farm forwards that port on this host to the phone")
+
+    def unready(self, device: Device) -> str:
+        return "" if "serial" in device.options else 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own'
+
+    def read_health(self, device: Device) -> dict[str, Any]:
+        return read_health(device) if "serial" in device.options else {}
+
+    def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+        for name in ("serial", "server_port"):
+            if name not in device.options:
+                raise InventoryError(f"device {device.name!r} (kind android) has no {name}",
+                                     'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001')
+        serial = str(device.options["serial"])
+        with adb_errors(f"bringing up phone {serial}"):
+            return _bring_up(device, tracker, serial)

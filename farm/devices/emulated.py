@@ -24,9 +24,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Any
+
 from farm.devices.cache import building, cache_root, tvm_versions
+from farm.devices.kind import DeviceKind, Field
 from farm.errors import DeviceError
-from farm.records import Device, TrackerAddress
+from farm.records import Device, HostCPU, TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
 
 log = logging.getLogger(__name__)
@@ -106,16 +109,36 @@ def board_command(board: Board, tracker: TrackerAddress, key: str, port: int) ->
             "--host", "127.0.0.1", "--port", str(port)]
 
 
-def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
-    from farm.devices.opencl import board_with_opencl
+class Qemu(DeviceKind):
+    name = "qemu"
+    summary = "an aarch64 board emulated here with qemu-user (farm's native server on the aarch64 TVM runtime)"
+    serve_help = "the emulated aarch64 board (built once: cross-compiled server + the aarch64 wheel's runtime)"
+    fields = {"server_port": Field("port", "server_port = 9096", "the board's server port (default: a free one)")}
+    example = 'key = "board"\ntarget = { kind = "llvm", mtriple = "aarch64-linux-gnu" }'
+    always_emulated = True
 
-    board = ensure_board(progress=lambda msg: log.warning("%s: %s", device.name, msg))
-    folder = board_with_opencl(board.server.parent, progress=lambda msg: log.warning("%s: %s", device.name, msg))
-    board = Board(folder / board.server.name, board.sysroot, board.versions)
-    port = device.options.get("server_port") or free_port()
-    log_path = state_dir / f"server-{device.name}.log"
-    proc = spawn(board_command(board, tracker, device.key, port), log_path)
-    time.sleep(0.2)
-    if proc.poll() is not None:
-        raise DeviceError(f"the emulated board {device.name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")
-    return [ManagedProcess("server", device.name, device.key, proc.pid, port, str(log_path), time.time(), MARKER)]
+    def prerequisites(self) -> str:
+        try:
+            check_prerequisites()
+        except DeviceError as exc:
+            return f"{exc.message}: {exc.hint}"
+        return ""
+
+    def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
+        if target["kind"] == "llvm":
+            target.setdefault("num-cores", host.cores)  # this host's cores run the emulated code
+        return super().effective_target(device, target, host)
+
+    def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+        from farm.devices.opencl_runtime import board_with_opencl
+
+        board = ensure_board(progress=lambda msg: log.warning("%s: %s", device.name, msg))
+        folder = board_with_opencl(board.server.parent, progress=lambda msg: log.warning("%s: %s", device.name, msg))
+        board = Board(folder / board.server.name, board.sysroot, board.versions)
+        port = device.options.get("server_port") or free_port()
+        log_path = state_dir / f"server-{device.name}.log"
+        proc = spawn(board_command(board, tracker, device.key, port), log_path)
+        time.sleep(0.2)
+        if proc.poll() is not None:
+            raise DeviceError(f"the emulated board {device.name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")
+        return [ManagedProcess("server", device.name, device.key, proc.pid, port, str(log_path), time.time(), MARKER)]

@@ -1,7 +1,7 @@
 """Device health (temperature, battery) and the cooldown before each measurement.
 
-``read_health`` reads what the device can tell: a phone's battery and thermal zones over adb,
-this host's sensors for devices on this host (``local``, ``opencl``); other kinds report nothing. ``cool_down`` waits the
+``read_health`` reads what the device can tell, as its kind knows how (a phone's battery and thermal
+zones over adb, this host's sensors for devices on this host; other kinds report nothing). ``cool_down`` waits the
 device's fixed ``cooldown_s`` and then, when the inventory sets gates, polls until the device
 is at most ``max_temp_c`` and its battery at least ``min_battery_pct``, for at most
 ``max_cooldown_s`` (default 600 s). What it waited and saw goes into the measurement context,
@@ -14,10 +14,10 @@ import logging
 import time
 from typing import Any, Callable
 
-import psutil
-
+from farm.devices import kind_of
 from farm.errors import FarmError
-from farm.records import HOST_KINDS, Device
+from farm.records import Device
+from farm.stats import hottest
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +28,8 @@ Say = Callable[[str, str], None]
 
 
 def read_health(device: Device) -> dict[str, Any]:
-    """{"battery_pct", "battery_temp_c", "charging", "thermal": {zone: °C}}, whatever is known; {} if nothing."""
-    if device.kind == "android" and "serial" in device.options:
-        from farm.devices.android import read_health as phone_health
-
-        return phone_health(device)
-    if device.kind in HOST_KINDS:  # this host: its own sensors
-        health: dict[str, Any] = {}
-        temps = getattr(psutil, "sensors_temperatures", lambda: {})()
-        if temps:
-            health["thermal"] = {name: max(t.current for t in entries) for name, entries in temps.items() if entries}
-        battery = getattr(psutil, "sensors_battery", lambda: None)()
-        if battery is not None:
-            health["battery_pct"], health["charging"] = round(battery.percent), bool(battery.power_plugged)
-        return health
-    return {}
+    """{"battery_pct", "battery_temp_c", "charging", "thermal": {zone: °C}}, whatever the device's kind can read."""
+    return kind_of(device).read_health(device)
 
 
 def health_after(device: Device) -> dict[str, Any]:
@@ -52,13 +39,6 @@ def health_after(device: Device) -> dict[str, Any]:
     except FarmError as exc:
         log.warning("%s: cannot read temperature/battery after measuring: %s", device.name, exc.message)
         return {}
-
-
-def hottest(health: dict[str, Any]) -> float | None:
-    values = list((health.get("thermal") or {}).values())
-    if health.get("battery_temp_c") is not None:
-        values.append(health["battery_temp_c"])
-    return max(values) if values else None
 
 
 def gate_problem(device: Device, health: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from farm.devices.kind import DeviceKind, Field
 from farm.errors import DeviceError, InventoryError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
@@ -29,14 +30,26 @@ def proxy_address(device: Device) -> tuple[str, int]:
     return host, int(port)
 
 
-def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
-    host, port = proxy_address(device)
-    log_path = state_dir / f"proxy-{device.name}.log"
-    proc = spawn([sys.executable, "-m", "tvm.exec.rpc_proxy", "--host", host, "--port", str(port),
-                  "--port-end", str(port + 1), "--web-port", str(free_port(host)), "--tracker", str(tracker)], log_path)
-    time.sleep(0.5)
-    if proc.poll() is not None:
-        raise DeviceError(f"the RPC proxy for {device.name!r} exited at start: {log_tail(str(log_path))}",
-                          f"is {host}:{port} taken? set proxy = \"HOST:PORT\" on the device; log: {log_path}")
-    return [ManagedProcess("server", device.name, device.key, proc.pid, port, str(log_path), time.time(),
-                           "tvm.exec.rpc_proxy")]
+class IOS(DeviceKind):
+    name = "ios"
+    summary = "an iPhone running TVM's iOS RPC app, which connects out to an RPC proxy (export system-lib)"
+    serve_help = "TVM's rpc_proxy for the phone's RPC app (set the proxy address and key in the app)"
+    fields = {"proxy": Field("address", f'proxy = "{DEFAULT_PROXY}"', f"where the RPC proxy listens (default {DEFAULT_PROXY})")}
+    registers_at_start = False  # the proxy registers the key once the phone's app connects
+    example = 'key = "iphone"\ntarget = { kind = "metal" }\nhost = { kind = "llvm", mtriple = "arm64-apple-ios" }\nexport = "system-lib"'
+
+    def started_note(self, record: ManagedProcess) -> str:
+        return (f"{record.name}: RPC proxy listening on port {record.port}; in the iOS RPC app set that proxy address "
+                f"and key {record.key!r}")
+
+    def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+        host, port = proxy_address(device)
+        log_path = state_dir / f"proxy-{device.name}.log"
+        proc = spawn([sys.executable, "-m", "tvm.exec.rpc_proxy", "--host", host, "--port", str(port),
+                      "--port-end", str(port + 1), "--web-port", str(free_port(host)), "--tracker", str(tracker)], log_path)
+        time.sleep(0.5)
+        if proc.poll() is not None:
+            raise DeviceError(f"the RPC proxy for {device.name!r} exited at start: {log_tail(str(log_path))}",
+                              f"is {host}:{port} taken? set proxy = \"HOST:PORT\" on the device; log: {log_path}")
+        return [ManagedProcess("server", device.name, device.key, proc.pid, port, str(log_path), time.time(),
+                               "tvm.exec.rpc_proxy")]

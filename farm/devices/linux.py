@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
+from farm.devices.kind import DeviceKind, Field
 from farm.errors import DeviceError, InventoryError
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess
@@ -41,21 +43,41 @@ def ssh_command(device: Device) -> tuple[list[str], str]:
     return command + [user_host], host
 
 
-def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
-    ssh, host = ssh_command(device)
-    python = str(device.options.get("remote_python", "python3"))
-    port = int(device.options.get("server_port", 9090))
-    log = f"/tmp/farm-rpc-{device.key}.log"
-    server = (f"{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
-              f" --host 0.0.0.0 --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
-    remote = f"setsid nohup {server} > {log} 2>&1 < /dev/null & echo $!"
-    try:
-        done = subprocess.run([*ssh, remote], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise DeviceError(f"ssh to {device.name!r} ({host}) timed out", "check the ssh address and that the board is up") from None
-    if done.returncode != 0 or not done.stdout.strip().isdigit():
-        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise DeviceError(f"could not start the rpc_server on {device.name!r} over ssh: {reason}",
-                          "check: ssh works without a password (ssh_key), and remote_python has apache-tvm")
-    return [ManagedProcess("server", device.name, device.key, int(done.stdout.strip()), port,
-                           f"{host}:{log}", time.time(), "tvm.exec.rpc_server", json.dumps(ssh))]
+class Linux(DeviceKind):
+    name = "linux"
+    summary = "a Linux board (Jetson, Raspberry Pi) with Python and apache-tvm, reached over ssh"
+    serve_help = "TVM's rpc_server on the board over ssh (setsid, log on the board); farm down kills it over ssh"
+    fields = {
+        "ssh": Field("text", 'ssh = "user@host" (or "user@host:port")', "how ssh reaches the board (a key, no password)"),
+        "ssh_key": Field("text", 'ssh_key = "~/.ssh/id_ed25519"', "the identity file (default: ssh's own)"),
+        "ssh_options": Field("texts", 'ssh_options = ["-o", "UserKnownHostsFile=/path"]', "extra ssh arguments"),
+        "remote_python": Field("text", 'remote_python = "/opt/venv/bin/python"', "the board's Python with apache-tvm "
+                               "(default python3)"),
+        "server_port": Field("port", "server_port = 9090", "the server's port on the board (default 9090)"),
+    }
+    example = 'key = "tx2"\ntarget = { kind = "cuda", arch = "sm_62" }\nhost = { kind = "llvm", mtriple = "aarch64-linux-gnu" }'
+
+    def prerequisites(self) -> str:
+        return "" if shutil.which("ssh") else "install an ssh client (apt-get install openssh-client)"
+
+    def unready(self, device: Device) -> str:
+        return "" if device.options.get("ssh") else 'add ssh = "user@host" to bring the board up with farm serve'
+
+    def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+        ssh, host = ssh_command(device)
+        python = str(device.options.get("remote_python", "python3"))
+        port = int(device.options.get("server_port", 9090))
+        log = f"/tmp/farm-rpc-{device.key}.log"
+        server = (f"{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
+                  f" --host 0.0.0.0 --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
+        remote = f"setsid nohup {server} > {log} 2>&1 < /dev/null & echo $!"
+        try:
+            done = subprocess.run([*ssh, remote], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise DeviceError(f"ssh to {device.name!r} ({host}) timed out", "check the ssh address and that the board is up") from None
+        if done.returncode != 0 or not done.stdout.strip().isdigit():
+            reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise DeviceError(f"could not start the rpc_server on {device.name!r} over ssh: {reason}",
+                              "check: ssh works without a password (ssh_key), and remote_python has apache-tvm")
+        return [ManagedProcess("server", device.name, device.key, int(done.stdout.strip()), port,
+                               f"{host}:{log}", time.time(), "tvm.exec.rpc_server", json.dumps(ssh))]

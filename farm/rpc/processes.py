@@ -24,7 +24,6 @@ import psutil
 
 from farm.errors import DeviceError, TrackerError
 from farm.records import TrackerAddress
-from farm.rpc.tracker import wait_for_tracker
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +85,9 @@ def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0
     # --port-end = port + 1: TVM would otherwise slide to the next free port silently.
     proc = spawn([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port), "--port-end", str(port + 1)], log_path)
     record = ManagedProcess("tracker", "tracker", "", proc.pid, port, str(log_path), time.time())
+    from farm.rpc.tracker import wait_for_tracker  # here, not above: importing TVM takes seconds, and the
+    # device kinds (which every verb's inventory reads) import this module for starting servers
+
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     deadline = time.monotonic() + timeout_s
     while True:

@@ -1,0 +1,154 @@
+"""The device-kind interface: everything farm knows about one kind of device, in one class.
+
+A kind is a subclass of ``DeviceKind`` in a module of ``farm/devices/`` whose ``name`` is the
+``kind`` that devices.toml names; ``farm.devices.kinds()`` finds it (asv picks environment
+plug-ins by ``tool_name`` the same way). farm asks the kind and never branches on its name:
+
+    inventory.py   fields, validate, validate_fleet, always_emulated, example
+    farm serve     bring_up (the records it returns say how to stop what it started), unready, prerequisites
+    health.py      read_health
+    compile.py     effective_target
+    measure.py     measurement_context
+    cli, demo      summary, serve_help, fields (--help texts), demo_entry
+
+Importing a kind must not import TVM: the inventory reads the kinds' fields on every verb.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import psutil
+
+from farm.errors import InventoryError
+from farm.records import Device, HostCPU, TrackerAddress
+from farm.rpc.processes import ManagedProcess
+
+Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
+
+
+@dataclass(frozen=True)
+class Field:
+    """One inventory field of a kind: the type it takes and how to write it (``farm devices --help``, errors)."""
+
+    type: str  # "port" | "text" | "texts" | "address"
+    example: str  # a line to write, e.g. 'serial = "R58M123ABC"'
+    help: str  # what it means
+
+    def problem(self, value: Any) -> str:
+        """Why ``value`` is not one of this field's values ('' when it is)."""
+        if self.type == "port":
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536
+            return "" if ok else "is not a port"
+        if self.type == "texts":
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            return "" if ok else "must be a list of strings"
+        if not isinstance(value, str) or not value:
+            return "must be a string"
+        if self.type == "address" and not re.fullmatch(r"[^\s:]+:\d{1,5}", value):
+            return "is not HOST:PORT"
+        return ""
+
+
+class DeviceKind:
+    """Subclass, set ``name`` (and the other class attributes), implement ``bring_up``.
+
+    The defaults describe a device that is not this host and that farm cannot read."""
+
+    name: ClassVar[str] = ""  # the kind devices.toml names; "" for a base that is not a kind
+    summary: ClassVar[str] = ""  # one line: what such a device is
+    serve_help: ClassVar[str] = ""  # one line: what `farm serve` does for it
+    fields: ClassVar[dict[str, Field]] = {}  # its own inventory fields, beside the common ones
+    example: ClassVar[str] = ""  # a minimal valid inventory entry (the lines under [devices.NAME])
+    always_emulated: ClassVar[bool] = False  # runs under an emulator: `emulated` defaults to true and cannot be false
+    registers_at_start: ClassVar[bool] = True  # `farm serve` waits for its key (False: it registers later, e.g. an app)
+
+    def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
+        """Check one entry's own fields (``raw`` is the whole table); raise ``fail(...)`` on the first problem.
+
+        The default checks each field's type; kinds add the rules between fields."""
+        for field, spec in self.fields.items():
+            if field in raw and (problem := spec.problem(raw[field])):
+                raise fail(field, f"{raw[field]!r} {problem}", f"write {spec.example}")
+
+    def validate_fleet(self, devices: list[Device], path: str) -> None:
+        """Check the kind's devices together (e.g. one port per phone); raise InventoryError."""
+
+    def prerequisites(self) -> str:
+        """What this host lacks to bring such devices up, as a hint ('' when nothing is missing)."""
+        return ""
+
+    def unready(self, device: Device) -> str:
+        """Why `farm serve` (without --device) cannot bring ``device`` up, as a hint; '' when it can."""
+        return ""
+
+    def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+        """Start whatever makes the device's server register with ``tracker`` under its key; return the
+        processes farm now owns (their records say how to stop them: pid and marker, or the ssh that reaches them)."""
+        raise NotImplementedError(f"device kind {self.name!r} has no bring_up")
+
+    def started_note(self, record: ManagedProcess) -> str:
+        """What the user must do next once ``bring_up`` has started ``record`` ('' = nothing)."""
+        return ""
+
+    def read_health(self, device: Device) -> dict[str, Any]:
+        """{"battery_pct", "battery_temp_c", "charging", "thermal": {zone: °C}}, whatever is known; {} if nothing."""
+        return {}
+
+    def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
+        """The target farm compiles for, from the inventory's (tags already resolved): the kind's own rules,
+        then the device's ``host``."""
+        if device.host is not None:
+            target["host"] = dict(device.host)
+        return target
+
+    def measurement_context(self, device: Device) -> dict[str, Any]:
+        """What this kind adds to a measurement's context (merged over the common one)."""
+        return {}
+
+    def demo_entry(self) -> str:
+        """An inventory entry `farm demo` adds when this host can serve such a device ('' = none)."""
+        return ""
+
+
+class ThisHost(DeviceKind):
+    """A base for kinds whose code runs on this host: its CPU, sensors and load describe the device."""
+
+    def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
+        if target["kind"] == "llvm":
+            if "mtriple" not in target and "mcpu" not in target and host.cpu:
+                target["mcpu"] = host.cpu
+            target.setdefault("num-cores", host.cores)  # this host's cores run the code (MetaSchedule needs it)
+        return super().effective_target(device, target, host)
+
+    def read_health(self, device: Device) -> dict[str, Any]:
+        health: dict[str, Any] = {}
+        if thermal := _host_thermal():
+            health["thermal"] = thermal
+        battery = getattr(psutil, "sensors_battery", lambda: None)()
+        if battery is not None:
+            health["battery_pct"], health["charging"] = round(battery.percent), bool(battery.power_plugged)
+        return health
+
+    def measurement_context(self, device: Device) -> dict[str, Any]:
+        host = {"platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+                "load_avg": list(os.getloadavg()), "mem_available_mb": psutil.virtual_memory().available // 2**20}
+        freq = psutil.cpu_freq()
+        if freq is not None:
+            host["cpu_freq_mhz"] = freq.current
+        context: dict[str, Any] = {"host": host}
+        if thermal := _host_thermal():
+            context["thermal"] = thermal
+        return context
+
+
+def _host_thermal() -> dict[str, float]:
+    """This host's hottest reading per sensor ({} where psutil has none)."""
+    temps = getattr(psutil, "sensors_temperatures", lambda: {})()
+    return {name: max(t.current for t in entries) for name, entries in (temps or {}).items() if entries}
+

@@ -1,0 +1,116 @@
+"""Every registered device kind implements the whole interface (farm/devices/kind.py)."""
+
+import json
+
+import pytest
+
+from farm.cli import build_parser
+from farm.devices import kind_of, kinds
+from farm.devices.kind import DeviceKind, ThisHost
+from farm.errors import InventoryError
+from farm.inventory import COMMON_FIELDS, parse_inventory
+from farm.records import HostCPU
+from tests.conftest import run_farm
+
+KINDS = sorted(kinds())
+FIELD_TYPES = {"port", "text", "texts", "address"}
+NOT_A_VALUE = "{ nested = 1 }"  # a table: no kind's field takes one
+
+
+def test_the_registry_holds_the_kinds_farm_ships():
+    assert {"local", "remote", "qemu", "android", "ios", "linux", "opencl"} <= set(KINDS)
+    assert all(isinstance(kind, DeviceKind) and kind.name == name for name, kind in kinds().items())
+
+
+def _entry(name: str, extra: str = "") -> str:
+    return f'[devices.d]\nkind = "{name}"\n{kinds()[name].example}\n{extra}'
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_each_kind_implements_the_whole_interface(name):
+    kind = kinds()[name]
+    assert type(kind).bring_up is not DeviceKind.bring_up, "bring_up is the one method without a default"
+    assert kind.summary and kind.serve_help and kind.example
+    assert not set(kind.fields) & COMMON_FIELDS
+    for field, spec in kind.fields.items():
+        assert spec.type in FIELD_TYPES and spec.help and spec.example.startswith(field), field
+    device = parse_inventory(_entry(name)).devices["d"]
+    assert kind_of(device) is kind and device.emulated == kind.always_emulated
+    assert isinstance(kind.prerequisites(), str) and isinstance(kind.unready(device), str)
+    assert isinstance(kind.measurement_context(device), dict)
+    if isinstance(kind, ThisHost):  # this host describes the device: its CPU goes into the target and the context
+        assert "host" in kind.measurement_context(device)
+    assert isinstance(kind.read_health(device), dict)
+    target = kind.effective_target(device, dict(device.target), HostCPU("skylake", 8))
+    assert target["kind"] == device.target["kind"]
+    offered = kind.demo_entry()
+    if offered:
+        assert parse_inventory(offered).devices, "what `farm demo` adds must be a valid entry"
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_each_kind_refuses_a_bad_entry_with_a_hint(name):
+    kind = kinds()[name]
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(_entry(name, "bogus_field = 1"))
+    assert "'bogus_field' is not known" in caught.value.message and "allowed fields" in caught.value.hint
+    for field, spec in kind.fields.items():
+        with pytest.raises(InventoryError) as caught:
+            parse_inventory(_entry(name, f"{field} = {NOT_A_VALUE}"))
+        assert f"device 'd': {field} " in caught.value.message, field
+        assert spec.example in caught.value.hint, field
+
+
+def test_field_types_take_their_values_and_refuse_others():
+    from farm.devices.kind import Field
+
+    cases = {"port": ([5001], [0, 70000, True, "5001"]), "text": (["a"], ["", 3, ["a"]]),
+             "texts": ([[], ["-o", "x"]], ["x", [1]]), "address": (["127.0.0.1:5037"], ["127.0.0.1", "h:p", 5037])}
+    for type_, (good, bad) in cases.items():
+        spec = Field(type_, "x = 1", "x")
+        assert [spec.problem(v) for v in good] == [""] * len(good), type_
+        assert all(spec.problem(v) for v in bad), type_
+
+
+def test_the_kinds_rules_apply_through_the_inventory():
+    with pytest.raises(InventoryError, match="cannot be false for a qemu device"):
+        parse_inventory(_entry("qemu", "emulated = false"))
+    with pytest.raises(InventoryError, match="is not OpenCL"):
+        parse_inventory('[devices.d]\nkind = "opencl"\nkey = "d"\ntarget = { kind = "llvm" }\n')
+    with pytest.raises(InventoryError, match="proxy 'phone' is not HOST:PORT"):
+        parse_inventory(_entry("ios", 'proxy = "phone"'))
+    board = parse_inventory(_entry("linux")).devices["d"]
+    assert "ssh" in kinds()["linux"].unready(board)
+    assert kinds()["linux"].unready(parse_inventory(_entry("linux", 'ssh = "me@tx2"')).devices["d"]) == ""
+
+
+def test_effective_targets_follow_the_kinds_rules():
+    host = HostCPU("skylake", 8)
+    local = parse_inventory(_entry("local")).devices["d"]
+    assert kind_of(local).effective_target(local, {"kind": "llvm"}, host) == {"kind": "llvm", "mcpu": "skylake", "num-cores": 8}
+    cross = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+    board = parse_inventory(_entry("qemu")).devices["d"]
+    assert kind_of(board).effective_target(board, dict(cross), host) == {**cross, "num-cores": 8}
+    gpu = parse_inventory(_entry("opencl")).devices["d"]
+    assert kind_of(gpu).effective_target(gpu, {"kind": "opencl"}, host) == {
+        "kind": "opencl", "host": {"kind": "llvm", "mcpu": "skylake"}}
+    remote = parse_inventory(_entry("remote")).devices["d"]
+    assert kind_of(remote).effective_target(remote, {"kind": "llvm"}, host) == {"kind": "llvm"}
+
+
+def test_help_names_every_kind():
+    parser = build_parser()
+    helps = {name: sub.format_help() for name, sub in parser._subparsers._group_actions[0].choices.items()}
+    for name, kind in kinds().items():
+        assert f"{name} → {kind.serve_help[:30]}" in " ".join(helps["serve"].split()), name
+        assert f"{name}: {kind.summary[:30]}" in " ".join(helps["devices"].split()), name
+
+
+def test_farm_devices_kinds_lists_each_kind_with_its_fields(tmp_path):
+    proc = run_farm("devices", "--kinds", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    listed = {row["kind"]: row for row in json.loads(proc.stdout)["kinds"]}
+    assert set(listed) == set(KINDS)
+    for name, row in listed.items():
+        assert set(row["fields"]) == set(kinds()[name].fields)
+        assert parse_inventory(row["example"].replace("NAME", "d")).devices["d"].kind == name
