@@ -4,19 +4,22 @@ import json
 
 import psutil
 
-from farm.devices.opencl_runtime import runtime_available
+from farm.devices import kinds
+from farm.inventory import parse_inventory
 from tests.conftest import run_farm
 from tests.test_report import CHROMIUM, open_in_chromium
 
 
 def test_demo_benchmarks_builtin_models_on_its_devices_reports_and_stops_everything(tmp_path):
-    """Two local CPU devices, and the OpenCL device where this host has one (its report checked in Chromium)."""
+    """Two local CPU devices, and what the kinds offer here: the OpenCL device where this host has one (its report
+    checked in Chromium)."""
     proc = run_farm("demo", "--repeat", "5", "--min-repeat-ms", "5", "--json", cwd=tmp_path,
                     env={"FARM_HOME": str(tmp_path / ".farm")}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     cells = {(c["device"], c["model"]): c["status"] for c in out["cells"]}
-    devices = ("host-native", "host-generic") + (("opencl-gpu",) if runtime_available() else ())
+    offered = parse_inventory("".join(kind.demo_entry() for kind in kinds().values())).devices  # opencl-gpu on POCL
+    devices = ("host-native", "host-generic", *offered)
     assert cells == {(d, m): "ok" for d in devices for m in ("mlp", "convnet")}
     assert (tmp_path / out["db"]).exists()
     report = tmp_path / out["report"]

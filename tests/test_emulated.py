@@ -71,7 +71,7 @@ target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }
 
 
 def test_sweep_three_models_on_local_and_emulated_devices(farm_net, farm_env, tmp_path):
-    from farm.devices.emulated import bring_up
+    from farm.devices import bring_up
     from farm.inventory import parse_inventory
     from farm.rpc.processes import stop_process
     from farm.rpc.tracker import wait_for_servers
