@@ -18,7 +18,7 @@ NOT_A_VALUE = "{ nested = 1 }"  # a table: no kind's field takes one
 
 
 def test_the_registry_holds_the_kinds_farm_ships():
-    assert {"local", "remote", "qemu", "android", "ios", "linux", "opencl"} <= set(KINDS)
+    assert {"local", "remote", "qemu", "android", "ios", "linux"} <= set(KINDS)  # opencl: tests/test_opencl.py
     assert all(isinstance(kind, DeviceKind) and kind.name == name for name, kind in kinds().items())
 
 
@@ -75,8 +75,6 @@ def test_field_types_take_their_values_and_refuse_others():
 def test_the_kinds_rules_apply_through_the_inventory():
     with pytest.raises(InventoryError, match="cannot be false for a qemu device"):
         parse_inventory(_entry("qemu", "emulated = false"))
-    with pytest.raises(InventoryError, match="is not OpenCL"):
-        parse_inventory('[devices.d]\nkind = "opencl"\nkey = "d"\ntarget = { kind = "llvm" }\n')
     with pytest.raises(InventoryError, match="proxy 'phone' is not HOST:PORT"):
         parse_inventory(_entry("ios", 'proxy = "phone"'))
     board = parse_inventory(_entry("linux")).devices["d"]
@@ -91,9 +89,6 @@ def test_effective_targets_follow_the_kinds_rules():
     cross = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
     board = parse_inventory(_entry("qemu")).devices["d"]
     assert kind_of(board).effective_target(board, dict(cross), host) == {**cross, "num-cores": 8}
-    gpu = parse_inventory(_entry("opencl")).devices["d"]
-    assert kind_of(gpu).effective_target(gpu, {"kind": "opencl"}, host) == {
-        "kind": "opencl", "host": {"kind": "llvm", "mcpu": "skylake"}}
     remote = parse_inventory(_entry("remote")).devices["d"]
     assert kind_of(remote).effective_target(remote, {"kind": "llvm"}, host) == {"kind": "llvm"}
 

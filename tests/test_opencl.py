@@ -13,12 +13,13 @@ import pytest
 from farm.devices import bring_up, opencl_runtime
 from farm.errors import DeviceError, InventoryError
 from farm.inventory import parse_inventory
-from farm.records import TrackerAddress
+from farm.devices import kind_of, kinds
+from farm.records import HostCPU, TrackerAddress
 from farm.rpc.processes import free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import run_farm, write_inventory
 
-pytestmark = pytest.mark.skipif(not opencl_runtime.runtime_available(), reason=(
+needs_runtime = pytest.mark.skipif(not opencl_runtime.runtime_available(), reason=(
     "needs an OpenCL implementation, its headers and TVM's OpenCL runtime sources: bash tools/setup.sh --opencl, "
     f"and TVM_SOURCE_DIR or ../shared/tvm-src ({opencl_runtime.SOURCES_HINT})"))
 
@@ -57,6 +58,7 @@ def bench(inventory: Path, env: dict, *args: str) -> tuple[subprocess.CompletedP
     return proc, json.loads(proc.stdout) if proc.stdout.strip() else {}
 
 
+@needs_runtime
 def test_runtime_is_built_once_and_cached():
     first = opencl_runtime.ensure_runtime()
     assert first.name == "libtvm_runtime_opencl.so" and first.stat().st_size > 100_000
@@ -64,6 +66,7 @@ def test_runtime_is_built_once_and_cached():
     assert opencl_runtime.runtime_tag("x86_64") in str(first)  # keyed by versions + source digest
 
 
+@needs_runtime
 def test_missing_sources_say_which_tvm_commit_to_check_out(monkeypatch, tmp_path):
     monkeypatch.setenv("TVM_SOURCE_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(DeviceError) as caught:
@@ -71,6 +74,7 @@ def test_missing_sources_say_which_tvm_commit_to_check_out(monkeypatch, tmp_path
     assert "nowhere" in caught.value.message and opencl_runtime.TVM_COMMIT[:12] in caught.value.hint
 
 
+@needs_runtime
 def test_builtin_convnet_on_opencl_cold_warm_kernel_wall_and_copies(gpu_farm, farm_env):
     proc, out = bench(gpu_farm, farm_env, "--model", "convnet")
     assert proc.returncode == 0, proc.stderr
@@ -89,6 +93,7 @@ def test_builtin_convnet_on_opencl_cold_warm_kernel_wall_and_copies(gpu_farm, fa
     assert metrics == {"steady": 5, "steady_wall": 5, "copy": 20}
 
 
+@needs_runtime
 def test_onnx_package_model_on_opencl_passes_its_check(gpu_farm, farm_env):
     proc, out = bench(gpu_farm, farm_env, "--model", "onnx:squeezenet", "--repeat", "3")
     assert proc.returncode == 0, proc.stderr
@@ -96,6 +101,7 @@ def test_onnx_package_model_on_opencl_passes_its_check(gpu_farm, farm_env):
     assert out["steady_clock"] == "kernel" and len(out["steady_wall_samples_s"]) == 3
 
 
+@needs_runtime
 def test_fp16_fails_on_pocl_with_the_driver_reason_and_the_sweep_measures_the_cpu_instead(gpu_farm, farm_env, tmp_path):
     proc = run_farm("--devices", str(gpu_farm), "--json", "sweep", "--device", "pocl", "--model", "convnet",
                     "--variant", "fp16", "--repeat", "5", "--min-repeat-ms", "5", env=farm_env, timeout=600)
@@ -120,6 +126,7 @@ def test_fp16_fails_on_pocl_with_the_driver_reason_and_the_sweep_measures_the_cp
     assert 'id="copy-curves"' in html and "64 MiB" in html
 
 
+@needs_runtime
 def test_copy_curve_by_size_is_stored_raw(gpu_farm, farm_env):
     proc = run_farm("--devices", str(gpu_farm), "--json", "copies", "--device", "pocl", "--size", "4K", "--size", "1M",
                     "--repeat", "3", "--min-repeat-ms", "2", env=farm_env)
@@ -132,11 +139,13 @@ def test_copy_curve_by_size_is_stored_raw(gpu_farm, farm_env):
     assert db.execute("SELECT COUNT(*) FROM copy_curve_samples WHERE curve_id=?", (out["curve_id"],)).fetchone()[0] == 40
 
 
+@needs_runtime
 def test_bad_copy_size_is_a_usage_error(gpu_farm, farm_env):
     proc = run_farm("--devices", str(gpu_farm), "copies", "--device", "pocl", "--size", "lots", env=farm_env)
     assert proc.returncode == 2 and "'lots' is not a size in bytes" in proc.stderr
 
 
+@needs_runtime
 @pytest.mark.slow
 def test_tune_on_opencl_stores_records_and_the_tuned_artifact_passes_its_check(gpu_farm, farm_env):
     tune = run_farm("--devices", str(gpu_farm), "--json", "tune", "--device", "pocl", "--model", "mlp",
@@ -160,3 +169,11 @@ def test_inventory_refuses_bad_opencl_entries(entry, problem):
     with pytest.raises(InventoryError) as caught:
         parse_inventory(f"[devices.g]\n{entry}\n")
     assert problem in caught.value.message and caught.value.hint
+
+
+def test_the_opencl_kind_is_registered_and_targets_host_code_on_this_cpu():
+    assert "opencl" in kinds()
+    gpu = parse_inventory('[devices.g]\nkind = "opencl"\nkey = "g"\ntarget = { kind = "opencl" }\n').devices["g"]
+    assert kind_of(gpu).effective_target(gpu, {"kind": "opencl"}, HostCPU("skylake", 8)) == {
+        "kind": "opencl", "host": {"kind": "llvm", "mcpu": "skylake"}}
+    assert "host" in kind_of(gpu).measurement_context(gpu)  # this host's CPU and load describe the device
