@@ -181,7 +181,8 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         try:
             meta = json.loads(meta_path.read_text())
             if Path(meta["path"]).exists() and _digest(Path(meta["path"])) == meta["file_digest"]:
-                return Artifact(**{**meta, "cached": True})
+                # the key includes the pipeline version: metadata written before it was recorded has this one
+                return Artifact(**{"pipeline_version": PIPELINE_VERSION, **meta, "cached": True})
         except (ValueError, KeyError, TypeError):
             log.warning("rebuilding: unreadable artifact metadata %s", meta_path)
     start = time.perf_counter()
@@ -226,6 +227,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         export=device.export, toolchain=toolchain or "default", tvm_version=tvm.__version__,
         file_digest=_digest(path), build_s=time.perf_counter() - start,
         tuning_digest=tuning.digest if tuning else "", tuned_tasks=tuned_tasks, total_tasks=total_tasks,
+        pipeline_version=PIPELINE_VERSION,
     )
     meta_path.write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
     return artifact

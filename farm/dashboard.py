@@ -16,10 +16,13 @@ import tornado.ioloop
 import tornado.web
 
 from farm.errors import FarmError, StoreError
-from farm.records import Inventory
+from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import query_summary
+from farm.results import run_rows
 from farm.stats import hottest
 from farm.store import Store, exists
+
+RUN_FIELDS = ("started_at", "device", "model", "status", "failed_step", "reason", "sweep_id", "steady_median_s", "context")
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>farm dashboard</title><link rel="icon" href="data:,">
@@ -97,15 +100,13 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
         try:
             with Store(db_path, readonly=True) as store:
                 probes = store.latest_probes()
-                runs = store.recent_runs(20)
+                runs = [{"id": row["run_id"], **{k: row[k] for k in RUN_FIELDS}} for row in run_rows(store, limit=20)]
                 sweep = store.sweep()
                 if sweep is not None:
-                    spec = sweep["spec"]
-                    total = len(spec["devices"]) * (len(spec["models"]) + (1 if spec.get("reference") and
-                                                                           spec["reference"] not in spec["models"] else 0))
-                    done = sum(1 for (device, _), attempts in store.sweep_attempts(sweep["id"]).items()
-                               if device in spec["devices"]  # not a GPU device's CPU fallback (NAME@cpu)
-                               and (any(s == "ok" for _, s in attempts) or len(attempts) > spec["retries"]))
+                    spec = SweepSpec.from_json(sweep["spec"])
+                    attempts = store.sweep_attempts(sweep["id"])  # also a GPU device's CPU fallback (NAME@cpu): not a cell
+                    cells = spec.cells()
+                    total, done = len(cells), sum(1 for cell in cells if spec.cell_done(attempts.get(cell, [])))
                     state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
                                       "cells_done": done, "cells_total": total}
                     state["alerts"] = [{"sweep_id": a["sweep_id"], "device": a["device"], "model": a["model"],
@@ -115,7 +116,7 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
             state["tracker_error"] = exc.message
     temperatures: dict[str, float] = {}
     for run in reversed(runs):  # newest last, so it wins
-        context = json.loads(run.pop("context") or "{}")
+        context = run.pop("context") or {}
         # this host's sensors (local devices) and the device's own (a phone's zones, its battery)
         readings = [t for t in (hottest({"thermal": context.get("thermal")}), hottest(context.get("device_health") or {}),
                                 hottest(context.get("device_health_after") or {})) if t is not None]

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from farm.series import by_sweep
+
 MIN_SIZE = 3
 MIN_CHANGE = 0.02
 PENALTY = 5.0  # on 400 generated 30-night series: 1.3 % of flat 3 %-noise series, 99 % of 10 % steps found
@@ -75,18 +77,14 @@ def find_drift(values: Sequence[float], min_size: int = MIN_SIZE, min_change: fl
 
 
 def drift_rows(rows: list[dict[str, Any]], metric_value, min_nights: int = 2 * MIN_SIZE) -> list[dict[str, Any]]:
-    """Per series (device, model, tuned) with enough sweeps: its segments and total change.
+    """Per series (``series.by_sweep``: device, model, tuned and their target/TVM/pipeline context) with enough
+    sweeps: its segments and total change.
 
     ``rows``: results.run_rows; one value per sweep (its last ok, stable run); ``metric_value(row)``."""
-    series: dict[tuple, dict[int, dict[str, Any]]] = {}
-    for row in sorted(rows, key=lambda r: r["run_id"]):
-        if row["sweep_id"] is None or row["status"] != "ok" or row["unstable"]:
-            continue
-        series.setdefault((row["device"], row["model"], row["tuned"]), {})[row["sweep_id"]] = row
     out = []
-    for (device, model, tuned), by_sweep in sorted(series.items()):
-        sweeps = sorted(by_sweep)
-        values = [metric_value(by_sweep[s]) for s in sweeps]
+    for (device, model, tuned, _), accepted in sorted(by_sweep(rows).items(), key=lambda item: item[0]):
+        sweeps = sorted(accepted)
+        values = [metric_value(accepted[s]) for s in sweeps]
         if len(values) < min_nights or any(v is None for v in values):
             continue
         drift = find_drift(values)

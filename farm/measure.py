@@ -329,6 +329,7 @@ def measurement_context(device: Device, artifact: Artifact) -> dict[str, Any]:
     context: dict[str, Any] = {
         "farm_version": farm.__version__, "tvm_version": tvm.__version__, "target": artifact.target,
         "artifact_digest": artifact.file_digest, "export": artifact.export, "toolchain": artifact.toolchain,
+        "pipeline_version": artifact.pipeline_version,
         "device_kind": device.kind, "emulated": device.emulated, "thermal": None,
     }
     return {**context, **kind_of(device).measurement_context(device)}

@@ -6,7 +6,7 @@ that ``models/`` loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CPU_TARGETS = ("llvm", "c")  # target kinds whose code runs on the CPU (no GPU to fall back from)
@@ -95,6 +95,7 @@ class Artifact:
     tuning_digest: str = ""  # digest of the tuning records compiled in ('' = untuned)
     tuned_tasks: int = 0  # tasks that received a record
     total_tasks: int = 0
+    pipeline_version: int = 0  # how farm lowered it (compile.PIPELINE_VERSION); 0 = not known
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,43 @@ class CheckResult:
     atol: float | None = None
     reference: str = ""
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep measures. Stored with the sweep, so ``--resume`` needs nothing else."""
+
+    devices: tuple[str, ...]
+    models: tuple[str, ...]
+    reference: str | None = "mlp"  # measured first on every device, every sweep: tells drift from regressions
+    config: BenchConfig = BenchConfig()
+    retries: int = 1
+    tuned: bool = True
+    variants: tuple[str, ...] = ("fp32",)  # a sweep axis: each model in each variant
+    shapes: dict = field(default_factory=dict)  # model -> {input name: shape}, for dynamic or overridden inputs
+
+    def cell_models(self) -> tuple[str, ...]:
+        ref = (self.reference,) if self.reference else ()
+        names = [m if v == "fp32" else f"{m}@{v}" for m in self.models for v in self.variants]
+        return ref + tuple(dict.fromkeys(n for n in names if n != self.reference))
+
+    def cells(self) -> list[tuple[str, str]]:
+        """Every (device, model) cell in sweep order; models carry their variant (``mlp@fp16``)."""
+        return [(device, model) for device in self.devices for model in self.cell_models()]
+
+    def cell_done(self, attempts: list[tuple[int, str]]) -> bool:
+        """A cell is done when one attempt was ok or its retries are spent; ``attempts``: (run id, status)."""
+        return any(status == "ok" for _, status in attempts) or len(attempts) > self.retries
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "config": asdict(self.config)}
+
+    @staticmethod
+    def from_json(data: dict) -> "SweepSpec":
+        return SweepSpec(devices=tuple(data["devices"]), models=tuple(data["models"]), reference=data["reference"],
+                         config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"],
+                         variants=tuple(data.get("variants", ("fp32",))),
+                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()})
 
 
 @dataclass(frozen=True)

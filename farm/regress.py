@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats as scipy_stats
 
+from farm.series import SeriesKey, by_sweep, series_key
+
 METRICS = ("steady", "load", "first_run", "copy")
 
 
@@ -144,25 +146,20 @@ def series_value(metric: str, row: dict[str, Any]) -> float | None:
 
 
 def detect(rows: list[dict[str, Any]], sweep_id: int, method: Method = METHOD) -> list[dict[str, Any]]:
-    """Verdicts for every series of ``sweep_id`` against the earlier sweeps' accepted values.
+    """Verdicts for every series of ``sweep_id`` against the earlier sweeps' accepted values (``series.by_sweep``:
+    same device, model, tuned, target, TVM and pipeline version).
 
     ``rows``: results.run_rows of all sweeps, any order. Only the final attempt of a cell counts."""
-    by_series: dict[tuple, list[dict[str, Any]]] = {}
+    accepted = by_sweep(rows)
+    current: dict[SeriesKey, dict[str, Any]] = {}
     for row in sorted(rows, key=lambda r: r["run_id"]):
-        if row["sweep_id"] is None:
-            continue
-        by_series.setdefault((row["device"], row["model"], row["tuned"]), []).append(row)
+        if row["sweep_id"] == sweep_id and row["status"] == "ok":
+            current[series_key(row)] = row
     verdicts = []
-    for (device, model, tuned), runs in sorted(by_series.items()):
-        current = [r for r in runs if r["sweep_id"] == sweep_id and r["status"] == "ok"]
-        if not current:
-            continue
-        now = current[-1]
-        earlier = {}
-        for r in runs:  # one accepted value per earlier sweep: its last ok, stable run
-            if r["sweep_id"] < sweep_id and r["status"] == "ok" and not r["unstable"]:
-                earlier[r["sweep_id"]] = r
-        history_rows = [earlier[k] for k in sorted(earlier)]
+    for key, now in sorted(current.items(), key=lambda item: item[0]):
+        device, model, tuned, _ = key
+        earlier = accepted.get(key, {})
+        history_rows = [earlier[s] for s in sorted(earlier) if s < sweep_id]
         for metric in METRICS:
             value = series_value(metric, now)
             history = [v for v in (series_value(metric, r) for r in history_rows) if v is not None]

@@ -22,9 +22,10 @@ COLUMNS = [
 
 
 def run_rows(store: Store, device: str | None = None, model: str | None = None, latest_only: bool = False,
-             sweep_id: int | None = None) -> list[dict[str, Any]]:
+             sweep_id: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """One row per run, newest first, with its summaries (``stats.summarize``: the one median rule)."""
     rows = []
-    for run in store.runs(device=device, model=model, latest_only=latest_only, sweep_id=sweep_id):
+    for run in store.runs(device=device, model=model, latest_only=latest_only, sweep_id=sweep_id, limit=limit):
         steady = summarize(store.samples(run["id"]))
         copies = store.copies(run["id"])
         wall = summarize(store.samples(run["id"], "steady_wall"))

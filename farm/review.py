@@ -17,6 +17,7 @@ import numpy as np
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
 from farm.regress import METHOD, detect, series_value
 from farm.results import run_rows
+from farm.series import by_sweep, series_key
 from farm.stats import bootstrap_median_ci, hottest
 from farm.store import Store
 
@@ -94,21 +95,17 @@ def geomean_by_device(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def series_history(rows: list[dict[str, Any]], alert: dict[str, Any]) -> list[tuple[int, float, int]]:
-    """(sweep id, value, run id) of the alert's series, one accepted value per sweep up to the alert's."""
-    by_sweep: dict[int, dict[str, Any]] = {}
-    for r in sorted(rows, key=lambda r: r["run_id"]):
-        if (r["device"], r["model"], r["tuned"]) != (alert["device"], alert["model"], bool(alert["tuned"])):
-            continue
-        if r["sweep_id"] is None or r["sweep_id"] > alert["sweep_id"] or r["status"] != "ok":
-            continue
-        if r["unstable"] and r["sweep_id"] != alert["sweep_id"]:
-            continue
-        by_sweep[r["sweep_id"]] = r
+    """(sweep id, value, run id) of the alert's series (``series.by_sweep``), one accepted value per sweep up to
+    the alert's."""
+    alerted = next((r for r in rows if r["run_id"] == alert["run_id"]), None)
+    if alerted is None:
+        return []
+    accepted = by_sweep(rows, keep_unstable_of=alert["sweep_id"]).get(series_key(alerted), {})
     out = []
-    for sweep_id in sorted(by_sweep):
-        value = series_value(alert["metric"], by_sweep[sweep_id])
+    for sweep_id in sorted(s for s in accepted if s <= alert["sweep_id"]):
+        value = series_value(alert["metric"], accepted[sweep_id])
         if value is not None:
-            out.append((sweep_id, value, by_sweep[sweep_id]["run_id"]))
+            out.append((sweep_id, value, accepted[sweep_id]["run_id"]))
     return out
 
 

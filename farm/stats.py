@@ -32,12 +32,19 @@ class Summary:
     unstable: bool
 
 
+def median(samples) -> float | None:
+    """The median farm prints, stores and compares everywhere (numpy's: the mean of the middle two for an even
+    count); None when there are no samples."""
+    values = np.asarray(samples, dtype=np.float64)
+    return float(np.median(values)) if values.size else None
+
+
 def summarize(samples: list[float] | tuple[float, ...], seed: int = 0, resamples: int = 2000) -> Summary | None:
     """Summary of ``samples``; ``None`` when there are none."""
     values = np.asarray(samples, dtype=np.float64)
     if values.size == 0:
         return None
-    median = float(np.median(values))
+    median = float(np.median(values))  # what median() returns
     mean = float(np.mean(values))
     cv = float(np.std(values, ddof=1) / mean) if values.size > 1 and mean > 0 else 0.0
     low, high = bootstrap_median_ci(values, seed=seed, resamples=resamples)

@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +29,7 @@ from farm.errors import FarmError, StoreError
 from farm.measure import bench_artifact, measure_copy_curve
 from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
 from farm.records import (CPU_TARGETS, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
-                           TrackerAddress, TuningSet)
+                           SweepSpec, TrackerAddress, TuningSet)
 from farm.store import Store
 
 log = logging.getLogger(__name__)
@@ -201,35 +201,6 @@ def record_copy_curve(tracker: TrackerAddress, device: Device, config: BenchConf
 
 # -- sweeps ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SweepSpec:
-    """What a sweep measures. Stored with the sweep, so ``--resume`` needs nothing else."""
-
-    devices: tuple[str, ...]
-    models: tuple[str, ...]
-    reference: str | None = "mlp"  # measured first on every device, every sweep: tells drift from regressions
-    config: BenchConfig = BenchConfig()
-    retries: int = 1
-    tuned: bool = True
-    variants: tuple[str, ...] = ("fp32",)  # a sweep axis: each model in each variant
-    shapes: dict = field(default_factory=dict)  # model -> {input name: shape}, for dynamic or overridden inputs
-
-    def cell_models(self) -> tuple[str, ...]:
-        ref = (self.reference,) if self.reference else ()
-        names = [m if v == "fp32" else f"{m}@{v}" for m in self.models for v in self.variants]
-        return ref + tuple(n for n in names if n != self.reference)
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "config": asdict(self.config)}
-
-    @staticmethod
-    def from_json(data: dict) -> "SweepSpec":
-        return SweepSpec(devices=tuple(data["devices"]), models=tuple(data["models"]), reference=data["reference"],
-                         config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"],
-                         variants=tuple(data.get("variants", ("fp32",))),
-                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()})
-
-
 @dataclass
 class SweepOutcome:
     sweep_id: int
@@ -241,14 +212,7 @@ class SweepOutcome:
 
 def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, str]]]) -> list[tuple[str, str]]:
     """Cells without an ok run and with retries left, in sweep order."""
-    todo = []
-    for device in spec.devices:
-        for model in spec.cell_models():
-            attempts = done.get((device, model), [])
-            if any(status == "ok" for _, status in attempts) or len(attempts) > spec.retries:
-                continue
-            todo.append((device, model))
-    return todo
+    return [cell for cell in spec.cells() if not spec.cell_done(done.get(cell, []))]
 
 
 def run_sweep(

@@ -51,3 +51,53 @@ def test_dashboard_shows_devices_sweep_and_results(farm_net, inventory_file, far
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=10)
+
+
+def _sweep(inventory_file, farm_env, tmp_path, *args):
+    return run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--reference", "none",
+                    "--min-repeat-ms", "5", "--report-dir", str(tmp_path / "reports"), *args, env=farm_env)
+
+
+def test_one_median_in_the_sweep_output_results_report_and_dashboard(farm_net, inventory_file, farm_env, tmp_path):
+    """An even number of repeats (the median is the mean of the middle two) and an odd one."""
+    from farm.dashboard import collect_state
+    from farm.inventory import load_inventory
+    from farm.stats import format_duration
+
+    even = _sweep(inventory_file, farm_env, tmp_path, "--model", "mlp", "--repeat", "4", "--json")
+    assert even.returncode == 0, even.stderr
+    even_cell = json.loads(even.stdout)["cells"][0]
+    odd = _sweep(inventory_file, farm_env, tmp_path, "--model", "convnet", "--repeat", "5")
+    assert odd.returncode == 0, odd.stderr
+    printed = next(line for line in odd.stdout.splitlines() if " convnet " in line).split()  # device model ok 1.2 ms
+
+    results = {r["run_id"]: r for r in json.loads(run_farm("results", "--json", env=farm_env).stdout)}
+    mlp = results[even_cell["run_id"]]
+    convnet = next(r for r in results.values() if r["model"] == "convnet")
+    assert mlp["steady_n"] == 4 and convnet["steady_n"] == 5
+    assert even_cell["steady_median_s"] == mlp["steady_median_s"]  # exactly: one rule, numpy's median
+    assert " ".join(printed[3:5]) == format_duration(convnet["steady_median_s"])  # what `farm sweep` printed
+
+    state = collect_state(load_inventory(inventory_file), farm_env["FARM_DB"])
+    shown = {r["id"]: r["steady_median_s"] for r in state["runs"]}
+    assert shown[mlp["run_id"]] == mlp["steady_median_s"] and shown[convnet["run_id"]] == convnet["steady_median_s"]
+
+    report = tmp_path / "report.html"
+    assert run_farm("report", "--out", str(report), env=farm_env).returncode == 0
+    html = report.read_text()
+    for row in (mlp, convnet):
+        cell = html[html.index(f'<td class="text">{row["model"]}</td>'):]
+        assert f"<td>{format_duration(row['steady_median_s'])} " in cell.split("</tr>")[0], row["model"]
+
+
+def test_dashboard_counts_a_variant_sweeps_cells(farm_net, inventory_file, farm_env, tmp_path):
+    """mlp in fp32 and fp16: two cells per device (a variant is a cell of its own)."""
+    from farm.dashboard import collect_state
+    from farm.inventory import load_inventory
+
+    sweep = _sweep(inventory_file, farm_env, tmp_path, "--model", "mlp", "--variant", "fp32", "--variant", "fp16",
+                   "--repeat", "3", "--no-report")
+    assert sweep.returncode == 0, sweep.stderr
+    state = collect_state(load_inventory(inventory_file), farm_env["FARM_DB"])["sweep"]
+    assert state["status"] == "done"
+    assert state["cells_done"] <= state["cells_total"] and (state["cells_done"], state["cells_total"]) == (2, 2)

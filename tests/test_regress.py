@@ -112,3 +112,30 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inv
     html = Path(out["report"]).read_text()
     assert html.count('alt="trend of steady') == 1 and html.count('alt="distribution of baseline and current steady') == 1
     assert 'alt="heatmap of steady latency change' in html
+
+
+def _night(sweep_id: int, value: float, tvm: str = "0.27.0", target: dict | None = None) -> dict:
+    """A run row as results.run_rows gives it, with what detect reads."""
+    return {"run_id": sweep_id, "sweep_id": sweep_id, "device": "phone", "model": "mlp", "tuned": False,
+            "status": "ok", "unstable": False, "steady_median_s": value, "load_s": 0.01, "first_run_s": 0.02,
+            "copy_s": [], "artifact_key": f"a{sweep_id}", "model_digest": "m", "tvm_version": tvm,
+            "context": {"target": target or {"kind": "llvm"}, "pipeline_version": 2}}
+
+
+def test_a_baseline_never_spans_a_tvm_upgrade_or_a_target_change():
+    from farm.regress import detect
+
+    history = [_night(s, v) for s, v in enumerate([1.00, 1.01, 0.99, 1.00, 1.02, 1.00], start=1)]
+    slower = _night(7, 1.30)
+    steady = {v["metric"]: v for v in detect([*history, slower], 7)}["steady"]
+    assert steady["status"] == "candidate" and steady["baseline"]["n"] == 6  # same context: compared
+    upgraded = _night(7, 1.30, tvm="0.28.0")
+    steady = {v["metric"]: v for v in detect([*history, upgraded], 7)}["steady"]
+    assert steady["status"] == "no-baseline" and steady["baseline_run_id"] is None  # a new TVM: a new series
+    retargeted = _night(7, 1.30, target={"kind": "llvm", "mcpu": "skylake"})
+    steady = {v["metric"]: v for v in detect([*history, retargeted], 7)}["steady"]
+    assert steady["status"] == "no-baseline"
+    # after an upgrade, the new series builds its own baseline from the upgraded nights only
+    after = [_night(s, 1.30, tvm="0.28.0") for s in range(7, 13)] + [_night(13, 1.31, tvm="0.28.0")]
+    steady = {v["metric"]: v for v in detect([*history, *after], 13)}["steady"]
+    assert steady["status"] == "ok" and steady["baseline"]["n"] == 6 and steady["baseline"]["centre"] == 1.30

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from farm.errors import FarmError
+from farm.stats import median
 
 from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_with_variant, load_inventory_of, bench_config, require_db, tuning_sets
 
@@ -230,7 +231,7 @@ def cmd_demo(args) -> int:
     else:
         for c in outcome.cells:
             r = c.result
-            med = sorted(r.steady_samples_s)[len(r.steady_samples_s) // 2] if r.steady_samples_s else None
+            med = median(r.steady_samples_s)
             print(f"{r.device:14s} {r.model:10s} {r.status:6s} steady {duration(med):>12s}  check {r.check.status}"
                   + (f"  ({r.failed_step}: {r.reason})" if r.status != "ok" else ""))
         print(f"results database: {outcome.db_path}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
+from farm.stats import median
 
 from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config, require_db
 
@@ -59,13 +60,14 @@ def cmd_sweep(args) -> int:
                    "skipped": outcome.skipped, "report": str(report) if report else None,
                    "alerts": [{k: a[k] for k in ("device", "model", "metric", "status", "change", "z")} for a in alerts],
                    "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
-                              "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason}
+                              "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason,
+                              "steady_median_s": median(c.result.steady_samples_s)}
                              for c in final.values()]})
     else:
         print(f"sweep {outcome.sweep_id}: {len(final)} cell(s) measured, {len(failed)} failed, "
               f"{outcome.skipped} already done, {outcome.seconds:.0f} s")
         for (device, model), c in sorted(final.items()):
-            med = sorted(c.result.steady_samples_s)[len(c.result.steady_samples_s) // 2] if c.result.steady_samples_s else None
+            med = median(c.result.steady_samples_s)
             print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(med):>10s}"
                   + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
         for a in alerts:

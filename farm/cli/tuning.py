@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
+from farm.stats import median
 
 from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, parse_shapes, load_inventory_of, bench_config, graceful_interrupt
 
@@ -89,7 +90,7 @@ def _tuned_vs_untuned(inventory, device, model, store, config, progress: bool) -
             raise FarmError(f"{'tuned' if tuned else 'untuned'} bench failed at {cell.result.failed_step}: {cell.result.reason}",
                             cell.result.hint or "see farm results")
         runs[tuned] = cell
-    medians = {k: sorted(c.result.steady_samples_s)[len(c.result.steady_samples_s) // 2] for k, c in runs.items()}
+    medians = {k: median(c.result.steady_samples_s) for k, c in runs.items()}
     return {"untuned_s": medians[False], "tuned_s": medians[True], "speedup": medians[False] / medians[True],
             "untuned_run": runs[False].run_id, "tuned_run": runs[True].run_id,
             "tuned_tasks": runs[True].artifact.tuned_tasks, "total_tasks": runs[True].artifact.total_tasks}

@@ -302,16 +302,6 @@ class Store:
         row = self._db.execute("SELECT * FROM artifacts WHERE cache_key=?", (cache_key,)).fetchone()
         return None if row is None else {**dict(row), "target": json.loads(row["target"])}
 
-    def recent_runs(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest runs with the median of their steady samples."""
-        rows = [dict(r) for r in self._db.execute(
-            """SELECT id, started_at, device, model, status, failed_step, reason, sweep_id, context
-               FROM runs ORDER BY id DESC LIMIT ?""", (limit,))]
-        for row in rows:
-            values = sorted(self.samples(row["id"]))
-            row["steady_median_s"] = values[len(values) // 2] if values else None
-        return rows
-
     def latest_probes(self) -> dict[str, dict[str, Any]]:
         rows = self._db.execute("""SELECT p.* FROM probes p JOIN (SELECT device, MAX(at) AS at FROM probes GROUP BY device) l
                                    ON p.device = l.device AND p.at = l.at""").fetchall()
@@ -326,8 +316,8 @@ class Store:
     # -- reads --------------------------------------------------------------------------
 
     def runs(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
-             sweep_id: int | None = None) -> list[dict[str, Any]]:
-        """Runs joined with their check, newest first."""
+             sweep_id: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Runs joined with their check, newest first (the newest ``limit`` only, when given)."""
         where, params = [], []
         if sweep_id is not None:
             where.append("r.sweep_id = ?")
@@ -347,6 +337,8 @@ class Store:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY r.id DESC"
+        if limit is not None:
+            sql, params = sql + " LIMIT ?", [*params, int(limit)]
         return [dict(row) for row in self._db.execute(sql, params)]
 
     def samples(self, run_id: int, metric: str = "steady", series: int = 0) -> list[float]:
