@@ -10,9 +10,11 @@ import jinja2
 
 import farm
 from farm.results import run_rows
-from farm.review import figure_png, pyplot, stacked_png, sweep_review
+from farm.review import PLOTTED_CELLS, figure_png, pyplot, stacked_png, sweep_review, worst_first
 from farm.stats import format_duration, summarize
 from farm.store import Store
+
+FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
 
 
 def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None) -> Path:
@@ -21,7 +23,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     latest.sort(key=lambda r: (r["device"], r["model"], r["tuned"]))
     for row in latest:
         row["copy_pairs"] = list(zip(row["copy_bytes"], row["copy_s"]))
-    failures = [r for r in run_rows(store) if r["status"] == "failed"]
+    failures = run_rows(store, status="failed")
+    ok = [r for r in latest if r["status"] == "ok"]
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
     )
@@ -32,8 +35,9 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}), db_path=str(store.path),
         runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
-        distribution_png=_distribution_png(store, latest), phases_png=stacked_png([r for r in latest if r["status"] == "ok"]),
-        alerts=store.alerts(sweep_id) if sweep_id is not None else [], sweep_id=sweep_id,
+        distribution_png=_distribution_png(store, ok), phases_png=stacked_png(ok), cells_ok=len(ok),
+        plotted_cells=PLOTTED_CELLS, folded_rows=FOLDED_ROWS,
+        alerts=sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else [], sweep_id=sweep_id,
         review=sweep_review(store, sweep_id) if sweep_id is not None else None,
         variants=_variant_rows(latest),
         copy_curves=curves, copy_sizes=sorted({n for c in curves for _, n in c["by_size"]}),
@@ -102,8 +106,12 @@ def _variant_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for _, e in sorted(table.items()) if "fp16" in e or "int8" in e]
 
 
-def _distribution_png(store: Store, rows: list[dict[str, Any]]) -> str:
+def _distribution_png(store: Store, rows: list[dict[str, Any]], most: int = PLOTTED_CELLS) -> str:
+    """Every stored repeat per cell; with more than ``most`` cells, the ``most`` most variable (highest CV)."""
     plt = pyplot()
+    if len(rows) > most:
+        rows = sorted(sorted(rows, key=lambda r: r["steady_cv"] or 0, reverse=True)[:most],
+                      key=lambda r: (r["device"], r["model"], r["tuned"]))
     data = [(f"{r['device']}\n{r['model']}{' (tuned)' if r['tuned'] else ''}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
     data = [(label, values) for label, values in data if values]
     if not data:

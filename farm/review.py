@@ -22,6 +22,8 @@ from farm.stats import bootstrap_median_ci, hottest
 from farm.store import Store
 
 HEAT_LIMIT = 0.20  # colour scale of the heatmap saturates at ±20 %
+PLOTTED_CELLS = 40  # past this many cells a figure shows the ones that matter most, and says so
+LABELLED_CELLS = 300  # heatmap cells that get a printed value
 THERMAL_RISE_C = 5.0  # a cell that warmed the device this much is a thermal event
 
 
@@ -61,7 +63,8 @@ def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
     rows = run_rows(store)
     current = [r for r in rows if r["sweep_id"] == sweep_id]
     verdicts = detect(rows, sweep_id)
-    alerts = store.alerts(sweep_id)
+    alerts = sorted(store.alerts(sweep_id), key=worst_first)
+    accepted = by_sweep(rows, keep_unstable_of=sweep_id)  # each series' accepted run per sweep, once
     sweep = store.sweep(sweep_id) or {"spec": {}}
     reference = sweep["spec"].get("reference") or ""
     statuses = [a["status"] for a in alerts]
@@ -71,9 +74,8 @@ def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
                                - {(r["device"], r["model"]) for r in current if r["status"] == "ok"}),
         "unstable_cells": [(r["device"], label(r)) for r in current if r["status"] == "ok" and r["unstable"]],
         "geomean": geomean_by_device(verdicts),
-        "evidence": [alert_evidence(store, rows, a) for a in alerts],
+        "evidence": [alert_evidence(store, rows, a, accepted) for a in alerts],
         "heatmap_png": heatmap_png(verdicts),
-        "stacked_png": stacked_png([r for r in current if r["status"] == "ok"]),
         "quality": quality_rows([r for r in current if r["status"] == "ok"]),
         "reference": reference,
         "reference_drift": [v for v in verdicts if v["model"] == reference and v["metric"] == "steady"],
@@ -94,13 +96,16 @@ def geomean_by_device(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for d, c in sorted(by_device.items())]
 
 
-def series_history(rows: list[dict[str, Any]], alert: dict[str, Any]) -> list[tuple[int, float, int]]:
-    """(sweep id, value, run id) of the alert's series (``series.by_sweep``), one accepted value per sweep up to
-    the alert's."""
+def series_history(rows: list[dict[str, Any]], alert: dict[str, Any],
+                   accepted_by_series: dict | None = None) -> list[tuple[int, float, int]]:
+    """(sweep id, value, run id) of the alert's series (``series.by_sweep``, computed once by the caller when
+    given), one accepted value per sweep up to the alert's."""
     alerted = next((r for r in rows if r["run_id"] == alert["run_id"]), None)
     if alerted is None:
         return []
-    accepted = by_sweep(rows, keep_unstable_of=alert["sweep_id"]).get(series_key(alerted), {})
+    if accepted_by_series is None:
+        accepted_by_series = by_sweep(rows, keep_unstable_of=alert["sweep_id"])
+    accepted = accepted_by_series.get(series_key(alerted), {})
     out = []
     for sweep_id in sorted(s for s in accepted if s <= alert["sweep_id"]):
         value = series_value(alert["metric"], accepted[sweep_id])
@@ -109,8 +114,9 @@ def series_history(rows: list[dict[str, Any]], alert: dict[str, Any]) -> list[tu
     return out
 
 
-def alert_evidence(store: Store, rows: list[dict[str, Any]], alert: dict[str, Any]) -> dict[str, Any]:
-    history = series_history(rows, alert)
+def alert_evidence(store: Store, rows: list[dict[str, Any]], alert: dict[str, Any],
+                   accepted_by_series: dict | None = None) -> dict[str, Any]:
+    history = series_history(rows, alert, accepted_by_series)
     base = alert["baseline"]
     baseline_runs = [run for sweep, _, run in history if sweep != alert["sweep_id"]][-base["n"]:]
     ci = bootstrap_median_ci(base["values"]) if len(base["values"]) >= 2 else (None, None)
@@ -171,7 +177,7 @@ def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
             grid[models.index(m), devices.index(d)] = change * 100
     fig, ax = plt.subplots(figsize=(max(3.5, 1.4 * len(devices) + 2), max(2.2, 0.45 * len(models) + 1)))
     image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdBu_r", vmin=-HEAT_LIMIT * 100, vmax=HEAT_LIMIT * 100, aspect="auto")
-    for i, m in enumerate(models):
+    for i, m in enumerate(models if len(cells) <= LABELLED_CELLS else []):  # past that, the colours say it
         for j, d in enumerate(devices):
             text = "no baseline" if (m, d) in cells and np.isnan(grid[i, j]) else ("" if np.isnan(grid[i, j]) else f"{grid[i, j]:+.1f}%")
             dark = not np.isnan(grid[i, j]) and abs(grid[i, j]) > HEAT_LIMIT * 60  # past 60 % of the scale
@@ -182,10 +188,23 @@ def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
     return figure_png(fig)
 
 
-def stacked_png(rows: list[dict[str, Any]]) -> str:
+def worst_first(alert: dict[str, Any]) -> tuple:
+    """Alerts in reading order: confirmed and candidate regressions first, the largest slowdown first."""
+    rank = {"confirmed": 0, "candidate": 1, "unknown": 2}.get(alert["status"], 3)
+    return rank, -(alert["change"] or 0.0), alert["id"]
+
+
+def _total_s(row: dict[str, Any]) -> float:
+    return (row["load_s"] or 0) + (row["first_run_s"] or 0) + (row["steady_median_s"] or 0) + sum(v or 0 for v in row["copy_s"])
+
+
+def stacked_png(rows: list[dict[str, Any]], most: int = PLOTTED_CELLS) -> str:
+    """Load, first run, one steady call and copies per cell; with more than ``most`` cells, the slowest ``most``."""
     if not rows:
         return ""
     plt = pyplot()
+    if len(rows) > most:
+        rows = sorted(rows, key=_total_s, reverse=True)[:most]
     rows = sorted(rows, key=lambda r: (r["device"], label(r)))
     names = [f"{r['device']} · {label(r)}" for r in rows]
     phases = [("load", [r["load_s"] or 0 for r in rows]), ("first run", [r["first_run_s"] or 0 for r in rows]),

@@ -19,7 +19,10 @@ SeriesKey = tuple[str, str, bool, str]  # device, model, tuned, context (JSON: t
 
 
 def context_of(row: dict[str, Any]) -> str:
-    """What must be equal for two runs to share a baseline, as one comparable string."""
+    """What must be equal for two runs to share a baseline, as one comparable string (results.run_rows gives it
+    as ``series_context``)."""
+    if "series_context" in row:
+        return row["series_context"]
     context = row.get("context") or {}
     return json.dumps({"target": context.get("target"), "tvm": row.get("tvm_version"),
                        "pipeline": context.get("pipeline_version")}, sort_keys=True)

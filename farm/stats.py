@@ -7,6 +7,7 @@ the one rule for a health reading's temperature (the gates, the report's data qu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,42 +41,77 @@ def median(samples) -> float | None:
 
 
 def summarize(samples: list[float] | tuple[float, ...], seed: int = 0, resamples: int = 2000) -> Summary | None:
-    """Summary of ``samples``; ``None`` when there are none."""
+    """Summary of ``samples``; ``None`` when there are none. The same arithmetic as ``summarize_rows``."""
     values = np.asarray(samples, dtype=np.float64)
     if values.size == 0:
         return None
-    median = float(np.median(values))  # what median() returns
-    mean = float(np.mean(values))
-    cv = float(np.std(values, ddof=1) / mean) if values.size > 1 and mean > 0 else 0.0
-    low, high = bootstrap_median_ci(values, seed=seed, resamples=resamples)
-    return Summary(
-        n=int(values.size), median=median, mean=mean,
-        p10=float(np.percentile(values, 10)), p90=float(np.percentile(values, 90)),
-        min=float(values.min()), max=float(values.max()), cv=cv,
-        mad=float(1.4826 * np.median(np.abs(values - median))),
-        ci_low=low, ci_high=high, unstable=is_unstable(values),
-    )
+    columns = summarize_rows(values[None, :], seed=seed, resamples=resamples)
+    return Summary(**{name: column[0].item() for name, column in columns.items()})
+
+
+def summarize_rows(matrix: np.ndarray, seed: int = 0, resamples: int = 2000) -> dict[str, np.ndarray]:
+    """Summaries of each row of ``matrix`` (runs × repeats, one run's samples per row), vectorised: one
+    column per ``Summary`` field. This is how farm summarizes a run, alone or 50,000 at a time."""
+    values = np.sort(np.asarray(matrix, dtype=np.float64), axis=1)
+    count, size = values.shape
+    median = np.median(values, axis=1)
+    mean = values.mean(axis=1)
+    if size > 1:
+        std = values.std(axis=1, ddof=1)
+        cv = np.divide(std, mean, out=np.zeros(count), where=mean > 0)
+    else:
+        cv = np.zeros(count)
+    top = values[:, -1]
+    unstable = (cv >= UNSTABLE_CV) | ((median > 0) & (top >= UNSTABLE_MAX_OVER_MEDIAN * median)) if size > 1 \
+        else np.zeros(count, dtype=bool)
+    low, high = _bootstrap_median_cis(values, 0.95, seed, resamples)
+    return {
+        "n": np.full(count, size), "median": median, "mean": mean,
+        "p10": np.percentile(values, 10, axis=1), "p90": np.percentile(values, 90, axis=1),
+        "min": values[:, 0], "max": top, "cv": cv,
+        "mad": 1.4826 * np.median(np.abs(values - median[:, None]), axis=1),
+        "ci_low": low, "ci_high": high, "unstable": unstable,
+    }
 
 
 def is_unstable(values) -> bool:
     """CV ≥ 10 % or a max ≥ 1.5 × median: such a run never enters a baseline."""
     values = np.asarray(values, dtype=np.float64)
-    if values.size < 2:
-        return False
-    median = float(np.median(values))
-    cv = float(np.std(values, ddof=1) / np.mean(values)) if np.mean(values) > 0 else 0.0
-    return cv >= UNSTABLE_CV or (median > 0 and float(values.max()) >= UNSTABLE_MAX_OVER_MEDIAN * median)
+    return bool(values.size >= 2 and summarize_rows(values[None, :], resamples=1)["unstable"][0])
 
 
 def bootstrap_median_ci(values, confidence: float = 0.95, seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
-    values = np.asarray(values, dtype=np.float64)
-    if values.size == 1:
-        return float(values[0]), float(values[0])
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, values.size, size=(resamples, values.size))
-    medians = np.median(values[picks], axis=1)
+    """Bootstrap interval of the median of ``values`` (see ``_bootstrap_median_cis``)."""
+    values = np.sort(np.asarray(values, dtype=np.float64))
+    low, high = _bootstrap_median_cis(values[None, :], confidence, seed, resamples)
+    return float(low[0]), float(high[0])
+
+
+def _bootstrap_median_cis(sorted_rows: np.ndarray, confidence: float, seed: int, resamples: int,
+                          chunk_cells: int = 1_000_000) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap of the median for each row of ``sorted_rows`` (each row sorted ascending).
+
+    A resample draws ``n`` positions with replacement; on sorted values the resample's median is the mean
+    of the values at the two middle drawn positions, so the draws (seeded, the same for every row of that
+    length) reduce to two position vectors and each row costs two gathers, not ``resamples`` sorts."""
+    count, size = sorted_rows.shape
+    if size == 1:
+        return sorted_rows[:, 0].copy(), sorted_rows[:, 0].copy()
+    lower, upper = _middle_positions(size, seed, resamples)
     tail = (1 - confidence) / 2 * 100
-    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+    low, high = np.empty(count), np.empty(count)
+    step = max(1, chunk_cells // resamples)
+    for start in range(0, count, step):
+        block = sorted_rows[start:start + step]
+        medians = (block[:, lower] + block[:, upper]) / 2
+        low[start:start + step], high[start:start + step] = np.percentile(medians, [tail, 100 - tail], axis=1)
+    return low, high
+
+
+@functools.lru_cache(maxsize=64)
+def _middle_positions(size: int, seed: int, resamples: int) -> tuple[np.ndarray, np.ndarray]:
+    draws = np.sort(np.random.default_rng(seed).integers(0, size, size=(resamples, size)), axis=1)
+    return draws[:, (size - 1) // 2], draws[:, size // 2]
 
 
 def format_duration(seconds: float | None) -> str:

@@ -25,7 +25,7 @@ ALLOWED = {
     "devices": {"errors", "records", "rpc", "devices", "stats"},
     "compile": {"errors", "records", "models", "devices"},
     "measure": {"errors", "records", "rpc", "devices", "__init__"},
-    "results": {"stats", "store"},
+    "results": {"series", "stats", "store"},
     "sweep": {"errors", "records", "compile", "devices", "measure", "models", "store"},
     "review": {"drift", "regress", "results", "series", "stats", "store"},
     "report": {"results", "review", "stats", "store", "__init__"},

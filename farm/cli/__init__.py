@@ -225,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("report", cmd_report, "write a self-contained HTML report of the results")
     p.add_argument("--out", help="output file (default reports/report-TIMESTAMP.html)")
     p.add_argument("--title", default="farm report")
+    p.add_argument("--sweep", type=int, help="add that sweep's review (alerts with evidence, heatmap, data quality, "
+                   "drift), as `farm sweep` writes it")
 
     p = add("demo", cmd_demo, "the main job on an embedded default: private tracker, 2 local devices, built-in models",
             "Needs no inventory. Starts a tracker and two local rpc_servers on free loopback ports,\n"

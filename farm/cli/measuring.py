@@ -208,7 +208,9 @@ def cmd_report(args) -> int:
     require_db(args.db)
     out = Path(args.out) if args.out else Path("reports") / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
     with Store(args.db) as store:
-        path = render_report(store, out, title=args.title)
+        if args.sweep is not None and store.sweep(args.sweep) is None:
+            raise FarmError(f"no sweep {args.sweep} in {args.db}", "see the sweep ids: farm results --json (sweep_id)")
+        path = render_report(store, out, title=args.title, sweep_id=args.sweep)
     if args.json:
         emit_json({"report": str(path)})
     else:

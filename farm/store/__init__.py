@@ -316,9 +316,45 @@ class Store:
     # -- reads --------------------------------------------------------------------------
 
     def runs(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
-             sweep_id: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+             sweep_id: int | None = None, limit: int | None = None,
+             status: str | None = None) -> list[dict[str, Any]]:
         """Runs joined with their check, newest first (the newest ``limit`` only, when given)."""
+        where, params = self._run_filter(device, model, latest_only, sweep_id, limit, status)
+        sql = f"""SELECT r.*, c.status AS check_status, c.max_abs_err, c.rtol, c.atol, c.reference, c.detail AS check_detail,
+                        a.tuned_tasks, a.total_tasks
+                 FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key
+                 WHERE r.id IN ({where}) ORDER BY r.id DESC"""
+        return [dict(row) for row in self._db.execute(sql, params)]
+
+    def run_samples(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+                    sweep_id: int | None = None, limit: int | None = None,
+             status: str | None = None) -> list[tuple[int, str, int, float]]:
+        """Every sample of the runs ``runs`` selects with the same arguments, in one query:
+        (run id, metric, series, value) ordered by run, metric, series and repeat."""
+        where, params = self._run_filter(device, model, latest_only, sweep_id, limit, status)
+        sql = f"""SELECT run_id, metric, series, value_s FROM samples WHERE run_id IN ({where})
+                  ORDER BY run_id, metric, series, idx"""
+        return [tuple(row) for row in self._db.execute(sql, params)]
+
+    def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+                   sweep_id: int | None = None, limit: int | None = None,
+             status: str | None = None) -> dict[int, list[dict[str, Any]]]:
+        """run id -> its outputs' copies (index, bytes, shape, dtype, number), for the runs ``runs`` selects."""
+        where, params = self._run_filter(device, model, latest_only, sweep_id, limit, status)
+        copies: dict[int, list[dict[str, Any]]] = {}
+        for row in self._db.execute(f"SELECT * FROM copies WHERE run_id IN ({where}) ORDER BY run_id, output_index",
+                                    params):
+            copies.setdefault(row["run_id"], []).append(dict(row))
+        return copies
+
+    @staticmethod
+    def _run_filter(device: str | None, model: str | None, latest_only: bool, sweep_id: int | None,
+                    limit: int | None, status: str | None = None) -> tuple[str, list[Any]]:
+        """A subquery selecting run ids, and its parameters."""
         where, params = [], []
+        if status is not None:
+            where.append("r.status = ?")
+            params.append(status)
         if sweep_id is not None:
             where.append("r.sweep_id = ?")
             params.append(sweep_id)
@@ -331,15 +367,10 @@ class Store:
         if latest_only:
             where.append("r.id = (SELECT MAX(id) FROM runs r2 WHERE r2.device = r.device AND r2.model = r.model"
                          " AND r2.tuned = r.tuned)")
-        sql = """SELECT r.*, c.status AS check_status, c.max_abs_err, c.rtol, c.atol, c.reference, c.detail AS check_detail,
-                        a.tuned_tasks, a.total_tasks
-                 FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key"""
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY r.id DESC"
+        sql = "SELECT r.id FROM runs r" + (" WHERE " + " AND ".join(where) if where else "")
         if limit is not None:
-            sql, params = sql + " LIMIT ?", [*params, int(limit)]
-        return [dict(row) for row in self._db.execute(sql, params)]
+            sql, params = sql + " ORDER BY r.id DESC LIMIT ?", [*params, int(limit)]
+        return sql, params
 
     def samples(self, run_id: int, metric: str = "steady", series: int = 0) -> list[float]:
         rows = self._db.execute(

@@ -10,13 +10,15 @@ SCHEMA_VERSION history:
   6  GPUs: runs.load_warm_s/first_run_warm_s (cold vs warm first run), runs.steady_clock (what the steady
      samples measure: wall | kernel | device), runs.steady_wall_number + samples metric 'steady_wall',
      runs.fallback_of (the failed GPU run a CPU run stands in for); copy_curves + copy_curve_samples
+  7  index runs_series (device, model, tuned, id): a series' latest run without scanning every run
+     (the report's latest-per-cell at 50,000 runs)
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -107,6 +109,9 @@ MIGRATIONS: dict[int, str] = {
         curve_id INTEGER NOT NULL REFERENCES copy_curves(id), direction TEXT NOT NULL, nbytes INTEGER NOT NULL,
         idx INTEGER NOT NULL, value_s REAL NOT NULL, number INTEGER NOT NULL,
         PRIMARY KEY (curve_id, direction, nbytes, idx));
+    """,
+    7: """
+    CREATE INDEX runs_series ON runs (device, model, tuned, id);
     """,
 }
 
