@@ -1,11 +1,16 @@
-"""Slow drift: where a series' nightly history changed level (change points, with ruptures' PELT).
+"""Slow drift: where a series' nightly history changed level (change points, exact optimal partitioning).
 
 Nightly z-scores compare one night with a baseline and miss a series that creeps: 1 % a week
 never trips a 2 % threshold, yet a quarter later the model is 12 % slower. The drift view
-segments each series' whole history instead: PELT with an L2 cost on log values (so a shift
-is relative), penalty ``PENALTY × σ² × ln n`` with σ the night-to-night noise estimated from
-the series itself (MAD of successive differences), at least ``MIN_SIZE`` nights per segment.
-Shifts smaller than ``MIN_CHANGE`` are merged away. No TVM, no database.
+segments each series' whole history instead: the segmentation that minimizes the L2 cost on log
+values (so a shift is relative) plus a penalty ``PENALTY × σ² × ln n`` per change point, σ the
+night-to-night noise estimated from the series itself (MAD of successive differences), at least
+``MIN_SIZE`` nights per segment. Shifts smaller than ``MIN_CHANGE`` are merged away. No TVM, no database.
+
+That objective is PELT's; ``segment_l2`` solves it exactly by dynamic programming over every split
+(a year of nights is a few hundred points: no pruning needed), in ~1 ms a series where ruptures'
+PELT took ~20 ms (1,000 series: 1 s, not 20), and on 1 of 600 random short series it found a lower
+cost than ruptures did (its admissible-point pruning missed the optimum).
 """
 
 from __future__ import annotations
@@ -52,18 +57,38 @@ def noise_of(log_values: np.ndarray) -> float:
     return max(float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / np.sqrt(2)), NOISE_FLOOR)
 
 
+def segment_l2(values: np.ndarray, penalty: float, min_size: int) -> list[int]:
+    """Ends of the segments (the last is ``len(values)``) minimizing the sum of each segment's squared deviations
+    from its mean plus ``penalty`` per change point, every segment at least ``min_size`` long."""
+    size = values.size
+    s1 = np.concatenate([[0.0], np.cumsum(values)])
+    s2 = np.concatenate([[0.0], np.cumsum(values * values)])
+    best = np.full(size + 1, np.inf)
+    best[0] = -penalty  # the first segment is not a change point
+    start_of = np.zeros(size + 1, dtype=int)
+    for end in range(min_size, size + 1):
+        starts = np.arange(0, end - min_size + 1)
+        starts = starts[(starts == 0) | (starts >= min_size)]  # the segment before a start is long enough too
+        cost = s2[end] - s2[starts] - (s1[end] - s1[starts]) ** 2 / (end - starts)
+        total = best[starts] + cost + penalty
+        pick = int(np.argmin(total))
+        best[end], start_of[end] = total[pick], starts[pick]
+    ends, end = [], size
+    while end > 0:
+        ends.append(end)
+        end = int(start_of[end])
+    return ends[::-1]
+
+
 def find_drift(values: Sequence[float], min_size: int = MIN_SIZE, min_change: float = MIN_CHANGE,
                penalty: float = PENALTY) -> Drift | None:
     """Segments of a positive series, oldest first; None when it is too short to segment."""
-    import ruptures
-
     raw = np.asarray(values, dtype=np.float64)
     if raw.size < 2 * min_size or np.any(raw <= 0):
         return None
     logs = np.log(raw)
     sigma = noise_of(logs)
-    ends = ruptures.Pelt(model="l2", min_size=min_size, jump=1).fit(logs.reshape(-1, 1)).predict(
-        pen=penalty * sigma ** 2 * np.log(raw.size))
+    ends = segment_l2(logs, penalty * sigma ** 2 * np.log(raw.size), min_size)
     bounds = [0, *ends]
     segments = [Segment(a, b, float(np.median(raw[a:b]))) for a, b in zip(bounds, bounds[1:])]
     merged = [segments[0]]

@@ -60,7 +60,7 @@ def label(row: dict[str, Any]) -> str:
 
 
 def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
-    rows = run_rows(store)
+    rows = run_rows(store, intervals=False)  # baselines, quality and drift need no interval of the median
     current = [r for r in rows if r["sweep_id"] == sweep_id]
     verdicts = detect(rows, sweep_id)
     alerts = sorted(store.alerts(sweep_id), key=worst_first)
@@ -80,7 +80,7 @@ def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
         "reference": reference,
         "reference_drift": [v for v in verdicts if v["model"] == reference and v["metric"] == "steady"],
         "drift": drift_view(rows),
-        "method": {**METHOD.to_json(), "drift": {"algorithm": "ruptures PELT, L2 cost on log values",
+        "method": {**METHOD.to_json(), "drift": {"algorithm": "optimal partitioning (PELT's objective, solved exactly), L2 cost on log values",
                                                  "penalty": f"{PENALTY:g}·σ²·ln n", "min_nights_per_segment": MIN_SIZE,
                                                  "min_shift": MIN_CHANGE}},
     }

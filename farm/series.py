@@ -19,13 +19,13 @@ SeriesKey = tuple[str, str, bool, str]  # device, model, tuned, context (JSON: t
 
 
 def context_of(row: dict[str, Any]) -> str:
-    """What must be equal for two runs to share a baseline, as one comparable string (results.run_rows gives it
-    as ``series_context``)."""
-    if "series_context" in row:
-        return row["series_context"]
-    context = row.get("context") or {}
-    return json.dumps({"target": context.get("target"), "tvm": row.get("tvm_version"),
-                       "pipeline": context.get("pipeline_version")}, sort_keys=True)
+    """What must be equal for two runs to share a baseline, as one comparable string (kept in the row as
+    ``series_context``: regress, review and drift each ask for it)."""
+    if "series_context" not in row:
+        context = row.get("context") or {}
+        row["series_context"] = json.dumps({"target": context.get("target"), "tvm": row.get("tvm_version"),
+                                            "pipeline": context.get("pipeline_version")}, sort_keys=True)
+    return row["series_context"]
 
 
 def series_key(row: dict[str, Any]) -> SeriesKey:

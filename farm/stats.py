@@ -36,8 +36,8 @@ class Summary:
 def median(samples) -> float | None:
     """The median farm prints, stores and compares everywhere (numpy's: the mean of the middle two for an even
     count); None when there are no samples."""
-    values = np.asarray(samples, dtype=np.float64)
-    return float(np.median(values)) if values.size else None
+    values = np.sort(np.asarray(samples, dtype=np.float64))
+    return float(_sorted_percentile(values[None, :], 50.0)[0]) if values.size else None
 
 
 def summarize(samples: list[float] | tuple[float, ...], seed: int = 0, resamples: int = 2000) -> Summary | None:
@@ -51,10 +51,11 @@ def summarize(samples: list[float] | tuple[float, ...], seed: int = 0, resamples
 
 def summarize_rows(matrix: np.ndarray, seed: int = 0, resamples: int = 2000) -> dict[str, np.ndarray]:
     """Summaries of each row of ``matrix`` (runs × repeats, one run's samples per row), vectorised: one
-    column per ``Summary`` field. This is how farm summarizes a run, alone or 50,000 at a time."""
+    column per ``Summary`` field. This is how farm summarizes a run, alone or 50,000 at a time.
+    ``resamples=0`` skips the bootstrap (ci_low/ci_high are NaN)."""
     values = np.sort(np.asarray(matrix, dtype=np.float64), axis=1)
     count, size = values.shape
-    median = np.median(values, axis=1)
+    median = _sorted_percentile(values, 50.0)
     mean = values.mean(axis=1)
     if size > 1:
         std = values.std(axis=1, ddof=1)
@@ -64,20 +65,37 @@ def summarize_rows(matrix: np.ndarray, seed: int = 0, resamples: int = 2000) -> 
     top = values[:, -1]
     unstable = (cv >= UNSTABLE_CV) | ((median > 0) & (top >= UNSTABLE_MAX_OVER_MEDIAN * median)) if size > 1 \
         else np.zeros(count, dtype=bool)
-    low, high = _bootstrap_median_cis(values, 0.95, seed, resamples)
+    if resamples:
+        low, high = _bootstrap_median_cis(values, 0.95, seed, resamples)
+    else:
+        low = high = np.full(count, np.nan)
     return {
         "n": np.full(count, size), "median": median, "mean": mean,
-        "p10": np.percentile(values, 10, axis=1), "p90": np.percentile(values, 90, axis=1),
+        "p10": _sorted_percentile(values, 10.0), "p90": _sorted_percentile(values, 90.0),
         "min": values[:, 0], "max": top, "cv": cv,
         "mad": 1.4826 * np.median(np.abs(values - median[:, None]), axis=1),
         "ci_low": low, "ci_high": high, "unstable": unstable,
     }
 
 
+def _sorted_percentile(sorted_rows: np.ndarray, q: float) -> np.ndarray:
+    """numpy's default (linear) percentile of each row, read off rows already sorted: no partition. The 50th is
+    the median: the middle value, or the mean of the middle two."""
+    size = sorted_rows.shape[1]
+    position = q / 100 * (size - 1)
+    low = int(np.floor(position))
+    high = min(low + 1, size - 1)
+    weight = position - low
+    a, b = sorted_rows[:, low], sorted_rows[:, high]
+    if q == 50.0:
+        return (a + b) / 2 if weight else a.copy()
+    return b - (b - a) * (1 - weight) if weight >= 0.5 else a + (b - a) * weight  # numpy's lerp
+
+
 def is_unstable(values) -> bool:
     """CV ≥ 10 % or a max ≥ 1.5 × median: such a run never enters a baseline."""
     values = np.asarray(values, dtype=np.float64)
-    return bool(values.size >= 2 and summarize_rows(values[None, :], resamples=1)["unstable"][0])
+    return bool(values.size >= 2 and summarize_rows(values[None, :], resamples=0)["unstable"][0])
 
 
 def bootstrap_median_ci(values, confidence: float = 0.95, seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
@@ -88,30 +106,43 @@ def bootstrap_median_ci(values, confidence: float = 0.95, seed: int = 0, resampl
 
 
 def _bootstrap_median_cis(sorted_rows: np.ndarray, confidence: float, seed: int, resamples: int,
-                          chunk_cells: int = 1_000_000) -> tuple[np.ndarray, np.ndarray]:
+                          chunk_rows: int = 20_000) -> tuple[np.ndarray, np.ndarray]:
     """Percentile bootstrap of the median for each row of ``sorted_rows`` (each row sorted ascending).
 
-    A resample draws ``n`` positions with replacement; on sorted values the resample's median is the mean
-    of the values at the two middle drawn positions, so the draws (seeded, the same for every row of that
-    length) reduce to two position vectors and each row costs two gathers, not ``resamples`` sorts."""
+    A resample draws ``n`` positions with replacement; on sorted values its median is the mean of the values
+    at the two middle drawn positions. So the draws (seeded, the same for every row of that length) reduce to
+    a few hundred distinct position pairs with their counts, and each row's percentiles are read off its
+    pair medians in order, weighted by the counts: the same numbers as np.percentile over all ``resamples``
+    medians, without building them."""
     count, size = sorted_rows.shape
     if size == 1:
         return sorted_rows[:, 0].copy(), sorted_rows[:, 0].copy()
-    lower, upper = _middle_positions(size, seed, resamples)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.empty(count), np.empty(count)
-    step = max(1, chunk_cells // resamples)
-    for start in range(0, count, step):
-        block = sorted_rows[start:start + step]
+    lower, upper, weights = _middle_pairs(size, seed, resamples)
+    ranks = [(1 - confidence) / 2 * (resamples - 1), (1 + confidence) / 2 * (resamples - 1)]
+    out = [np.empty(count), np.empty(count)]
+    for start in range(0, count, chunk_rows):
+        block = sorted_rows[start:start + chunk_rows]
         medians = (block[:, lower] + block[:, upper]) / 2
-        low[start:start + step], high[start:start + step] = np.percentile(medians, [tail, 100 - tail], axis=1)
-    return low, high
+        order = np.argsort(medians, axis=1, kind="stable")
+        ordered = np.take_along_axis(medians, order, axis=1)
+        passed = np.cumsum(weights[order], axis=1)  # how many resample medians are <= each, in order
+        for column, rank in zip(out, ranks):
+            k = int(np.floor(rank))
+            a = ordered[np.arange(len(block)), (passed <= k).sum(axis=1)]
+            b = ordered[np.arange(len(block)), (passed <= min(k + 1, resamples - 1)).sum(axis=1)]
+            frac = rank - k
+            column[start:start + chunk_rows] = b - (b - a) * (1 - frac) if frac >= 0.5 else a + (b - a) * frac
+    return out[0], out[1]
 
 
 @functools.lru_cache(maxsize=64)
-def _middle_positions(size: int, seed: int, resamples: int) -> tuple[np.ndarray, np.ndarray]:
+def _middle_pairs(size: int, seed: int, resamples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (lower, upper) middle positions of ``resamples`` seeded draws of ``size`` positions, and how
+    many draws gave each."""
     draws = np.sort(np.random.default_rng(seed).integers(0, size, size=(resamples, size)), axis=1)
-    return draws[:, (size - 1) // 2], draws[:, size // 2]
+    pairs, weights = np.unique(np.stack([draws[:, (size - 1) // 2], draws[:, size // 2]], axis=1), axis=0,
+                               return_counts=True)
+    return pairs[:, 0], pairs[:, 1], weights
 
 
 def format_duration(seconds: float | None) -> str:

@@ -1,6 +1,7 @@
 """The slow-drift view on generated series with known truth (3 % night-to-night noise, 30 nights)."""
 
 import numpy as np
+import pytest
 
 from farm.drift import drift_rows, find_drift
 
@@ -59,3 +60,24 @@ def test_farm_drift_lists_the_step_from_stored_sweeps(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (series,) = json.loads(proc.stdout)["series"]
     assert series["change_points"] == [7] and 0.15 < series["total_change"] < 0.25  # sweep ids start at 1
+
+
+def test_segmentation_is_the_exact_optimum_of_penalized_l2():
+    """Against every segmentation of short series (brute force), with literal seeds."""
+    import itertools
+
+    from farm.drift import segment_l2
+
+    def cost(x, ends, penalty):
+        bounds = [0, *ends]
+        return sum(((x[a:b] - x[a:b].mean()) ** 2).sum() for a, b in zip(bounds, bounds[1:])) + penalty * (len(ends) - 1)
+
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        size = int(rng.integers(6, 13))
+        x = rng.normal(0, 0.01, size) + (0.05 if trial % 2 else 0.0) * (np.arange(size) >= size // 2)
+        penalty = float(rng.choice([1e-5, 1e-4, 1e-3]))
+        splits = [c for k in range(size // 3) for c in itertools.combinations(range(3, size - 2), k)
+                  if all(b - a >= 3 for a, b in zip((0, *c), (*c, size)))]
+        best = min(cost(x, [*c, size], penalty) for c in splits)
+        assert cost(x, segment_l2(x, penalty, 3), penalty) == pytest.approx(best, abs=1e-15), trial

@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_options(p)
 
     p = add("drift", cmd_drift, "slow drift: where each series' nightly history changed level (change points)",
-            "Segments every series' whole sweep history (one accepted value per sweep) with ruptures' PELT\n"
+            "Segments every series' whole sweep history (one accepted value per sweep) with PELT's objective\n"
             "(L2 cost on log values, penalty 5·σ²·ln n with σ the series' own night-to-night noise, ≥ 3 sweeps\n"
             "per segment, shifts under 2 % merged). Catches a creep that no single night's z-score flags.\n"
             "Needs ≥ 6 sweeps per series.")

@@ -119,7 +119,8 @@ def cmd_drift(args) -> int:
 
     require_db(args.db)
     with Store(args.db) as store:
-        series = drift_rows(run_rows(store, device=args.device, model=args.model), lambda r: series_value(args.metric, r))
+        series = drift_rows(run_rows(store, device=args.device, model=args.model, intervals=False),
+                            lambda r: series_value(args.metric, r))
     shown = series if args.all else [s for s in series if s["change_points"]]
     if args.json:
         emit_json({"metric": args.metric, "series_checked": len(series), "series": shown})
@@ -143,7 +144,7 @@ def detect_and_confirm(store, inventory, sweep_id, confirm_candidates: bool, con
     if sweep is None:
         raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
                         "run farm sweep first; regressions compare sweeps")
-    verdicts = [v for v in detect(run_rows(store), sweep["id"]) if v["status"] in ("candidate", "improved")]
+    verdicts = [v for v in detect(run_rows(store, intervals=False), sweep["id"]) if v["status"] in ("candidate", "improved")]
     for verdict in verdicts:
         store.save_alert(verdict, METHOD.to_json())
         if not (confirm_candidates and verdict["status"] == "candidate" and verdict["metric"] == "steady"):

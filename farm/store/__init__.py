@@ -19,7 +19,9 @@ from farm.records import Artifact, BenchResult, CopyCurve, Device, ModelSource
 from farm.store.backends import exists, open_backend
 from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 
-__all__ = ["Store", "SCHEMA_VERSION", "exists"]
+__all__ = ["Store", "SCHEMA_VERSION", "SAMPLE_METRICS", "exists"]
+
+SAMPLE_METRICS = ("steady", "steady_wall", "copy")  # what samples.metric holds
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -328,13 +330,14 @@ class Store:
 
     def run_samples(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                     sweep_id: int | None = None, limit: int | None = None,
-             status: str | None = None) -> list[tuple[int, str, int, float]]:
-        """Every sample of the runs ``runs`` selects with the same arguments, in one query:
-        (run id, metric, series, value) ordered by run, metric, series and repeat."""
+                    status: str | None = None) -> list[tuple[int, int, int, float]]:
+        """Every sample of the runs ``runs`` selects with the same arguments, in one query: (run id, metric
+        as its index in ``SAMPLE_METRICS``, series, value), ordered by run, metric, series and repeat."""
         where, params = self._run_filter(device, model, latest_only, sweep_id, limit, status)
-        sql = f"""SELECT run_id, metric, series, value_s FROM samples WHERE run_id IN ({where})
-                  ORDER BY run_id, metric, series, idx"""
-        return [tuple(row) for row in self._db.execute(sql, params)]
+        code = " ".join(f"WHEN '{m}' THEN {i}" for i, m in enumerate(SAMPLE_METRICS))
+        sql = f"""SELECT run_id, CASE metric {code} ELSE -1 END AS code, series, value_s FROM samples
+                  WHERE run_id IN ({where}) ORDER BY run_id, metric, series, idx"""  # the key's order: no sort
+        return self._db.tuples(sql, params)
 
     def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                    sweep_id: int | None = None, limit: int | None = None,

@@ -65,6 +65,12 @@ class SqliteBackend:
     def execute(self, sql: str, params: Any = ()) -> Any:
         return self.db.execute(sql, params)
 
+    def tuples(self, sql: str, params: Any = ()) -> list[tuple]:
+        """All rows as plain tuples: no row objects, for reads of millions of rows."""
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        return cursor.execute(sql, params).fetchall()
+
     def executemany(self, sql: str, rows: list) -> None:
         self.db.executemany(sql, rows)
 
@@ -134,6 +140,14 @@ class PostgresBackend:
 
     def execute(self, sql: str, params: Any = ()) -> Any:
         return self.db.execute(self._sql(sql), params)
+
+    def tuples(self, sql: str, params: Any = ()) -> list[tuple]:
+        """All rows as plain tuples: no row objects, for reads of millions of rows."""
+        from psycopg.rows import tuple_row
+
+        with self.db.cursor(row_factory=tuple_row) as cursor:
+            cursor.execute(self._sql(sql), params)
+            return cursor.fetchall()
 
     def executemany(self, sql: str, rows: list) -> None:
         with self.db.cursor() as cursor:
