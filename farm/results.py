@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from farm.stats import summarize_rows
-from farm.store import SAMPLE_METRICS, Store
+from farm.store import Store
 
 COLUMNS = [
     "run_id", "started_at", "device", "key", "model", "status", "failed_step", "reason",
@@ -74,24 +74,23 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
     return rows
 
 
-def _summaries(samples: list[tuple[int, int, int, float]], resamples: int) -> dict[tuple[int, str, int], dict[str, Any]]:
-    """(run id, metric, series) -> its summary fields, from ``Store.run_samples`` (ordered by that key); groups
-    of the same size are summarized together (one matrix each)."""
-    if not samples:
+def _summaries(samples: tuple[list[tuple[int, str, int, int]], list[float]],
+               resamples: int) -> dict[tuple[int, str, int], dict[str, Any]]:
+    """(run id, metric, series) -> its summary fields, from ``Store.run_samples``; groups of the same size are
+    summarized together (one matrix each)."""
+    groups, flat = samples
+    if not groups:
         return {}
-    table = np.array(samples, dtype=np.float64)  # run id, metric code, series, value: exact in float64
-    keys, values = table[:, :3], table[:, 3]
-    changed = np.any(keys[1:] != keys[:-1], axis=1)
-    starts = np.concatenate([[0], np.flatnonzero(changed) + 1])
-    sizes = np.diff(np.append(starts, len(values)))
-    group_keys = [(int(run), SAMPLE_METRICS[int(code)], int(series)) for run, code, series in keys[starts].tolist()]
+    values = np.asarray(flat, dtype=np.float64)
+    sizes = np.array([g[3] for g in groups])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     out: dict[tuple[int, str, int], dict[str, Any]] = {}
     for size in np.unique(sizes):
-        groups = np.flatnonzero(sizes == size)
-        columns = summarize_rows(values[starts[groups][:, None] + np.arange(size)], resamples=resamples)
+        picked = np.flatnonzero(sizes == size)
+        columns = summarize_rows(values[starts[picked][:, None] + np.arange(size)], resamples=resamples)
         fields = {name: column.tolist() for name, column in columns.items()}
-        for row, group in enumerate(groups.tolist()):
-            out[group_keys[group]] = {name: column[row] for name, column in fields.items()}
+        for row, group in enumerate(picked.tolist()):
+            out[groups[group][:3]] = {name: column[row] for name, column in fields.items()}
     return out
 
 

@@ -175,9 +175,13 @@ def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
     for (m, d), change in cells.items():
         if change is not None:
             grid[models.index(m), devices.index(d)] = change * 100
-    fig, ax = plt.subplots(figsize=(max(3.5, 1.4 * len(devices) + 2), max(2.2, 0.45 * len(models) + 1)))
+    labelled = len(cells) <= LABELLED_CELLS
+    width, height = 1.4 * len(devices) + 2, 0.45 * len(models) + 1
+    if not labelled:  # colours only: cells shrink to fit a page (40 devices × 25 models: 14 × 9 in, not 58 × 12)
+        width, height = min(width, 0.3 * len(devices) + 2), min(height, 0.3 * len(models) + 1.5)
+    fig, ax = plt.subplots(figsize=(max(3.5, width), max(2.2, height)))
     image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdBu_r", vmin=-HEAT_LIMIT * 100, vmax=HEAT_LIMIT * 100, aspect="auto")
-    for i, m in enumerate(models if len(cells) <= LABELLED_CELLS else []):  # past that, the colours say it
+    for i, m in enumerate(models if labelled else []):  # past that, the colours say it
         for j, d in enumerate(devices):
             text = "no baseline" if (m, d) in cells and np.isnan(grid[i, j]) else ("" if np.isnan(grid[i, j]) else f"{grid[i, j]:+.1f}%")
             dark = not np.isnan(grid[i, j]) and abs(grid[i, j]) > HEAT_LIMIT * 60  # past 60 % of the scale

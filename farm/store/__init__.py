@@ -19,9 +19,7 @@ from farm.records import Artifact, BenchResult, CopyCurve, Device, ModelSource
 from farm.store.backends import exists, open_backend
 from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 
-__all__ = ["Store", "SCHEMA_VERSION", "SAMPLE_METRICS", "exists"]
-
-SAMPLE_METRICS = ("steady", "steady_wall", "copy")  # what samples.metric holds
+__all__ = ["Store", "SCHEMA_VERSION", "exists"]
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -330,14 +328,17 @@ class Store:
 
     def run_samples(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                     sweep_id: int | None = None, limit: int | None = None,
-                    status: str | None = None) -> list[tuple[int, int, int, float]]:
-        """Every sample of the runs ``runs`` selects with the same arguments, in one query: (run id, metric
-        as its index in ``SAMPLE_METRICS``, series, value), ordered by run, metric, series and repeat."""
+                    status: str | None = None) -> tuple[list[tuple[int, str, int, int]], list[float]]:
+        """Every sample of the runs ``runs`` selects with the same arguments, read in one snapshot: the groups
+        (run id, metric, series, how many samples) and all their values in the groups' order (repeats in order)."""
         where, params = self._run_filter(device, model, latest_only, sweep_id, limit, status)
-        code = " ".join(f"WHEN '{m}' THEN {i}" for i, m in enumerate(SAMPLE_METRICS))
-        sql = f"""SELECT run_id, CASE metric {code} ELSE -1 END AS code, series, value_s FROM samples
-                  WHERE run_id IN ({where}) ORDER BY run_id, metric, series, idx"""  # the key's order: no sort
-        return self._db.tuples(sql, params)
+        key = "run_id, metric, series"  # the primary key's order: no sort
+        groups, values = self._db.read_together([
+            (f"SELECT {key}, COUNT(*) FROM samples WHERE run_id IN ({where}) GROUP BY {key} ORDER BY {key}", params, False),
+            (f"SELECT value_s FROM samples WHERE run_id IN ({where}) ORDER BY {key}, idx", params, True)])
+        if sum(g[3] for g in groups) != len(values):
+            raise StoreError(f"{self.path} changed while its samples were read", "run the command again")
+        return groups, values
 
     def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                    sweep_id: int | None = None, limit: int | None = None,

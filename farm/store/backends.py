@@ -65,11 +65,19 @@ class SqliteBackend:
     def execute(self, sql: str, params: Any = ()) -> Any:
         return self.db.execute(sql, params)
 
-    def tuples(self, sql: str, params: Any = ()) -> list[tuple]:
-        """All rows as plain tuples: no row objects, for reads of millions of rows."""
-        cursor = self.db.cursor()
-        cursor.row_factory = None
-        return cursor.execute(sql, params).fetchall()
+    def read_together(self, queries: list[tuple[str, Any, bool]]) -> list[list]:
+        """SELECTs in one snapshot (no write lands between them), as plain tuples, or, where a query's flag is
+        set, its first column as a flat list: no row objects, for reads of millions of rows."""
+        self.db.execute("BEGIN")
+        try:
+            results = []
+            for sql, params, first_column in queries:
+                cursor = self.db.cursor()
+                cursor.row_factory = (lambda _, row: row[0]) if first_column else None
+                results.append(cursor.execute(sql, params).fetchall())
+            return results
+        finally:
+            self.db.execute("COMMIT")
 
     def executemany(self, sql: str, rows: list) -> None:
         self.db.executemany(sql, rows)
@@ -141,13 +149,20 @@ class PostgresBackend:
     def execute(self, sql: str, params: Any = ()) -> Any:
         return self.db.execute(self._sql(sql), params)
 
-    def tuples(self, sql: str, params: Any = ()) -> list[tuple]:
-        """All rows as plain tuples: no row objects, for reads of millions of rows."""
+    def read_together(self, queries: list[tuple[str, Any, bool]]) -> list[list]:
+        """SELECTs in one snapshot (REPEATABLE READ), as plain tuples or, where a query's flag is set, its first
+        column as a flat list."""
         from psycopg.rows import tuple_row
 
-        with self.db.cursor(row_factory=tuple_row) as cursor:
-            cursor.execute(self._sql(sql), params)
-            return cursor.fetchall()
+        results = []
+        with self.db.transaction():
+            self.db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for sql, params, first_column in queries:
+                with self.db.cursor(row_factory=tuple_row) as cursor:
+                    cursor.execute(self._sql(sql), params)
+                    rows = cursor.fetchall()
+                results.append([row[0] for row in rows] if first_column else rows)
+        return results
 
     def executemany(self, sql: str, rows: list) -> None:
         with self.db.cursor() as cursor:
