@@ -30,6 +30,7 @@ ALLOWED = {
     "review": {"drift", "regress", "results", "series", "stats", "store"},
     "report": {"results", "review", "stats", "store", "__init__"},
     "tune": {"compile", "errors", "records", "rpc", "store", "sweep"},
+    "confirmation": {"errors", "measure", "models", "records", "regress", "results", "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
     "dashboard": {"errors", "records", "results", "rpc", "stats", "store"},
     "cli": {"*"},

@@ -44,7 +44,7 @@ def cmd_sweep(args) -> int:
                         progress=progress_printer(args.progress), sweep_id=sweep_id)
     report = None
     with Store(args.db) as store:
-        alerts, _ = detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
+        alerts, _ = _detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
                                        progress_printer(args.progress))
         if not args.no_report:
             from farm.report import render_report
@@ -99,7 +99,7 @@ def cmd_regressions(args) -> int:
     require_db(args.db)
     inventory = load_inventory_of(args) if args.confirm else None
     with Store(args.db) as store:
-        alerts, sweep_id = detect_and_confirm(store, inventory, None if args.sweep is None else int(args.sweep),
+        alerts, sweep_id = _detect_and_confirm(store, inventory, None if args.sweep is None else int(args.sweep),
                                               args.confirm, bench_config(args), progress_printer(args.progress))
     if args.json:
         emit_json({"sweep_id": sweep_id, "alerts": alerts})
@@ -134,55 +134,8 @@ def cmd_drift(args) -> int:
     return 0
 
 
-def detect_and_confirm(store, inventory, sweep_id, confirm_candidates: bool, config, progress=None):
-    """Store the sweep's candidate/improved verdicts as alerts; with ``confirm_candidates``, rerun
-    old and new artifacts interleaved on the device and store the confirmation."""
-    from farm.regress import METHOD, confirm, detect
-    from farm.results import run_rows
+def _detect_and_confirm(store, inventory, sweep_id, confirm: bool, config, progress=None):
+    from farm.confirmation import detect_and_confirm
 
-    sweep = store.sweep(sweep_id)
-    if sweep is None:
-        raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
-                        "run farm sweep first; regressions compare sweeps")
-    verdicts = [v for v in detect(run_rows(store, intervals=False), sweep["id"]) if v["status"] in ("candidate", "improved")]
-    for verdict in verdicts:
-        store.save_alert(verdict, METHOD.to_json())
-        if not (confirm_candidates and verdict["status"] == "candidate" and verdict["metric"] == "steady"):
-            continue
-        status, detail = _confirm_one(store, inventory, verdict, config, confirm, progress)
-        store.save_alert(verdict, METHOD.to_json(), status, detail)
-    return store.alerts(sweep["id"]), sweep["id"]
-
-
-def _confirm_one(store, inventory, verdict, config, confirm, progress):
-    from farm.measure import interleaved_samples
-    from farm.models import make_inputs
-    from farm.records import Artifact, InputSpec, ModelSource
-
-    if verdict["artifact_key"] == verdict["baseline_artifact_key"]:
-        return "drift", {"reason": "same artifact as the baseline: the device changed, not the model"}
-    rows = [store.artifact(verdict["baseline_artifact_key"] or ""), store.artifact(verdict["artifact_key"])]
-    if any(r is None or not Path(r["path"]).exists() for r in rows):
-        return "unknown", {"reason": "an artifact is no longer in the cache; cannot rerun"}
-    old, new = [Artifact(cache_key=r["cache_key"], path=r["path"], model_name=verdict["model"],
-                         model_digest=r["model_digest"], target=r["target"], export=r["export"],
-                         toolchain=r["toolchain"], tvm_version=r["tvm_version"], file_digest=r["file_digest"],
-                         build_s=r["build_s"]) for r in rows]
-    device = inventory.devices.get(verdict["device"])
-    if device is None:
-        return "unknown", {"reason": f"device {verdict['device']!r} is not in the inventory"}
-    signature = store.model_inputs(verdict["model_digest"])
-    if signature is None:
-        return "unknown", {"reason": "the model's input signature is not in the store"}
-    # inputs from the stored signature of tonight's model: the file may have changed since
-    model = ModelSource(name=verdict["model"], origin="", digest=verdict["model_digest"], data=b"",
-                        inputs=tuple(InputSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in signature))
-    inputs = make_inputs(model, config.seed)
-    if progress:
-        progress(device.name, verdict["model"], "confirm", "old and new artifacts interleaved")
-    try:
-        status, comparison = confirm(lambda n: interleaved_samples(inventory.tracker, device, old, new, inputs, n, config))
-    except FarmError as exc:
-        return "unknown", {"reason": exc.message}
-    return status, {"method": "interleaved rerun, Mann-Whitney U and KS", **asdict(comparison)}
-
+    return detect_and_confirm(store, sweep_id, confirm, inventory.tracker if inventory else None,
+                              inventory.devices if inventory else None, config, progress)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import StoreError
-from farm.records import Artifact, BenchResult, CopyCurve, Device, ModelSource
+from farm.records import Artifact, BenchResult, CopyCurve, Device, InputSpec, ModelSource
 from farm.store.backends import exists, open_backend
 from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 
@@ -301,6 +301,26 @@ class Store:
     def artifact(self, cache_key: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT * FROM artifacts WHERE cache_key=?", (cache_key,)).fetchone()
         return None if row is None else {**dict(row), "target": json.loads(row["target"])}
+
+    def artifact_record(self, cache_key: str, model_name: str) -> Artifact | None:
+        """The stored artifact as the record farm measures (every stored field; the pipeline version is part of
+        its cache key, not a column)."""
+        row = self.artifact(cache_key)
+        if row is None:
+            return None
+        return Artifact(cache_key=row["cache_key"], path=row["path"], model_name=model_name,
+                        model_digest=row["model_digest"], target=row["target"], export=row["export"],
+                        toolchain=row["toolchain"], tvm_version=row["tvm_version"], file_digest=row["file_digest"],
+                        build_s=row["build_s"], cached=True, tuning_digest=row["tuning_digest"] or "",
+                        tuned_tasks=row["tuned_tasks"] or 0, total_tasks=row["total_tasks"] or 0)
+
+    def model_signature(self, digest: str, name: str) -> ModelSource | None:
+        """A stored model as a source without its bytes: its name, digest and input signature."""
+        inputs = self.model_inputs(digest)
+        if inputs is None:
+            return None
+        return ModelSource(name=name, origin="", digest=digest, data=b"",
+                           inputs=tuple(InputSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in inputs))
 
     def latest_probes(self) -> dict[str, dict[str, Any]]:
         rows = self._db.execute("""SELECT p.* FROM probes p JOIN (SELECT device, MAX(at) AS at FROM probes GROUP BY device) l
