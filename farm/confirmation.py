@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from farm.errors import FarmError
-from farm.measure import interleaved_samples
-from farm.models import make_inputs
 from farm.records import BenchConfig, Device, TrackerAddress
 from farm.regress import METHOD, confirm, detect
 from farm.results import run_rows
@@ -45,6 +43,9 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
 
 def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device], verdict: dict[str, Any],
                  config: BenchConfig, progress: Progress | None) -> tuple[str, dict[str, Any]]:
+    from farm.measure import interleaved_samples  # here: TVM (and the model libraries) take seconds to import,
+    from farm.models import make_inputs  # and only a rerun on the device needs them
+
     if verdict["artifact_key"] == verdict["baseline_artifact_key"]:
         return "drift", {"reason": "same artifact as the baseline: the device changed, not the model"}
     old, new = (store.artifact_record(key or "", verdict["model"])
