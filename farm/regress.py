@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from farm.series import SeriesKey, by_sweep, series_key
 
@@ -120,6 +119,8 @@ def compare_samples(old: Sequence[float], new: Sequence[float], method: Method =
     old_a, new_a = np.asarray(old, dtype=np.float64), np.asarray(new, dtype=np.float64)
     if old_a.size < 3 or new_a.size < 3:
         raise ValueError("need at least 3 samples on each side")
+    from scipy import stats as scipy_stats  # here: importing scipy.stats takes ~1 s, and only a comparison needs it
+
     mw = float(scipy_stats.mannwhitneyu(new_a, old_a, alternative="two-sided").pvalue)
     ks = float(scipy_stats.ks_2samp(new_a, old_a).pvalue)
     m_old, m_new = float(np.median(old_a)), float(np.median(new_a))
@@ -145,12 +146,15 @@ def series_value(metric: str, row: dict[str, Any]) -> float | None:
     return sum(copies) if copies else None
 
 
-def detect(rows: list[dict[str, Any]], sweep_id: int, method: Method = METHOD) -> list[dict[str, Any]]:
+def detect(rows: list[dict[str, Any]], sweep_id: int, method: Method = METHOD,
+           accepted: dict[SeriesKey, dict[int, dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """Verdicts for every series of ``sweep_id`` against the earlier sweeps' accepted values (``series.by_sweep``:
     same device, model, tuned, target, TVM and pipeline version).
 
-    ``rows``: results.run_rows of all sweeps, any order. Only the final attempt of a cell counts."""
-    accepted = by_sweep(rows)
+    ``rows``: results.run_rows of all sweeps, any order. Only the final attempt of a cell counts. ``accepted``:
+    ``by_sweep(rows)`` when the caller has it (only the sweeps before ``sweep_id`` are read from it)."""
+    if accepted is None:
+        accepted = by_sweep(rows)
     current: dict[SeriesKey, dict[str, Any]] = {}
     for row in sorted(rows, key=lambda r: r["run_id"]):
         if row["sweep_id"] == sweep_id and row["status"] == "ok":

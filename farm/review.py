@@ -62,9 +62,9 @@ def label(row: dict[str, Any]) -> str:
 def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
     rows = run_rows(store, intervals=False)  # baselines, quality and drift need no interval of the median
     current = [r for r in rows if r["sweep_id"] == sweep_id]
-    verdicts = detect(rows, sweep_id)
-    alerts = sorted(store.alerts(sweep_id), key=worst_first)
     accepted = by_sweep(rows, keep_unstable_of=sweep_id)  # each series' accepted run per sweep, once
+    verdicts = detect(rows, sweep_id, accepted=accepted)
+    alerts = sorted(store.alerts(sweep_id), key=worst_first)
     sweep = store.sweep(sweep_id) or {"spec": {}}
     reference = sweep["spec"].get("reference") or ""
     statuses = [a["status"] for a in alerts]

@@ -344,7 +344,7 @@ class Store:
                         a.tuned_tasks, a.total_tasks
                  FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key
                  WHERE r.id IN ({where}) ORDER BY r.id DESC"""
-        return [dict(row) for row in self._db.execute(sql, params)]
+        return self._db.dicts(sql, params)
 
     def run_samples(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                     sweep_id: int | None = None, limit: int | None = None,
