@@ -11,7 +11,7 @@ import jinja2
 import farm
 from farm.results import run_rows
 from farm.review import PLOTTED_CELLS, figure_png, pyplot, stacked_png, sweep_review, worst_first
-from farm.stats import format_duration, summarize
+from farm.stats import format_duration, median
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
@@ -65,9 +65,9 @@ def _copy_curves(store: Store) -> list[dict[str, Any]]:
         curve["clock"] = curve["context"].get("clock", "")
         curve["by_size"] = {}
         for point in curve["points"]:
-            median = summarize(point["samples_s"]).median
+            median_s = median(point["samples_s"])
             curve["by_size"][(point["direction"], point["nbytes"])] = {
-                "median_s": median, "gb_per_s": point["nbytes"] / median / 1e9 if median > 0 else 0.0}
+                "median_s": median_s, "gb_per_s": point["nbytes"] / median_s / 1e9 if median_s > 0 else 0.0}
     return sorted(curves, key=lambda c: c["device"])
 
 

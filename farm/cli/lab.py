@@ -94,11 +94,10 @@ def cmd_serve(args) -> int:
             failures.append((name, exc))
     records = [r for r in records if processes.is_running(r)] + started
     processes.save_records(state, records)
-    kind = {r.pid: kind_of(inventory.devices[r.name]) for r in started}
-    waiting = {r.key: 1 for r in started if kind[r.pid].registers_at_start}
+    waiting = {r.key: 1 for r in started if kind_of(inventory.devices[r.name]).registers_at_start}
     wait_for_servers(tracker, waiting, timeout_s=args.wait)
     for r in started:
-        if note := kind[r.pid].started_note(r):
+        if note := kind_of(inventory.devices[r.name]).started_note(r):
             print(note, file=sys.stderr)
     rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
             for r in records if r.role == "server"]

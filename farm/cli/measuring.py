@@ -98,11 +98,6 @@ def cmd_bench(args) -> int:
 
 def bench_json(cell, device) -> dict:
     """One cell as `farm bench --json` prints it. The steady figure says its clock (wall, or kernel on OpenCL)."""
-    from farm.stats import summarize
-
-    def median(samples) -> float | None:
-        return summarize(samples).median if samples else None
-
     r = cell.result
     data = {
         "run_id": cell.run_id, "status": r.status, "reason": r.reason, "failed_step": r.failed_step,
@@ -130,22 +125,18 @@ def bench_json(cell, device) -> dict:
 
 
 def print_bench(cell) -> None:
-    from farm.stats import summarize
-
     r = cell.result
-    median = summarize(r.steady_samples_s).median if r.steady_samples_s else None
     label = "on the CPU, fallback for run %d: " % r.fallback_of if r.fallback_of else ""
     print(f"run {cell.run_id}: {label}{r.device} · {r.model}: {r.status}" + (f" at {r.failed_step}" if r.failed_step else ""))
     print(f"  load {duration(r.load_s)}   first run cold {duration(r.first_run_s)}   "
           f"warm {duration(r.first_run_warm_s)} (load {duration(r.load_warm_s)})")
-    print(f"  steady median {duration(median)} {r.steady_clock} time ({len(r.steady_samples_s)} repeats × "
+    print(f"  steady median {duration(median(r.steady_samples_s))} {r.steady_clock} time ({len(r.steady_samples_s)} repeats × "
           f"{r.steady_number or 0} calls)")
     if r.steady_wall_samples_s:
-        wall = summarize(r.steady_wall_samples_s).median
-        print(f"  steady median {duration(wall)} wall time per call + sync ({len(r.steady_wall_samples_s)} repeats × "
+        print(f"  steady median {duration(median(r.steady_wall_samples_s))} wall time per call + sync ({len(r.steady_wall_samples_s)} repeats × "
               f"{r.steady_wall_number} calls)")
     for c in r.copies:
-        print(f"  copy output {c.output_index} ({c.nbytes} B): {duration(summarize(c.samples_s).median)}")
+        print(f"  copy output {c.output_index} ({c.nbytes} B): {duration(median(c.samples_s))}")
     err = r.check.max_abs_err
     print(f"  check: {r.check.status}" + (f" (max abs error {err:.3g})" if err is not None else ""))
 
@@ -154,7 +145,6 @@ def cmd_copies(args) -> int:
     from farm.compile import effective_target
     from farm.inventory import find_device
     from farm.measure import COPY_CURVE_BYTES, measure_copy_curve
-    from farm.stats import summarize
     from farm.store import Store
 
     inventory = load_inventory_of(args)
@@ -164,9 +154,9 @@ def cmd_copies(args) -> int:
                                progress=progress_printer(args.progress))
     with Store(args.db) as store:
         curve_id = store.record_copy_curve(curve)
-    points = [{"direction": p.direction, "bytes": p.nbytes, "number": p.number, "median_s": median,
-               "gb_per_s": p.nbytes / median / 1e9, "samples_s": list(p.samples_s)}
-              for p in curve.points for median in [summarize(p.samples_s).median]]
+    points = [{"direction": p.direction, "bytes": p.nbytes, "number": p.number, "median_s": median_s,
+               "gb_per_s": p.nbytes / median_s / 1e9, "samples_s": list(p.samples_s)}
+              for p in curve.points for median_s in [median(p.samples_s)]]
     if args.json:
         emit_json({"curve_id": curve_id, "device": curve.device, "device_type": curve.device_type,
                    "status": curve.status, "reason": curve.reason, "clock": curve.context.get("clock"), "points": points})

@@ -40,6 +40,7 @@ from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess
 
 SERVER = "farm-rpc-server"
+NEEDS_SERIAL = 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001'
 DEFAULT_DIR = "/data/local/tmp/farm"
 OPENCL_PATHS = ("/vendor/lib64/libOpenCL.so", "/system/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so")
 THERMAL = ('for z in /sys/class/thermal/thermal_zone*; do [ -r "$z/temp" ] && '
@@ -269,7 +270,7 @@ class Android(DeviceKind):
                     "give each phone a server_port of its own: farm forwards that port on this host to the phone")
 
     def unready(self, device: Device) -> str:
-        return "" if "serial" in device.options else 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own'
+        return "" if "serial" in device.options else NEEDS_SERIAL
 
     def read_health(self, device: Device) -> dict[str, Any]:
         return read_health(device) if "serial" in device.options else {}
@@ -277,8 +278,7 @@ class Android(DeviceKind):
     def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
         for name in ("serial", "server_port"):
             if name not in device.options:
-                raise InventoryError(f"device {device.name!r} (kind android) has no {name}",
-                                     'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001')
+                raise InventoryError(f"device {device.name!r} (kind android) has no {name}", NEEDS_SERIAL)
         serial = str(device.options["serial"])
         with adb_errors(f"bringing up phone {serial}"):
             return _bring_up(device, tracker, serial)

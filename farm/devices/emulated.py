@@ -23,7 +23,6 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Any
 
 from farm.devices.cache import building, cache_root, tvm_versions
