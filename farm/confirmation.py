@@ -31,7 +31,7 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
     if sweep is None:
         raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
                         "run farm sweep first; regressions compare sweeps")
-    verdicts = [v for v in detect(run_rows(store, intervals=False), sweep["id"]) if v["status"] in ("candidate", "improved")]
+    verdicts = [v for v in detect(run_rows(store), sweep["id"]) if v["status"] in ("candidate", "improved")]
     for verdict in verdicts:
         store.save_alert(verdict, METHOD.to_json())
         if not (confirm_candidates and verdict["status"] == "candidate" and verdict["metric"] == "steady"):

@@ -100,7 +100,7 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
         try:
             with Store(db_path, readonly=True) as store:
                 probes = store.latest_probes()
-                runs = [{"id": row["run_id"], **{k: row[k] for k in RUN_FIELDS}} for row in run_rows(store, limit=20, intervals=False)]
+                runs = [{"id": row["run_id"], **{k: row[k] for k in RUN_FIELDS}} for row in run_rows(store, limit=20)]
                 sweep = store.sweep()
                 if sweep is not None:
                     spec = SweepSpec.from_json(sweep["spec"])

@@ -6,11 +6,66 @@ that ``models/`` loads.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import functools
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
 CPU_TARGETS = ("llvm", "c")  # target kinds whose code runs on the CPU (no GPU to fall back from)
 EXPORT_FORMATS = ("so", "tar", "system-lib")
+
+
+class Record(Mapping):
+    """Base of the read side's frozen records (a run, a verdict, an alert): attributes for code, and also
+    readable by name (``r["device"]``, ``dict(r)``, JSON) for templates, CSV and ``--json`` output. Its keys are
+    the dataclass fields, then ``VIEWS``: properties derived from them (``steady_median_s`` of a run)."""
+
+    __slots__ = ()
+    VIEWS: ClassVar[tuple[str, ...]] = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _record_keys(type(self))[1]:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(_record_keys(type(self))[0])
+
+    def __len__(self) -> int:
+        return len(_record_keys(type(self))[0])
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (v.to_json() if isinstance(v, Record) else asdict(v) if hasattr(v, "__dataclass_fields__") else v)
+                for k, v in self.items()}
+
+
+@functools.cache
+def _record_keys(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    names = tuple(f.name for f in fields(cls)) + tuple(cls.VIEWS)
+    return names, frozenset(names)
+
+
+@dataclass(frozen=True)
+class Alert(Record):
+    """A stored verdict of one series and metric in one sweep, with its confirmation (``Store.alerts``)."""
+
+    id: int
+    created_at: str
+    updated_at: str
+    sweep_id: int
+    device: str
+    model: str
+    tuned: bool
+    metric: str
+    run_id: int
+    baseline_run_id: int | None
+    status: str  # candidate | improved | confirmed | rejected | unknown | ok | no-baseline | unstable
+    value: float
+    z: float | None
+    change: float | None
+    baseline: dict[str, Any] | None
+    method: dict[str, Any]
+    confirmation: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,15 @@ change ≥ 2 %; load, first-run and copy times are noisier and need z ≥ 2 and 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from farm.records import Record
 from farm.series import SeriesKey, by_sweep, series_key
+
+if TYPE_CHECKING:
+    from farm.runs import Run
 
 METRICS = ("steady", "load", "first_run", "copy")
 
@@ -134,50 +138,70 @@ def compare_samples(old: Sequence[float], new: Sequence[float], method: Method =
     return Comparison(int(old_a.size), int(new_a.size), m_old, m_new, change, mw, ks, verdict)
 
 
-def series_value(metric: str, row: dict[str, Any]) -> float | None:
-    """A run's value for ``metric`` (rows from results.run_rows)."""
+def series_value(metric: str, run: "Run") -> float | None:
+    """A run's value for ``metric``."""
     if metric == "steady":
-        return row["steady_median_s"]
+        return run.steady_median_s
     if metric == "load":
-        return row["load_s"]
+        return run.load_s
     if metric == "first_run":
-        return row["first_run_s"]
-    copies = [c for c in row["copy_s"] if c is not None]
+        return run.first_run_s
+    copies = [c for c in run.copy_s if c is not None]
     return sum(copies) if copies else None
 
 
-def detect(rows: list[dict[str, Any]], sweep_id: int, method: Method = METHOD,
-           accepted: dict[SeriesKey, dict[int, dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SeriesVerdict(Record):
+    """What one sweep says about one series and metric: ``detect``'s output, what ``Store.save_alert`` stores."""
+
+    device: str
+    model: str
+    tuned: bool
+    metric: str
+    sweep_id: int
+    run_id: int
+    artifact_key: str
+    model_digest: str
+    baseline_run_id: int | None
+    baseline_artifact_key: str | None
+    status: str  # ok | candidate | improved | no-baseline | unstable
+    value: float
+    z: float | None
+    change: float | None
+    baseline: dict[str, Any] | None  # asdict(Baseline)
+
+
+def detect(runs: list["Run"], sweep_id: int, method: Method = METHOD,
+           accepted: dict[SeriesKey, dict[int, "Run"]] | None = None) -> list[SeriesVerdict]:
     """Verdicts for every series of ``sweep_id`` against the earlier sweeps' accepted values (``series.by_sweep``:
     same device, model, tuned, target, TVM and pipeline version).
 
-    ``rows``: results.run_rows of all sweeps, any order. Only the final attempt of a cell counts. ``accepted``:
-    ``by_sweep(rows)`` when the caller has it (only the sweeps before ``sweep_id`` are read from it)."""
+    ``runs``: results.run_rows of all sweeps, any order. Only the final attempt of a cell counts. ``accepted``:
+    ``by_sweep(runs)`` when the caller has it (only the sweeps before ``sweep_id`` are read from it)."""
     if accepted is None:
-        accepted = by_sweep(rows)
-    current: dict[SeriesKey, dict[str, Any]] = {}
-    for row in sorted(rows, key=lambda r: r["run_id"]):
-        if row["sweep_id"] == sweep_id and row["status"] == "ok":
-            current[series_key(row)] = row
+        accepted = by_sweep(runs)
+    current: dict[SeriesKey, Run] = {}
+    for run in sorted(runs, key=lambda r: r.run_id):
+        if run.sweep_id == sweep_id and run.status == "ok":
+            current[series_key(run)] = run
     verdicts = []
     for key, now in sorted(current.items(), key=lambda item: item[0]):
         device, model, tuned, _ = key
         earlier = accepted.get(key, {})
-        history_rows = [earlier[s] for s in sorted(earlier) if s < sweep_id]
+        history_runs = [earlier[s] for s in sorted(earlier) if s < sweep_id]
+        last = history_runs[-1] if history_runs else None
         for metric in METRICS:
             value = series_value(metric, now)
-            history = [v for v in (series_value(metric, r) for r in history_rows) if v is not None]
+            history = [v for v in (series_value(metric, r) for r in history_runs) if v is not None]
             if value is None:
                 continue
-            verdict = judge(value, history, metric, unstable=now["unstable"] and metric == "steady", method=method)
-            verdicts.append({
-                "device": device, "model": model, "tuned": tuned, "metric": metric, "sweep_id": sweep_id,
-                "run_id": now["run_id"], "artifact_key": now["artifact_key"], "model_digest": now["model_digest"],
-                "baseline_run_id": history_rows[-1]["run_id"] if history_rows else None,
-                "baseline_artifact_key": history_rows[-1]["artifact_key"] if history_rows else None,
-                "status": verdict.status, "value": verdict.value, "z": verdict.z, "change": verdict.change,
-                "baseline": asdict(verdict.baseline) if verdict.baseline else None,
-            })
+            verdict = judge(value, history, metric, unstable=now.unstable and metric == "steady", method=method)
+            verdicts.append(SeriesVerdict(
+                device=device, model=model, tuned=tuned, metric=metric, sweep_id=sweep_id, run_id=now.run_id,
+                artifact_key=now.artifact_key, model_digest=now.model_digest,
+                baseline_run_id=last.run_id if last else None, baseline_artifact_key=last.artifact_key if last else None,
+                status=verdict.status, value=verdict.value, z=verdict.z, change=verdict.change,
+                baseline=asdict(verdict.baseline) if verdict.baseline else None))
     return verdicts
 
 

@@ -21,9 +21,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     """Write the report for the latest run of every device × model (and the sweep's alerts); returns its path."""
     latest = run_rows(store, latest_only=True)
     latest.sort(key=lambda r: (r["device"], r["model"], r["tuned"]))
-    for row in latest:
-        row["copy_pairs"] = list(zip(row["copy_bytes"], row["copy_s"]))
-    failures = run_rows(store, status="failed", intervals=False)
+    failures = run_rows(store, status="failed")
     ok = [r for r in latest if r["status"] == "ok"]
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,

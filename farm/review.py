@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
-from farm.regress import METHOD, detect, series_value
+from farm.records import Alert
+from farm.regress import METHOD, SeriesVerdict, detect, series_value
 from farm.results import run_rows
+from farm.runs import Run
 from farm.series import by_sweep, series_key
 from farm.stats import bootstrap_median_ci, hottest
 from farm.store import Store
@@ -55,13 +57,13 @@ def time_unit(values_s) -> tuple[float, str]:
     return 1e9, "ns"
 
 
-def label(row: dict[str, Any]) -> str:
-    return f"{row['model']}{' (tuned)' if row['tuned'] else ''}"
+def label(row: Run) -> str:
+    return f"{row.model}{' (tuned)' if row.tuned else ''}"
 
 
 def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
-    rows = run_rows(store, intervals=False)  # baselines, quality and drift need no interval of the median
-    current = [r for r in rows if r["sweep_id"] == sweep_id]
+    rows = run_rows(store)
+    current = [r for r in rows if r.sweep_id == sweep_id]
     accepted = by_sweep(rows, keep_unstable_of=sweep_id)  # each series' accepted run per sweep, once
     verdicts = detect(rows, sweep_id, accepted=accepted)
     alerts = sorted(store.alerts(sweep_id), key=worst_first)
@@ -70,15 +72,15 @@ def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
     statuses = [a["status"] for a in alerts]
     return {
         "counts": {s: statuses.count(s) for s in ("confirmed", "candidate", "improved", "rejected", "unknown")},
-        "failed_cells": sorted({(r["device"], r["model"]) for r in current if r["status"] == "failed"}
-                               - {(r["device"], r["model"]) for r in current if r["status"] == "ok"}),
-        "unstable_cells": [(r["device"], label(r)) for r in current if r["status"] == "ok" and r["unstable"]],
+        "failed_cells": sorted({(r.device, r.model) for r in current if r.status == "failed"}
+                               - {(r.device, r.model) for r in current if r.status == "ok"}),
+        "unstable_cells": [(r.device, label(r)) for r in current if r.status == "ok" and r.unstable],
         "geomean": geomean_by_device(verdicts),
         "evidence": [alert_evidence(store, rows, a, accepted) for a in alerts],
         "heatmap_png": heatmap_png(verdicts),
-        "quality": quality_rows([r for r in current if r["status"] == "ok"]),
+        "quality": quality_rows([r for r in current if r.status == "ok"]),
         "reference": reference,
-        "reference_drift": [v for v in verdicts if v["model"] == reference and v["metric"] == "steady"],
+        "reference_drift": [v for v in verdicts if v.model == reference and v.metric == "steady"],
         "drift": drift_view(rows),
         "method": {**METHOD.to_json(), "drift": {"algorithm": "optimal partitioning (PELT's objective, solved exactly), L2 cost on log values",
                                                  "penalty": f"{PENALTY:g}·σ²·ln n", "min_nights_per_segment": MIN_SIZE,
@@ -86,70 +88,70 @@ def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
     }
 
 
-def geomean_by_device(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def geomean_by_device(verdicts: list[SeriesVerdict]) -> list[dict[str, Any]]:
     """Per device: the geometric mean of steady-latency change against baselines (+ = slower)."""
     by_device: dict[str, list[float]] = {}
     for v in verdicts:
-        if v["metric"] == "steady" and v["change"] is not None:
-            by_device.setdefault(v["device"], []).append(v["change"])
+        if v.metric == "steady" and v.change is not None:
+            by_device.setdefault(v.device, []).append(v.change)
     return [{"device": d, "series": len(c), "change": math.expm1(float(np.mean(np.log1p(c))))}
             for d, c in sorted(by_device.items())]
 
 
-def series_history(rows: list[dict[str, Any]], alert: dict[str, Any],
+def series_history(rows: list[Run], alert: Alert,
                    accepted_by_series: dict | None = None) -> list[tuple[int, float, int]]:
     """(sweep id, value, run id) of the alert's series (``series.by_sweep``, computed once by the caller when
     given), one accepted value per sweep up to the alert's."""
-    alerted = next((r for r in rows if r["run_id"] == alert["run_id"]), None)
+    alerted = next((r for r in rows if r.run_id == alert.run_id), None)
     if alerted is None:
         return []
     if accepted_by_series is None:
-        accepted_by_series = by_sweep(rows, keep_unstable_of=alert["sweep_id"])
+        accepted_by_series = by_sweep(rows, keep_unstable_of=alert.sweep_id)
     accepted = accepted_by_series.get(series_key(alerted), {})
     out = []
-    for sweep_id in sorted(s for s in accepted if s <= alert["sweep_id"]):
-        value = series_value(alert["metric"], accepted[sweep_id])
+    for sweep_id in sorted(s for s in accepted if s <= alert.sweep_id):
+        value = series_value(alert.metric, accepted[sweep_id])
         if value is not None:
-            out.append((sweep_id, value, accepted[sweep_id]["run_id"]))
+            out.append((sweep_id, value, accepted[sweep_id].run_id))
     return out
 
 
-def alert_evidence(store: Store, rows: list[dict[str, Any]], alert: dict[str, Any],
+def alert_evidence(store: Store, rows: list[Run], alert: Alert,
                    accepted_by_series: dict | None = None) -> dict[str, Any]:
     history = series_history(rows, alert, accepted_by_series)
-    base = alert["baseline"]
-    baseline_runs = [run for sweep, _, run in history if sweep != alert["sweep_id"]][-base["n"]:]
+    base = alert.baseline
+    baseline_runs = [run for sweep, _, run in history if sweep != alert.sweep_id][-base["n"]:]
     ci = bootstrap_median_ci(base["values"]) if len(base["values"]) >= 2 else (None, None)
-    if alert["metric"] == "steady":
+    if alert.metric == "steady":
         old = [v for run in baseline_runs for v in store.samples(run)]
-        new = store.samples(alert["run_id"])
+        new = store.samples(alert.run_id)
         current_ci = bootstrap_median_ci(new) if len(new) >= 2 else (None, None)
     else:
-        old, new, current_ci = list(base["values"]), [alert["value"]], (None, None)
-    z_limit = METHOD.thresholds[alert["metric"]].z
-    return {"id": alert["id"], "baseline_ci": ci, "current_ci": current_ci,
+        old, new, current_ci = list(base["values"]), [alert.value], (None, None)
+    z_limit = METHOD.thresholds[alert.metric].z
+    return {"id": alert.id, "baseline_ci": ci, "current_ci": current_ci,
             "trend_png": trend_png(alert, history, z_limit), "distribution_png": distribution_png(alert, old, new)}
 
 
-def trend_png(alert: dict[str, Any], history: list[tuple[int, float, int]], z_limit: float) -> str:
+def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float) -> str:
     plt = pyplot()
-    base = alert["baseline"]
+    base = alert.baseline
     fig, ax = plt.subplots(figsize=(5.2, 2.6))
-    scale, unit = time_unit([v for _, v, _ in history] + [alert["value"], base["centre"]])
+    scale, unit = time_unit([v for _, v, _ in history] + [alert.value, base["centre"]])
     xs = [s for s, _, _ in history]
     ys = [v * scale for _, v, _ in history]
     ax.plot(xs, ys, "o-", color="tab:blue", markersize=3, linewidth=1, label="nightly value")
     low, high = (base["centre"] - z_limit * base["spread"]) * scale, (base["centre"] + z_limit * base["spread"]) * scale
     ax.axhspan(low, high, color="tab:green", alpha=0.15, label=f"baseline ± {z_limit:g}·spread")
     ax.axhline(base["centre"] * scale, color="tab:green", linewidth=1)
-    ax.plot([alert["sweep_id"]], [alert["value"] * scale], "o", color="tab:red", markersize=7, label="this sweep")
+    ax.plot([alert.sweep_id], [alert.value * scale], "o", color="tab:red", markersize=7, label="this sweep")
     ax.set_xlabel("sweep")
-    ax.set_ylabel(f"{alert['metric']} ({unit})")
+    ax.set_ylabel(f"{alert.metric} ({unit})")
     ax.legend(fontsize=7, loc="best")
     return figure_png(fig)
 
 
-def distribution_png(alert: dict[str, Any], old: list[float], new: list[float]) -> str:
+def distribution_png(alert: Alert, old: list[float], new: list[float]) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.2, 2.6))
     scale, unit = time_unit(list(old) + list(new))
@@ -160,12 +162,12 @@ def distribution_png(alert: dict[str, Any], old: list[float], new: list[float]) 
         ax.plot(i + rng.uniform(-0.12, 0.12, len(values)), values, "o", alpha=0.35, markersize=3,
                 color="tab:green" if i == 1 else "tab:red")
     ax.set_xticks([1, 2], [f"baseline ({len(old)})", f"this sweep ({len(new)})"])
-    ax.set_ylabel(f"{alert['metric']} ({unit})")
+    ax.set_ylabel(f"{alert.metric} ({unit})")
     return figure_png(fig)
 
 
-def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
-    cells = {(label(v), v["device"]): v["change"] for v in verdicts if v["metric"] == "steady"}
+def heatmap_png(verdicts: list[SeriesVerdict]) -> str:
+    cells = {(label(v), v.device): v.change for v in verdicts if v.metric == "steady"}
     if not cells:
         return ""
     plt = pyplot()
@@ -192,28 +194,28 @@ def heatmap_png(verdicts: list[dict[str, Any]]) -> str:
     return figure_png(fig)
 
 
-def worst_first(alert: dict[str, Any]) -> tuple:
+def worst_first(alert: Alert) -> tuple:
     """Alerts in reading order: confirmed and candidate regressions first, the largest slowdown first."""
-    rank = {"confirmed": 0, "candidate": 1, "unknown": 2}.get(alert["status"], 3)
-    return rank, -(alert["change"] or 0.0), alert["id"]
+    rank = {"confirmed": 0, "candidate": 1, "unknown": 2}.get(alert.status, 3)
+    return rank, -(alert.change or 0.0), alert.id
 
 
-def _total_s(row: dict[str, Any]) -> float:
-    return (row["load_s"] or 0) + (row["first_run_s"] or 0) + (row["steady_median_s"] or 0) + sum(v or 0 for v in row["copy_s"])
+def _total_s(row: Run) -> float:
+    return (row.load_s or 0) + (row.first_run_s or 0) + (row.steady_median_s or 0) + sum(v or 0 for v in row.copy_s)
 
 
-def stacked_png(rows: list[dict[str, Any]], most: int = PLOTTED_CELLS) -> str:
+def stacked_png(rows: list[Run], most: int = PLOTTED_CELLS) -> str:
     """Load, first run, one steady call and copies per cell; with more than ``most`` cells, the slowest ``most``."""
     if not rows:
         return ""
     plt = pyplot()
     if len(rows) > most:
         rows = sorted(rows, key=_total_s, reverse=True)[:most]
-    rows = sorted(rows, key=lambda r: (r["device"], label(r)))
-    names = [f"{r['device']} · {label(r)}" for r in rows]
-    phases = [("load", [r["load_s"] or 0 for r in rows]), ("first run", [r["first_run_s"] or 0 for r in rows]),
-              ("steady (1 call)", [r["steady_median_s"] or 0 for r in rows]),
-              ("copy (all outputs)", [sum(v or 0 for v in r["copy_s"]) for r in rows])]
+    rows = sorted(rows, key=lambda r: (r.device, label(r)))
+    names = [f"{r.device} · {label(r)}" for r in rows]
+    phases = [("load", [r.load_s or 0 for r in rows]), ("first run", [r.first_run_s or 0 for r in rows]),
+              ("steady (1 call)", [r.steady_median_s or 0 for r in rows]),
+              ("copy (all outputs)", [sum(v or 0 for v in r.copy_s) for r in rows])]
     fig, ax = plt.subplots(figsize=(7, max(2.2, 0.35 * len(rows) + 1)))
     left = np.zeros(len(rows))
     for name, values in phases:
@@ -227,10 +229,10 @@ def stacked_png(rows: list[dict[str, Any]], most: int = PLOTTED_CELLS) -> str:
     return figure_png(fig)
 
 
-def quality_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def quality_rows(rows: list[Run]) -> list[dict[str, Any]]:
     out = []
-    for r in sorted(rows, key=lambda r: (r["device"], label(r))):
-        context = r["context"]
+    for r in sorted(rows, key=lambda r: (r.device, label(r))):
+        context = r.context
         cooldown = context.get("cooldown") or {}
         before, after = hottest(context.get("device_health") or {}), hottest(context.get("device_health_after") or {})
         events = []
@@ -241,15 +243,15 @@ def quality_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if before is not None and after is not None and after - before >= THERMAL_RISE_C:
             events.append(f"warmed {after - before:.1f} °C")
         battery = (context.get("device_health") or {}).get("battery_pct")
-        out.append({"device": r["device"], "model": label(r), "cv": r["steady_cv"], "unstable": r["unstable"],
-                    "repeats": r["steady_n"], "temp_before": before, "temp_after": after, "battery": battery,
+        out.append({"device": r.device, "model": label(r), "cv": r.steady_cv, "unstable": r.unstable,
+                    "repeats": r.steady_n, "temp_before": before, "temp_after": after, "battery": battery,
                     "events": "; ".join(events)})
     return out
 
 
-def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def drift_view(rows: list[Run]) -> dict[str, Any]:
     """Series whose steady history changed level, with one figure of them."""
-    series = drift_rows(rows, lambda r: r["steady_median_s"])
+    series = drift_rows(rows, lambda r: r.steady_median_s)
     shifted = [s for s in series if s["change_points"]]
     return {"series": len(series), "shifted": shifted, "png": drift_png(shifted[:8]) if shifted else ""}
 

@@ -13,34 +13,34 @@ all take their values from ``by_sweep``.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from farm.runs import Run
 
 SeriesKey = tuple[str, str, bool, str]  # device, model, tuned, context (JSON: target, tvm, pipeline)
 
 
-def context_of(row: dict[str, Any]) -> str:
-    """What must be equal for two runs to share a baseline, as one comparable string (kept in the row as
-    ``series_context``: regress, review and drift each ask for it)."""
-    if "series_context" not in row:
-        context = row.get("context") or {}
-        row["series_context"] = json.dumps({"target": context.get("target"), "tvm": row.get("tvm_version"),
-                                            "pipeline": context.get("pipeline_version")}, sort_keys=True)
-    return row["series_context"]
+def context_of(context: dict[str, Any], tvm_version: str | None) -> str:
+    """What must be equal for two runs to share a baseline (target, TVM version, farm's pipeline version), as
+    one comparable string: ``Run.series_context``."""
+    return json.dumps({"target": context.get("target"), "tvm": tvm_version,
+                       "pipeline": context.get("pipeline_version")}, sort_keys=True)
 
 
-def series_key(row: dict[str, Any]) -> SeriesKey:
-    return row["device"], row["model"], bool(row["tuned"]), context_of(row)
+def series_key(run: "Run") -> SeriesKey:
+    return run.device, run.model, run.tuned, run.series_context
 
 
-def by_sweep(rows: Iterable[dict[str, Any]], keep_unstable_of: int | None = None) -> dict[SeriesKey, dict[int, dict[str, Any]]]:
-    """Each series' accepted run per sweep: the last ok, stable run of that sweep (rows of results.run_rows).
+def by_sweep(runs: Iterable["Run"], keep_unstable_of: int | None = None) -> dict[SeriesKey, dict[int, "Run"]]:
+    """Each series' accepted run per sweep: the last ok, stable run of that sweep.
 
     ``keep_unstable_of``: a sweep whose last ok run counts even when unstable (the sweep being judged)."""
-    series: dict[SeriesKey, dict[int, dict[str, Any]]] = {}
-    for row in sorted(rows, key=lambda r: r["run_id"]):
-        if row["sweep_id"] is None or row["status"] != "ok":
+    series: dict[SeriesKey, dict[int, Run]] = {}
+    for run in sorted(runs, key=lambda r: r.run_id):
+        if run.sweep_id is None or run.status != "ok":
             continue
-        if row["unstable"] and row["sweep_id"] != keep_unstable_of:
+        if run.unstable and run.sweep_id != keep_unstable_of:
             continue
-        series.setdefault(series_key(row), {})[row["sweep_id"]] = row
+        series.setdefault(series_key(run), {})[run.sweep_id] = run
     return series

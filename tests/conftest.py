@@ -200,3 +200,25 @@ def network_namespace(prefix: str, second_octet: int):
     finally:
         subprocess.run(["ip", "link", "del", here], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+# -- read-model records ------------------------------------------------------------------------------
+
+def make_run(run_id: int, sweep_id: int | None, value: float, status: str = "ok", unstable: bool = False,
+             tvm: str = "0.27.0", target: dict | None = None, device: str = "phone", model: str = "mlp"):
+    """A ``runs.Run`` as ``results.run_rows`` gives it, for tests of what reads runs: one steady median ``value``
+    (a summary of 3 repeats), load 10 ms, first run 20 ms, no copies."""
+    from farm.runs import Run
+    from farm.series import context_of
+    from farm.stats import Summary
+
+    context = {"target": target or {"kind": "llvm"}, "pipeline_version": 2}
+    steady = Summary(n=3, median=value, mean=value, p10=value, p90=value, min=value, max=value, cv=0.0, mad=0.0,
+                     ci_low=value, ci_high=value, unstable=unstable)
+    return Run(run_id=run_id, started_at="", device=device, key=device, model=model, model_digest="m",
+               status=status, failed_step="", reason="", upload_s=None, load_s=0.01, first_run_s=0.02,
+               load_warm_s=None, first_run_warm_s=None, steady_clock="wall", steady_number=1,
+               steady_wall_number=None, fallback_of=None, check="skipped", max_abs_err=None, emulated=False,
+               tuned=False, tuned_tasks=0, total_tasks=0, sweep_id=sweep_id, attempt=1, artifact_key=f"a{run_id}",
+               tvm_version=tvm, farm_version="", context=context, series_context=context_of(context, tvm),
+               steady=steady, steady_wall=None, copy_s=(), copy_bytes=())

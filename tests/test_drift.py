@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from farm.drift import drift_rows, find_drift
+from tests.conftest import make_run
 
 
 def nights(seed: int, shape) -> list[float]:
@@ -33,9 +34,8 @@ def test_drift_rows_use_one_accepted_value_per_sweep():
     rows = []
     for sweep, value in enumerate(nights(5, lambda i: 1.2 if i >= 15 else 1.0), start=1):
         for attempt_value, status, unstable in ((99.0, "failed", False), (value, "ok", False), (50.0, "ok", True)):
-            rows.append({"run_id": len(rows) + 1, "sweep_id": sweep, "device": "d", "model": "m", "tuned": False,
-                         "status": status, "unstable": unstable, "steady_median_s": attempt_value})
-    (row,) = drift_rows(rows, lambda r: r["steady_median_s"])
+            rows.append(make_run(len(rows) + 1, sweep, attempt_value, status, unstable))
+    (row,) = drift_rows(rows, lambda r: r.steady_median_s)
     assert row["sweeps"] == list(range(1, 31)) and 14 <= row["change_points"][0] <= 18
     assert [s["nights"] for s in row["segments"]] == [row["change_points"][0] - 1, 31 - row["change_points"][0]]
 

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.regress import Method, Thresholds, baseline_of, compare_samples, confirm, judge
-from tests.conftest import run_farm
+from tests.conftest import make_run, run_farm
 from tests.test_report import CHROMIUM, open_in_chromium
 
 HISTORY = [1.00, 1.02, 0.98, 1.01, 0.99, 1.00, 1.03, 0.97]
@@ -116,12 +116,8 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inv
     assert 'alt="heatmap of steady latency change' in html
 
 
-def _night(sweep_id: int, value: float, tvm: str = "0.27.0", target: dict | None = None) -> dict:
-    """A run row as results.run_rows gives it, with what detect reads."""
-    return {"run_id": sweep_id, "sweep_id": sweep_id, "device": "phone", "model": "mlp", "tuned": False,
-            "status": "ok", "unstable": False, "steady_median_s": value, "load_s": 0.01, "first_run_s": 0.02,
-            "copy_s": [], "artifact_key": f"a{sweep_id}", "model_digest": "m", "tvm_version": tvm,
-            "context": {"target": target or {"kind": "llvm"}, "pipeline_version": 2}}
+def _night(sweep_id: int, value: float, tvm: str = "0.27.0", target: dict | None = None):
+    return make_run(sweep_id, sweep_id, value, tvm=tvm, target=target)
 
 
 def test_a_baseline_never_spans_a_tvm_upgrade_or_a_target_change():

@@ -29,7 +29,7 @@ def test_record_result_keeps_every_raw_sample(db_location):
         assert store.samples(run_id, "copy", 0) == [1e-6, 2e-6]
         row = run_rows(store)[0]
     assert row["steady_median_s"] == 0.002 and row["steady_n"] == 3 and row["steady_number"] == 10
-    assert row["copy_bytes"] == [40] and row["copy_s"] == [1.5e-6]
+    assert row["copy_bytes"] == (40,) and row["copy_s"] == (1.5e-6,)
     assert row["check"] == "passed"
 
 
@@ -93,7 +93,74 @@ def test_version_1_database_is_migrated_keeping_its_runs(db_location):
         rows = run_rows(store)
         assert store.count("tune_records") == 0
     assert [(r["device"], r["tuned"]) for r in rows] == [("cpu", False)]
-    assert raw_connection(path).execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
+    assert raw_connection(path).execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def _summary_rows(location: str) -> list[tuple]:
+    return [tuple(r) for r in raw_connection(location).execute("SELECT * FROM summaries ORDER BY run_id, metric, series")]
+
+
+def test_summaries_are_written_with_the_samples_and_reads_take_them_from_there(db_location):
+    from farm.stats import summarize
+
+    samples = (0.004, 0.001, 0.003, 0.002)  # even: the median is the mean of the middle two
+    with Store(db_location) as store:
+        run_id = store.record_result(_result(samples=samples), DEVICE, load_model("mlp"), None)
+    assert [r[:3] for r in _summary_rows(db_location)] == [(run_id, "copy", 0), (run_id, "steady", 0)]
+    db = raw_connection(db_location)
+    db.execute("DELETE FROM samples")  # what reads the runs never reads a raw sample
+    db.close()
+    with Store(db_location) as store:
+        row = run_rows(store)[0]
+    assert row.steady == summarize(samples) and row.steady_median_s == 0.0025
+    assert row.copy_s == (1.5e-6,) and row.steady_wall is None
+
+
+def test_a_schema_7_database_gets_its_runs_summarized_once_on_open(db_location):
+    with Store(db_location) as store:
+        for samples in [(0.002, 0.001, 0.003), (0.5, 0.1), (0.007,)]:
+            store.record_result(_result(samples=samples), DEVICE, load_model("mlp"), None)
+        written = run_rows(store)
+    before = _summary_rows(db_location)
+    db = raw_connection(db_location)  # what farm 7 left: no summaries, schema 7
+    db.execute("DROP TABLE summaries")
+    db.execute("DELETE FROM meta WHERE key='summary_rule'")
+    db.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
+    db.close()
+    with pytest.raises(StoreError, match="older farm") as info:  # the dashboard opens read-only: it says how
+        Store(db_location, readonly=True)
+    assert "farm results --db" in info.value.hint
+    with Store(db_location) as store:
+        assert run_rows(store) == written and store.count("summaries") == 6
+    assert _summary_rows(db_location) == before
+
+
+def test_summaries_are_recomputed_when_farms_rule_changes(db_location):
+    with Store(db_location) as store:
+        store.record_result(_result(), DEVICE, load_model("mlp"), None)
+    before = _summary_rows(db_location)
+    db = raw_connection(db_location)
+    db.execute("UPDATE summaries SET median = 99")
+    db.execute("UPDATE meta SET value = 'an older rule' WHERE key='summary_rule'")
+    db.close()
+    with Store(db_location) as store:
+        assert run_rows(store)[0].steady_median_s == 0.002
+    assert _summary_rows(db_location) == before
+
+
+def test_a_run_is_a_frozen_record_readable_by_name(db_location):
+    import dataclasses
+
+    from farm.results import COLUMNS
+
+    with Store(db_location) as store:
+        store.record_result(_result(), DEVICE, load_model("mlp"), None)
+        row = run_rows(store)[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.status = "failed"
+    assert set(COLUMNS) <= set(dict(row)) and row["unstable"] is row.unstable is True  # CV 50 %
+    with pytest.raises(KeyError):
+        row["no_such_field"]
 
 
 def test_tuning_lines_merge_in_order_without_duplicates(db_location):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
+from farm.records import Record
 
 
 log = logging.getLogger("farm")
@@ -30,8 +32,17 @@ def default_db() -> str:
 
 
 def emit_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
+    json.dump(data, sys.stdout, indent=2, default=_jsonable)
     sys.stdout.write("\n")
+
+
+def _jsonable(value: Any) -> Any:
+    """The read side's records (a run, a verdict, an alert; a summary inside a run) as JSON objects."""
+    if isinstance(value, Record):
+        return dict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:

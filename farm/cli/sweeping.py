@@ -119,7 +119,7 @@ def cmd_drift(args) -> int:
 
     require_db(args.db)
     with Store(args.db) as store:
-        series = drift_rows(run_rows(store, device=args.device, model=args.model, intervals=False),
+        series = drift_rows(run_rows(store, device=args.device, model=args.model),
                             lambda r: series_value(args.metric, r))
     shown = series if args.all else [s for s in series if s["change_points"]]
     if args.json:

@@ -2,8 +2,10 @@
 
 A SQLite file in WAL mode (default) or a PostgreSQL database (``--db postgresql://...``) for a
 farm whose hosts share one database; the same SQL runs on both (``backends.py``). One
-transaction per recorded result, raw samples in long format. Summaries are computed from the
-samples (``results.py``), never stored. The schema and its history: ``schema.py``.
+transaction per recorded result, raw samples in long format, and each sample series' summary
+(``stats.summarize_rows``) written with it, so that reading 50,000 runs never reads their 1.5 M samples.
+The summaries are derived data: the rule that wrote them is kept in meta and, when farm's rule
+changes, they are recomputed from the samples on open. The schema and its history: ``schema.py``.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import json
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from farm.errors import StoreError
-from farm.records import Artifact, BenchResult, CopyCurve, Device, InputSpec, ModelSource
+from farm.records import Alert, Artifact, BenchResult, CopyCurve, Device, InputSpec, ModelSource
+from farm.stats import SUMMARY_RULE, Summary, summarize_groups
 from farm.store.backends import exists, open_backend
-from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
+from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, SUMMARY_COLUMNS, statements
 
 __all__ = ["Store", "SCHEMA_VERSION", "exists"]
 
@@ -34,10 +37,17 @@ class Store:
         self.path = Path(path) if self.kind == "sqlite" else self._db.location  # shown in reports, never a password
         try:
             if readonly:
-                if self._version() > SCHEMA_VERSION:
+                version = self._version()
+                if version > SCHEMA_VERSION:
                     raise StoreError(f"{self.path} has a newer schema than this farm", "upgrade farm")
+                if version < SCHEMA_VERSION or self._summary_rule() != SUMMARY_RULE:
+                    raise StoreError(f"{self.path} was written by an older farm (schema {version}) and is opened read-only",
+                                     f"upgrade it once by opening it writable: farm results --db {self.path} --latest")
             else:
                 self._migrate()
+        except StoreError:
+            self._db.close()
+            raise
         except self._db.errors as exc:
             self._db.close()
             raise StoreError(f"cannot open results database {self.path}: {exc}",
@@ -74,6 +84,41 @@ class Store:
                     db.execute(self._db.ddl(statement))
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                            (str(target),))
+        if self._summary_rule() != SUMMARY_RULE:
+            with self._transaction(migrating=True) as db:
+                if self._summary_rule() != SUMMARY_RULE:  # another farm did it meanwhile
+                    self._summarize_stored(db)
+                    db.execute("INSERT INTO meta VALUES ('summary_rule', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                               (SUMMARY_RULE,))
+
+    def _summary_rule(self) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key='summary_rule'").fetchone()
+        return row[0] if row else None
+
+    def _summarize_stored(self, db, runs_per_chunk: int = 20_000) -> None:
+        """(Re)compute every stored run's summaries from its samples, a chunk of runs at a time (memory stays
+        flat whatever the database's size): schema 8's migration, and any change of ``stats.SUMMARY_RULE``."""
+        db.execute("DELETE FROM summaries")
+        key = "run_id, metric, series"
+        last = -1
+        while True:
+            row = db.execute("SELECT MAX(id) FROM (SELECT id FROM runs WHERE id > ? ORDER BY id LIMIT ?) chunk",
+                             (last, runs_per_chunk)).fetchone()
+            if row is None or row[0] is None:
+                return
+            first, last = last, int(row[0])
+            span = (first, last)
+            groups = [tuple(g) for g in db.execute(f"SELECT {key}, COUNT(*) FROM samples WHERE run_id > ? AND run_id <= ?"
+                                                   f" GROUP BY {key} ORDER BY {key}", span)]
+            values = [v[0] for v in db.execute(f"SELECT value_s FROM samples WHERE run_id > ? AND run_id <= ?"
+                                               f" ORDER BY {key}, idx", span)]
+            self._insert_summaries(db, [g[:3] for g in groups], [g[3] for g in groups], values)
+
+    @staticmethod
+    def _insert_summaries(db, keys: list[tuple[int, str, int]], sizes: list[int], values: list[float]) -> None:
+        rows = summarize_groups(sizes, values)
+        db.executemany(f"INSERT INTO summaries VALUES ({','.join('?' * (3 + len(SUMMARY_COLUMNS)))})",
+                       [(*k, *r[:-1], int(r[-1])) for k, r in zip(keys, rows)])
 
     # -- writes -------------------------------------------------------------------------
 
@@ -125,6 +170,12 @@ class Store:
                     db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                                    [(run_id, "copy", copy.output_index, i, v, copy.number)
                                     for i, v in enumerate(copy.samples_s)])
+                series = [((run_id, "steady", 0), result.steady_samples_s),
+                          ((run_id, "steady_wall", 0), result.steady_wall_samples_s),
+                          *(((run_id, "copy", c.output_index), c.samples_s) for c in result.copies)]
+                series = [(k, list(v)) for k, v in series if len(v)]
+                self._insert_summaries(db, [k for k, _ in series], [len(v) for _, v in series],
+                                       [x for _, v in series for x in v])
                 check = result.check
                 db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
                            (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
@@ -251,7 +302,7 @@ class Store:
             cells.setdefault((row["device"], row["model"]), []).append((row["attempt"], row["status"]))
         return cells
 
-    def save_alert(self, verdict: dict[str, Any], method: dict[str, Any], status: str | None = None,
+    def save_alert(self, verdict: Mapping[str, Any], method: dict[str, Any], status: str | None = None,
                    confirmation: dict[str, Any] | None = None) -> int:
         """Insert or update the alert of one series in one sweep; returns its id.
 
@@ -285,13 +336,13 @@ class Store:
         return {row[0]: row[1] for row in self._db.execute(
             "SELECT device, MAX(at) FROM probes WHERE state='online' GROUP BY device")}
 
-    def alerts(self, sweep_id: int | None = None) -> list[dict[str, Any]]:
+    def alerts(self, sweep_id: int | None = None) -> list[Alert]:
         sql, params = "SELECT * FROM alerts", []
         if sweep_id is not None:
             sql, params = sql + " WHERE sweep_id=?", [sweep_id]
-        rows = self._db.execute(sql + " ORDER BY id", params).fetchall()
-        return [{**dict(r), "baseline": json.loads(r["baseline"]), "method": json.loads(r["method"]),
-                 "confirmation": json.loads(r["confirmation"])} for r in rows]
+        return [Alert(**{**r, "tuned": bool(r["tuned"]), "baseline": json.loads(r["baseline"]),
+                         "method": json.loads(r["method"]), "confirmation": json.loads(r["confirmation"])})
+                for r in self._db.dicts(sql + " ORDER BY id", params)]
 
     def model_inputs(self, digest: str) -> list[dict[str, Any]] | None:
         """The stored input signature of a model (name, shape, dtype per input)."""
@@ -346,19 +397,13 @@ class Store:
                  WHERE r.id IN ({where}) ORDER BY r.id DESC"""
         return self._db.dicts(sql, params)
 
-    def run_samples(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
-                    sweep_id: int | None = None, limit: int | None = None,
-                    status: str | None = None) -> tuple[list[tuple[int, str, int, int]], list[float]]:
-        """Every sample of the runs ``runs`` selects with the same arguments, read in one snapshot: the groups
-        (run id, metric, series, how many samples) and all their values in the groups' order (repeats in order)."""
+    def run_summaries(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+                      sweep_id: int | None = None, limit: int | None = None,
+                      status: str | None = None) -> dict[tuple[int, str, int], Summary]:
+        """(run id, metric, series) -> its stored summary, for the runs ``runs`` selects with the same arguments."""
         where, params = self._run_filter(device, model, latest_only, sweep_id, limit, status)
-        key = "run_id, metric, series"  # the primary key's order: no sort
-        groups, values = self._db.read_together([
-            (f"SELECT {key}, COUNT(*) FROM samples WHERE run_id IN ({where}) GROUP BY {key} ORDER BY {key}", params, False),
-            (f"SELECT value_s FROM samples WHERE run_id IN ({where}) ORDER BY {key}, idx", params, True)])
-        if sum(g[3] for g in groups) != len(values):
-            raise StoreError(f"{self.path} changed while its samples were read", "run the command again")
-        return groups, values
+        rows = self._db.tuples(f"SELECT * FROM summaries WHERE run_id IN ({where})", params)
+        return {(r[0], r[1], r[2]): Summary(*r[3:-1], bool(r[-1])) for r in rows}
 
     def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                    sweep_id: int | None = None, limit: int | None = None,
@@ -409,7 +454,7 @@ class Store:
         return [dict(row) for row in self._db.execute("SELECT * FROM samples ORDER BY run_id, metric, series, idx")]
 
     def count(self, table: str) -> int:
-        if table not in ("runs", "samples", "copies", "checks", "devices", "models", "artifacts", "tune_records",
+        if table not in ("runs", "samples", "summaries", "copies", "checks", "devices", "models", "artifacts", "tune_records",
                          "tune_workloads", "tune_sessions", "sweeps", "alerts", "probes", "copy_curves",
                          "copy_curve_samples"):
             raise ValueError(table)

@@ -73,19 +73,11 @@ class SqliteBackend:
         names = [column[0] for column in cursor.description]
         return [dict(zip(names, row)) for row in cursor.fetchall()]
 
-    def read_together(self, queries: list[tuple[str, Any, bool]]) -> list[list]:
-        """SELECTs in one snapshot (no write lands between them), as plain tuples, or, where a query's flag is
-        set, its first column as a flat list: no row objects, for reads of millions of rows."""
-        self.db.execute("BEGIN")
-        try:
-            results = []
-            for sql, params, first_column in queries:
-                cursor = self.db.cursor()
-                cursor.row_factory = (lambda _, row: row[0]) if first_column else None
-                results.append(cursor.execute(sql, params).fetchall())
-            return results
-        finally:
-            self.db.execute("COMMIT")
+    def tuples(self, sql: str, params: Any = ()) -> list[tuple]:
+        """All rows as plain tuples: no row objects, for reads of 100,000 rows."""
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        return cursor.execute(sql, params).fetchall()
 
     def executemany(self, sql: str, rows: list) -> None:
         self.db.executemany(sql, rows)
@@ -165,20 +157,13 @@ class PostgresBackend:
             cursor.execute(self._sql(sql), params)
             return cursor.fetchall()
 
-    def read_together(self, queries: list[tuple[str, Any, bool]]) -> list[list]:
-        """SELECTs in one snapshot (REPEATABLE READ), as plain tuples or, where a query's flag is set, its first
-        column as a flat list."""
+    def tuples(self, sql: str, params: Any = ()) -> list[tuple]:
+        """All rows as plain tuples."""
         from psycopg.rows import tuple_row
 
-        results = []
-        with self.db.transaction():
-            self.db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            for sql, params, first_column in queries:
-                with self.db.cursor(row_factory=tuple_row) as cursor:
-                    cursor.execute(self._sql(sql), params)
-                    rows = cursor.fetchall()
-                results.append([row[0] for row in rows] if first_column else rows)
-        return results
+        with self.db.cursor(row_factory=tuple_row) as cursor:
+            cursor.execute(self._sql(sql), params)
+            return cursor.fetchall()
 
     def executemany(self, sql: str, rows: list) -> None:
         with self.db.cursor() as cursor:

@@ -12,13 +12,16 @@ SCHEMA_VERSION history:
      runs.fallback_of (the failed GPU run a CPU run stands in for); copy_curves + copy_curve_samples
   7  index runs_series (device, model, tuned, id): a series' latest run without scanning every run
      (the report's latest-per-cell at 50,000 runs)
+  8  summaries: each run's (metric, series) summary written with its samples (stats.summarize_rows, the
+     one rule), so no read of runs touches the raw samples; the migration computes them for the runs
+     already stored (``Store._summarize_stored``). meta 'summary_rule' names the rule that wrote them.
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -113,7 +116,18 @@ MIGRATIONS: dict[int, str] = {
     7: """
     CREATE INDEX runs_series ON runs (device, model, tuned, id);
     """,
+    8: """
+    CREATE TABLE summaries (
+        run_id INTEGER NOT NULL REFERENCES runs(id), metric TEXT NOT NULL, series INTEGER NOT NULL,
+        n INTEGER NOT NULL, median REAL NOT NULL, mean REAL NOT NULL, p10 REAL NOT NULL, p90 REAL NOT NULL,
+        min REAL NOT NULL, max REAL NOT NULL, cv REAL NOT NULL, mad REAL NOT NULL, ci_low REAL NOT NULL,
+        ci_high REAL NOT NULL, unstable INTEGER NOT NULL,
+        PRIMARY KEY (run_id, metric, series));
+    """,
 }
+
+# the columns of ``summaries`` after its key, in order: the fields of stats.Summary
+SUMMARY_COLUMNS = ("n", "median", "mean", "p10", "p90", "min", "max", "cv", "mad", "ci_low", "ci_high", "unstable")
 
 
 # tables whose reads keep insertion order with SQLite's implicit rowid; PostgreSQL gets a column for it
