@@ -25,7 +25,7 @@ import numpy as np
 
 from farm.compile import compile_model, effective_target, fallback_device, tuning_key
 from farm.devices.health import cool_down, health_after
-from farm.errors import FarmError, StoreError
+from farm.errors import FarmError, StoreError, first_line
 from farm.measure import bench_artifact, measure_copy_curve
 from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
 from farm.records import (CPU_TARGETS, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
@@ -77,6 +77,19 @@ def compile_failure(device: Device, model: ModelSource, config: BenchConfig, exc
         device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",
         reason=exc.message, failed_step="compile", hint=exc.hint, config=config,
         check=CheckResult("skipped", detail="not reached: failed at compile"),
+        context={"device_kind": device.kind, "emulated": device.emulated, "target": device.target},
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+    )
+
+
+def crashed_cell(device: Device, model: ModelSource, config: BenchConfig, exc: Exception) -> BenchResult:
+    """The stored result of a cell whose measurement raised what farm does not expect (a farm bug, or a library
+    error farm does not translate): failed at step "farm", with the exception; its traceback is in the log."""
+    return BenchResult(
+        device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",
+        reason=f"unexpected {type(exc).__name__}: {first_line(exc)}", failed_step="farm",
+        hint="a farm bug or an untranslated library error: rerun with -v for the traceback and report it",
+        config=config, check=CheckResult("skipped", detail="not reached: farm failed"),
         context={"device_kind": device.kind, "emulated": device.emulated, "target": device.target},
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
     )
@@ -208,6 +221,7 @@ class SweepOutcome:
     cells: list[CellResult] = field(default_factory=list)
     skipped: int = 0  # cells already done (resume)
     seconds: float = 0.0
+    missing: list[tuple[str, str]] = field(default_factory=list)  # cells with no stored attempt: resume them
 
 
 def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, str]]]) -> list[tuple[str, str]]:
@@ -261,13 +275,27 @@ def run_sweep(
                 q.put(None)
             for worker in workers:
                 worker.join()
-        outcome.status = "done"
-        store.finish_sweep(sweep_id, "done")
+        # a worker that ended early (its store unwritable, or a farm bug outside a cell) left cells without any
+        # attempt: the sweep is then "incomplete", resumable, never "done"
+        attempts = store.sweep_attempts(sweep_id)
+        outcome.missing = [cell for cell in todo if not attempts.get(cell)]
+        outcome.status = "incomplete" if outcome.missing else "done"
+        store.finish_sweep(sweep_id, outcome.status)
     outcome.seconds = time.monotonic() - start
     return outcome
 
 
-def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: str | Path, sweep_id: int,
+def _device_worker(tracker, device: Device, cells: queue.Queue, *args) -> None:
+    """A sweep's thread for one device (``_measure_cells``); if it ends early, what it did not store is left for
+    ``farm sweep --resume`` and the sweep is recorded "incomplete", not "done"."""
+    try:
+        _measure_cells(tracker, device, cells, *args)
+    except Exception as exc:
+        log.exception("the sweep's worker for %s stopped: %s; its remaining cells are left for --resume",
+                      device.name, first_line(exc))
+
+
+def _measure_cells(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: str | Path, sweep_id: int,
                    done: dict, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None,
                    total: int, cache_dir: Path) -> None:
     """Measure one device's cells in order: cooldown, measure, retry a dropped session once, store."""
@@ -281,13 +309,18 @@ def _device_worker(tracker, device: Device, cells: queue.Queue, spec: SweepSpec,
                 progress(device.name, model.name, "cell", cell_eta(count, total, time.monotonic() - started))
             previous = len(done.get((device.name, model.name), []))
             for attempt in range(previous + 1, spec.retries + 2):
-                waited = cool_down(device, first, _say(progress, device, model))
-                first = False
-                if isinstance(artifact, FarmError):
-                    result, stored_artifact = compile_failure(device, model, spec.config, artifact), None
-                else:
-                    result = with_health(measure_cell(tracker, device, model, artifact, spec.config, progress=progress), waited, device)
-                    stored_artifact = artifact
+                stored_artifact = None if isinstance(artifact, FarmError) else artifact
+                try:
+                    waited = cool_down(device, first, _say(progress, device, model))
+                    first = False
+                    if isinstance(artifact, FarmError):
+                        result = compile_failure(device, model, spec.config, artifact)
+                    else:
+                        result = with_health(measure_cell(tracker, device, model, artifact, spec.config,
+                                                          progress=progress), waited, device)
+                except Exception as exc:  # never a lost cell: stored as failed, the device's next cells go on
+                    log.exception("%s × %s: unexpected error while measuring", device.name, model.name)
+                    result = crashed_cell(device, model, spec.config, exc)
                 try:
                     run_id = store.record_result(result, device, model, stored_artifact, sweep_id, attempt)
                 except StoreError as exc:  # never lose the sweep over one write; the cell stays missing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 
 from dataclasses import asdict
 from pathlib import Path
@@ -74,6 +75,13 @@ def cmd_sweep(args) -> int:
             print(f"  alert: {a['device']} · {a['model']} · {a['metric']}: {a['status']} ({a['change']:+.1%}, z {a['z']:.1f})")
         if report:
             print(f"report: {report}")
+    if outcome.missing:
+        cells = ", ".join(f"{d} × {m}" for d, m in outcome.missing[:5]) + (" …" if len(outcome.missing) > 5 else "")
+        print(f"error: sweep {outcome.sweep_id} is incomplete: {len(outcome.missing)} cell(s) never measured ({cells})",
+              file=sys.stderr)
+        print(f"hint: the log above says why; farm sweep --resume {outcome.sweep_id} measures what is missing",
+              file=sys.stderr)
+        return 1
     return 0
 
 
