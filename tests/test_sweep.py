@@ -1,5 +1,14 @@
 """bench_cell end to end: real compile, real RPC servers, real SQLite."""
 
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
 import numpy as np
 
 from farm.inventory import parse_inventory
@@ -7,7 +16,8 @@ from farm.models import load_model, make_inputs, reference_outputs
 from farm.records import BenchConfig
 from farm.results import run_rows
 from farm.store import Store
-from farm.sweep import bench_cell
+from farm.sweep import SweepSpec, bench_cell, missing_cells
+from tests.conftest import REPO, run_farm
 
 FAST = BenchConfig(repeat=5, min_repeat_ms=5, timeout_s=20)
 
@@ -58,17 +68,6 @@ def test_absent_device_is_stored_as_failed_session(farm_net, tmp_path):
 
 # -- sweeps ---------------------------------------------------------------------------------
 
-import json
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import threading
-import time
-
-from farm.sweep import SweepSpec, missing_cells
-from tests.conftest import REPO, run_farm
 
 
 def test_missing_cells_skips_ok_and_exhausted_cells():

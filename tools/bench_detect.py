@@ -33,7 +33,7 @@ def simulate(step: float, series: int, rng: np.random.Generator, night_noise: fl
             continue
         candidates += 1
 
-        def rerun(n: int):
+        def rerun(n: int, night: float = night):
             old = base * (1 + night) * (1 + rng.normal(0, sample_noise, n))
             new = base * (1 + step) * (1 + night) * (1 + rng.normal(0, sample_noise, n))
             return old, new

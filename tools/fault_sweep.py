@@ -61,7 +61,7 @@ def main() -> int:
         while kills < args.kills:
             done = threading.Event()
 
-            def killer():
+            def killer(done: threading.Event = done):
                 nonlocal kills
                 if done.wait(rng.uniform(0.2, 2.0)):
                     return  # the sweep finished first: no kill this time

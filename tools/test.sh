@@ -7,6 +7,8 @@ bash tools/setup.sh --test
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest -q -ra "$@"
 fi
+# Lint first (pyflakes + bugbear, pyproject's [tool.ruff]): a second, not a red suite after 15 minutes.
+.venv/bin/ruff check farm tools tests
 # Two workers, a test file each at a time (module fixtures start once); then, alone, the tests
 # marked quiet (a regression baseline needs a machine that is not running the other worker).
 status=0
