@@ -27,7 +27,8 @@ from farm.compile import compile_model, effective_target, fallback_device, tunin
 from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, StoreError, first_line
 from farm.measure import bench_artifact, measure_copy_curve
-from farm.models import VARIANT_TOLERANCE, load_model_variant, load_reference_file, make_inputs, reference_outputs
+from farm.models import (VARIANT_TOLERANCE, load_model_variant, load_reference_file, load_test_data, make_inputs,
+                         reference_outputs, shipped_test_data)
 from farm.records import (CPU_TARGETS, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
                            SweepSpec, TrackerAddress, TuningSet)
 from farm.store import Store
@@ -102,9 +103,16 @@ def measure_cell(
     say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
     inputs = make_inputs(model, config.seed)
     reference_name = {"torch": "torch", "tflite": "litert"}.get(model.frontend, "onnxruntime")
+    shipped = shipped_test_data(model)
     try:
-        if reference_file:
+        if reference_file and Path(reference_file).is_dir():  # a test_data_set folder: its inputs and outputs
+            inputs, reference = load_test_data(reference_file, model)
+            reference_name = f"file:{reference_file}"
+        elif reference_file:
             reference, reference_name = load_reference_file(reference_file), f"file:{reference_file}"
+        elif shipped is not None:  # the model's own test data beats any runtime's opinion (old opsets included)
+            inputs, reference = load_test_data(shipped, model)
+            reference_name = f"shipped test data ({shipped.name})"
         else:
             reference = reference_outputs(model, inputs)
     except FarmError as exc:

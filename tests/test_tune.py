@@ -119,16 +119,20 @@ def test_tune_whose_device_dies_ends_with_one_line_and_keeps_records(farm_net, f
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, stderr[-3000:]
     assert errors[0].startswith("error: the server for key 'test-victim' left the tracker during tuning")
-    assert _records(tmp_path / "results.db") >= kept
+    with sqlite3.connect(tmp_path / "results.db") as db:
+        status, stored = db.execute("SELECT status, (SELECT COUNT(*) FROM tune_records r WHERE r.session_id = s.id)"
+                                    " FROM tune_sessions s ORDER BY id DESC").fetchone()
+    assert status == "device-lost"  # the session says why it ended
+    assert stored == _records(tmp_path / "results.db") and stored >= kept > 0  # every record is this session's, kept
 
 
 def test_tune_unknown_device_or_absent_key_fails_before_any_work(farm_net, inventory_file, farm_env, tmp_path):
     unknown = run_farm("--devices", str(inventory_file), "tune", "--device", "nope", "--model", "mlp", env=farm_env)
     assert unknown.returncode == 1
     assert unknown.stderr.splitlines()[0] == f"error: unknown device 'nope' in {inventory_file}"
-    start = time.monotonic()
+    # bounded: run_farm's timeout fails the test if the request waited for good
     absent = run_farm("--devices", str(inventory_file), "tune", "--device", "ghost", "--model", "mlp", env=farm_env)
-    assert absent.returncode == 1 and time.monotonic() - start < 30
+    assert absent.returncode == 1
     assert absent.stderr.splitlines() == [
         f"error: no server is registered under key 'test-nobody-serves-this' at {farm_net.tracker}",
         "hint: bring the device up first: farm serve, then farm devices"]

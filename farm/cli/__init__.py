@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", required=True, help="inventory device name")
     p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
     p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
-    p.add_argument("--reference", help="expected outputs (.npz, np.savez order) instead of onnxruntime's")
+    p.add_argument("--reference", help="expected outputs instead of onnxruntime's: a .npz (np.savez order), or a "
+                   "test_data_set folder (input_N.pb + output_N.pb: its inputs are used too). Default for an ONNX file "
+                   "with a test_data_set_0 folder beside it: that folder")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
     add_variant_options(p)
     add_progress(p)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from farm.errors import ModelError
+from farm.errors import ModelError, first_line
 from farm.models.frameworks import TFLITE_HINT, _torch, load_tflite, load_torch, tflite_model, torch_program
 from farm.models.sources import _source, make_inputs, onnx_proto
 from farm.models.variants import CALIBRATION_METHODS, VARIANT_TOLERANCE, VARIANTS, make_variant
@@ -25,7 +25,8 @@ from farm.records import ModelSource
 __all__ = [
     "BUILTINS", "CALIBRATION_METHODS", "VARIANTS", "VARIANT_TOLERANCE", "build_convnet", "build_mlp",
     "build_mobile_block", "list_models", "load_model", "load_model_variant", "load_reference_file", "make_inputs",
-    "make_variant", "onnx_proto", "reference_outputs", "tflite_model", "torch_program",
+    "load_test_data", "make_variant", "onnx_proto", "reference_outputs", "shipped_test_data", "tflite_model",
+    "torch_program",
 ]
 
 
@@ -113,6 +114,43 @@ def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list
         return [np.asarray(o) for o in session.run(None, inputs)]
     except Exception as exc:
         raise ModelError(f"onnxruntime could not run {model.name}: {exc}", "the check will be skipped") from None
+
+
+def shipped_test_data(model: ModelSource) -> Path | None:
+    """The ``test_data_set_0`` folder beside an ONNX model file (the onnx package's and the ONNX model zoo's
+    layout: ``input_N.pb`` / ``output_N.pb``), when there is one: the model's own inputs and expected outputs."""
+    if model.frontend != "onnx" or model.variant != "fp32" or model.origin.startswith(("builtin:", "module:")):
+        return None
+    folder = Path(model.origin).parent / "test_data_set_0"
+    return folder if (folder / "output_0.pb").is_file() else None
+
+
+def load_test_data(folder: str | Path, model: ModelSource) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """A ``test_data_set_*`` folder's inputs (by the model's input names, in order) and expected outputs."""
+    from onnx import numpy_helper
+
+    folder = Path(folder)
+    hint = "a test_data_set folder holds input_0.pb … and output_0.pb … (onnx TensorProto files)"
+
+    def tensors(prefix: str) -> list[np.ndarray]:
+        out = []
+        while (path := folder / f"{prefix}_{len(out)}.pb").is_file():
+            try:
+                out.append(numpy_helper.to_array(onnx.load_tensor(str(path))))
+            except Exception as exc:  # protobuf's DecodeError and friends
+                raise ModelError(f"cannot read {path}: {first_line(exc)}", hint) from exc
+        return out
+
+    inputs, outputs = tensors("input"), tensors("output")
+    if not outputs:
+        raise ModelError(f"{folder} has no output_0.pb", hint)
+    if len(inputs) != len(model.inputs):
+        raise ModelError(f"{folder} has {len(inputs)} input(s), {model.name} takes {len(model.inputs)}", hint)
+    for spec, value in zip(model.inputs, inputs):
+        if tuple(value.shape) != tuple(spec.shape) or str(value.dtype) != spec.dtype:
+            raise ModelError(f"{folder}: input {spec.name} is {value.dtype}{list(value.shape)}, the model takes "
+                             f"{spec.dtype}{list(spec.shape)}", "pass the test data of this model (or --shape)")
+    return {spec.name: value for spec, value in zip(model.inputs, inputs)}, outputs
 
 
 def load_reference_file(path: str) -> list[np.ndarray]:
