@@ -101,7 +101,7 @@ def make_target(target: dict[str, Any]) -> tvm.target.Target:
         raise BuildError(
             f"TVM refused target {json.dumps(target)}: {first_line(exc)}",
             "fix target/host in devices.toml; options are those of `tvm.target.Target` for that kind",
-        ) from None
+        ) from exc
 
 
 def _triple(target: dict[str, Any]) -> str | None:
@@ -199,7 +199,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         raise
     except Exception as exc:
         raise BuildError(f"TVM could not compile {model.name} for {json.dumps(target)}: {first_line(exc)}",
-                         "check the target; GPU targets need a schedule (see README)") from None
+                         "check the target; GPU targets need a schedule (see README)") from exc
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -218,7 +218,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise BuildError(f"exporting {model.name} as {device.export} failed: {first_line(exc)}",
-                         f"check that the toolchain {toolchain or 'cc'} is installed and works") from None
+                         f"check that the toolchain {toolchain or 'cc'} is installed and works") from exc
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     path = folder / filename
@@ -271,7 +271,7 @@ def import_model(model: ModelSource) -> tvm.IRModule:
             mod = from_exported_program(torch_program(model), keep_params_as_input=False)
         except Exception as exc:
             raise BuildError(f"TVM's torch importer rejected {model.name}: {first_line(exc)}",
-                             "the program may use an operator TVM 0.27 does not support") from None
+                             "the program may use an operator TVM 0.27 does not support") from exc
         return relax.transform.DecomposeOpsForInference()(mod)
     if model.frontend == "tflite":
         from tvm.relax.frontend.tflite import from_tflite
@@ -283,7 +283,7 @@ def import_model(model: ModelSource) -> tvm.IRModule:
                               {s.name: s.dtype for s in model.inputs})
         except Exception as exc:
             raise BuildError(f"TVM's TFLite importer rejected {model.name}: {first_line(exc)}",
-                             "the model may use an operator TVM 0.27 does not support") from None
+                             "the model may use an operator TVM 0.27 does not support") from exc
         mod = mod[0] if isinstance(mod, tuple) else mod
         return relax.transform.DecomposeOpsForInference()(mod)
     return import_onnx(model)
@@ -298,7 +298,7 @@ def import_onnx(model: ModelSource) -> tvm.IRModule:
         mod = from_onnx(onnx_proto(model), shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as exc:
         raise BuildError(f"TVM's ONNX importer rejected {model.name}: {first_line(exc)}",
-                         "the model may use an operator TVM 0.27 does not support; see the TVM log above") from None
+                         "the model may use an operator TVM 0.27 does not support; see the TVM log above") from exc
     return relax.transform.DecomposeOpsForInference()(mod)
 
 

@@ -168,7 +168,7 @@ def serve_dashboard(inventory: Inventory, db_path: str | Path, host: str, port: 
     try:
         app.listen(port, address=host)
     except OSError as exc:
-        raise FarmError(f"cannot listen on {host}:{port}: {exc.strerror}", "pick another --port") from None
+        raise FarmError(f"cannot listen on {host}:{port}: {exc.strerror}", "pick another --port") from exc
     if on_ready:
         on_ready()
     tornado.ioloop.IOLoop.current().start()

@@ -37,11 +37,13 @@ def load_inventory(path: str | Path) -> Inventory:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
         raise InventoryError(
             f"{path}: no such inventory file",
             "pass --devices PATH or set FARM_DEVICES; `farm demo` needs no inventory",
-        ) from None
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"{path}: not a TOML file (not UTF-8 text)", "pass the inventory: --devices devices.toml") from exc
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read: {exc.strerror}", "check the file's permissions") from exc
     return parse_inventory(text, str(path))
@@ -54,7 +56,7 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
         raise InventoryError(
             f"{path}: not valid TOML: {exc}",
             "fix the syntax at that line; each device is a [devices.NAME] table",
-        ) from None
+        ) from exc
     unknown = set(data) - {"tracker", "devices", "store"}
     if unknown:
         raise InventoryError(
@@ -91,12 +93,12 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
 def find_device(inventory: Inventory, name: str) -> Device:
     try:
         return inventory.devices[name]
-    except KeyError:
+    except KeyError as exc:
         known = ", ".join(sorted(inventory.devices)) or "none"
         raise InventoryError(
             f"unknown device {name!r} in {inventory.path}",
             f"known devices: {known}; see `farm devices`",
-        ) from None
+        ) from exc
 
 
 def _where(path: str, text: str, name: str) -> str:

@@ -82,7 +82,7 @@ def bench_artifact(
         try:
             session = request_session(tracker, device.key, config.timeout_s, device.session_timeout_s)
         except FarmError as exc:
-            raise StepFailed("session", exc.message, exc.hint) from None
+            raise StepFailed("session", exc.message, exc.hint) from exc
         step = "upload"
         say(step, artifact.path)
         t0 = time.perf_counter()
@@ -145,6 +145,12 @@ def bench_artifact(
         return _result(device, artifact, config, context, started_at, fields, "failed", exc.step, exc.reason, exc.hint)
     except Exception as exc:  # TVM raises RuntimeError/TVMError/OSError for device-side failures
         reason = failure_reason(exc)
+        if not isinstance(exc, FarmError) and raised_in_farm(exc):  # farm's own bug: stored as failed, never quiet
+            log.exception("%s × %s: farm failed at step %s", device.name, artifact.model_name, step)
+            return _result(device, artifact, config, context, started_at, fields, "failed", "farm",
+                           f"farm bug at step {step}: {type(exc).__name__}: {reason}",
+                           "the traceback is in the log above; report it")
+        log.info("%s × %s failed at step %s", device.name, artifact.model_name, step, exc_info=True)  # -v shows it
         hint = "the device dropped the session; check `farm devices`" if _is_connection_error(exc) else \
             _driver_hint(reason) or "see the device's server log; the failure is stored with its reason"
         return _result(device, artifact, config, context, started_at, fields, "failed", step, reason, hint)
@@ -291,6 +297,17 @@ def measure_copy_curve(
     return CopyCurve(device.name, device.key, device_type, started_at, tuple(points), "ok", "", context)
 
 
+def raised_in_farm(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by farm's own code (its innermost frame is in the farm package), not by TVM,
+    the RPC session or the device: a bug to show, not a device failure to store quietly."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(os.path.dirname(os.path.abspath(farm.__file__)) + os.sep)
+
+
 def failure_reason(exc: BaseException) -> str:
     """The first line of a device-side error, plus the driver's own error lines when TVM quotes a build log."""
     text = str(exc)
@@ -392,7 +409,7 @@ def interleaved_samples(
         return old_s, new_s
     except Exception as exc:
         raise MeasurementError(f"interleaved rerun on {device.name!r} failed: {first_line(exc)}",
-                               "check the device (farm devices) and that both artifacts still exist") from None
+                               "check the device (farm devices) and that both artifacts still exist") from exc
     finally:
         for name in names:
             try:

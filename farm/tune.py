@@ -36,7 +36,7 @@ from tvm.ir.utils import derived_object
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.compile import effective_target, make_target, toolchain_for, tuning_key, tuning_module
-from farm.errors import DeviceUnavailable, FarmError, ModelError, TrackerError
+from farm.errors import BuildError, DeviceUnavailable, FarmError, ModelError, TrackerError, first_line
 from farm.records import Device, ModelSource, TrackerAddress, TuningSet
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
@@ -175,7 +175,7 @@ def tune_model(
                         f"add num-cores = N to the target of {device.name!r} in devices.toml")
     tvm_target = make_target(target)
     mod = tuning_module(model)
-    tasks = ms.relax_integration.extract_tasks(mod, tvm_target)
+    tasks = _extract_tasks(mod, tvm_target, model)
     if config.tasks:
         tasks = [t for t in tasks if config.tasks in t.task_name]
     if not tasks:
@@ -290,9 +290,19 @@ def _pseudo_files_have_no_module():
         inspect.getmodule = scan
 
 
+def _extract_tasks(mod, target, model: ModelSource) -> list:
+    """MetaSchedule's tuning tasks of ``mod``; TVM's errors become a BuildError naming the model (cause kept: -v)."""
+    try:
+        return list(ms.relax_integration.extract_tasks(mod, target))
+    except Exception as exc:  # tvm.error.TVMError and the FFI's own: TVM raises many types here
+        log.info("extracting tuning tasks of %s failed", model.name, exc_info=True)
+        raise BuildError(f"cannot extract tuning tasks from {model.name}: {first_line(exc)}",
+                         "check that farm compile works for this model and device; -v shows TVM's trace") from exc
+
+
 def list_tasks(device: Device, model: ModelSource) -> list[str]:
     target = make_target(effective_target(device))
-    return [t.task_name for t in ms.relax_integration.extract_tasks(tuning_module(model), target)]
+    return [t.task_name for t in _extract_tasks(tuning_module(model), target, model)]
 
 
 def export_database(store: Store, device: Device, out_dir: Path) -> TuningSet:

@@ -10,10 +10,13 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 
-from farm.errors import FarmError
+from farm.errors import FarmError, first_line
 
-from farm.cli.common import add_bench_options, add_progress, add_variant_options, byte_size, default_db
+from farm.cli.common import (Parser, add_bench_options, add_progress, add_variant_options, address, byte_size, count,
+                             default_db, non_negative_float, port, positive_float, positive_int, sweep_id,
+                             sweep_or_latest)
 from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dashboard, cmd_phones
 from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_copies, cmd_results, cmd_report, cmd_demo, cmd_compare
 from farm.cli.tuning import cmd_tune
@@ -38,7 +41,7 @@ environment: FARM_DEVICES (inventory), FARM_DB (results database: a file or post
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--devices", default=argparse.SUPPRESS,
                         help="inventory file (env FARM_DEVICES, default ./devices.toml)")
     common.add_argument("--db", default=argparse.SUPPRESS,
@@ -47,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output on stdout")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log more to stderr")
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="farm", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Benchmark ML models on a farm of devices through TVM RPC: compile, push, measure, store, report.",
     )
@@ -64,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Binds 127.0.0.1 unless --host says otherwise: TVM RPC has no authentication.")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--host", help="address to bind (default: [tracker] host in devices.toml, else 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default: [tracker] port in devices.toml, else 9190)")
+    p.add_argument("--port", type=port, help="port (default: [tracker] port in devices.toml, else 9190)")
 
     from farm.devices import kinds
 
@@ -73,16 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
             "Each runs in its own process group with a pid record; farm waits until the tracker lists them.\n"
             "--watch then stays in the foreground and restarts any of them that dies (Ctrl-C or `farm down` ends it).")
     p.add_argument("--device", action="append", help="only this device (repeatable)")
-    p.add_argument("--tracker", help="HOST:PORT of the tracker (default: [tracker] in devices.toml)")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for registration (default 60)")
+    p.add_argument("--tracker", type=address, help="HOST:PORT of the tracker (default: [tracker] in devices.toml)")
+    p.add_argument("--wait", type=non_negative_float, default=60.0, help="seconds to wait for registration (default 60)")
     p.add_argument("--stop", action="store_true", help="stop the servers farm started instead")
     p.add_argument("--watch", action="store_true", help="stay and restart servers that die (a watchdog)")
-    p.add_argument("--interval", type=float, default=2.0, help="--watch: seconds between checks (default 2)")
+    p.add_argument("--interval", type=positive_float, default=2.0, help="--watch: seconds between checks (default 2)")
 
     p = add("phones", cmd_phones, "Android phones the adb server sees: serial, model, ABI, SoC, OpenCL, battery",
             "Asks the adb server (--adb, default 127.0.0.1:$ANDROID_ADB_SERVER_PORT or 5037) for its devices and\n"
             "reads each one's properties over adb. Put a phone's serial into devices.toml (kind = \"android\").")
-    p.add_argument("--adb", help="HOST:PORT of the adb server")
+    p.add_argument("--adb", type=address, help="HOST:PORT of the adb server")
 
     add("down", cmd_down, "stop every server and tracker farm started")
 
@@ -95,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
             "".join(f"  {k.name}: {k.summary}" + (f" [fields: {', '.join(k.fields)}]" if k.fields else "") + "\n"
                     for k in kinds().values()))
     p.add_argument("--probe", action="store_true", help="health-check every device with a no-op session")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds per probe (default 3)")
+    p.add_argument("--timeout", type=positive_float, default=3.0, help="seconds per probe (default 3)")
     p.add_argument("--kinds", action="store_true", help="list the device kinds: summary, fields, what this host lacks")
 
     add("models", cmd_models, "list the built-in models and the onnx package's architectures")
@@ -150,12 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
-    p.add_argument("--trials", type=int, default=64, help="trials this session (default 64; 0 = no tuning)")
-    p.add_argument("--per-task", type=int, default=None, help="at most this many trials per task")
-    p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    p.add_argument("--trials", type=count, default=64, help="trials this session (default 64; 0 = no tuning)")
+    p.add_argument("--per-task", type=positive_int, default=None, help="at most this many trials per task")
+    p.add_argument("--minutes", type=positive_float, default=None, help="stop after this many minutes")
     p.add_argument("--tasks", help="only tasks whose name contains this (see --list-tasks)")
     p.add_argument("--list-tasks", action="store_true", help="print the model's tuning tasks and exit")
-    p.add_argument("--runner-timeout", type=float, default=None,
+    p.add_argument("--runner-timeout", type=positive_float, default=None,
                    help="seconds per candidate on the device (default: the device's runner_timeout_s, else 60)")
     p.add_argument("--report", action="store_true", help="then bench untuned vs tuned on the device and print both")
     p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
@@ -176,11 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", help="a model (repeatable; default: the built-in zoo)")
     p.add_argument("--file", help="sweep file (TOML: devices, models, variants, reference, [bench], [shapes.MODEL])")
     p.add_argument("--reference", default=None, help="reference model run on every device first (default mlp; none to skip)")
-    p.add_argument("--retries", type=int, default=1, help="retries of a cell whose session dropped (default 1)")
+    p.add_argument("--retries", type=count, default=1, help="retries of a cell whose session dropped (default 1)")
     p.add_argument("--variant", action="append", choices=["fp32", "fp16", "int8"],
                    help="a variant axis (repeatable; default fp32); int8 is calibrated with min-max")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
-    p.add_argument("--resume", nargs="?", const="latest", help="finish a crashed sweep (default: the latest)")
+    p.add_argument("--resume", nargs="?", const="latest", type=sweep_or_latest, help="finish a crashed sweep (default: the latest)")
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--confirm", action="store_true", help="confirm regression candidates by interleaved reruns")
@@ -193,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
             "and a relative change (generous); --confirm reruns old and new artifacts interleaved on the\n"
             "device and needs Mann-Whitney U and KS p < 0.01 (strict). Alerts are stored with method,\n"
             "parameters, baseline and confirmation, so every verdict can be reproduced.")
-    p.add_argument("--sweep", help="sweep id (default: the latest)")
+    p.add_argument("--sweep", type=sweep_id, help="sweep id (default: the latest)")
     p.add_argument("--confirm", action="store_true", help="rerun candidates' old and new artifacts interleaved on the device")
     add_progress(p)
     add_bench_options(p)
@@ -209,14 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="list series without change points too")
 
     p = add("compare", cmd_compare, "compare two runs' raw samples (Mann-Whitney U, Kolmogorov-Smirnov)")
-    p.add_argument("run_a", type=int)
-    p.add_argument("run_b", type=int)
+    p.add_argument("run_a", type=positive_int, help="a run id (farm results: run_id)")
+    p.add_argument("run_b", type=positive_int, help="another run id")
 
     p = add("dashboard", cmd_dashboard, "a live, read-only web view: devices, running sweep, results, alerts",
             "Serves a small page (tornado) that refreshes every 5 s from the tracker and the results\n"
             "database, opened read-only. Binds 127.0.0.1 unless --host says otherwise.")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8090)
+    p.add_argument("--port", type=port, default=8090)
 
     p = add("results", cmd_results, "list stored runs with computed summaries (--json, --csv)")
     p.add_argument("--device")
@@ -227,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("report", cmd_report, "write a self-contained HTML report of the results")
     p.add_argument("--out", help="output file (default reports/report-TIMESTAMP.html)")
     p.add_argument("--title", default="farm report")
-    p.add_argument("--sweep", type=int, help="add that sweep's review (alerts with evidence, heatmap, data quality, "
+    p.add_argument("--sweep", type=sweep_id, help="add that sweep's review (alerts with evidence, heatmap, data quality, "
                    "drift), as `farm sweep` writes it")
 
     p = add("demo", cmd_demo, "the main job on an embedded default: private tracker, 2 local devices, built-in models",
@@ -269,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except FarmError as exc:
+        if verbose and exc.__cause__ is not None:  # what farm translated (TVM's trace, the database's error)
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
         print(f"error: {exc.message}", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
@@ -279,4 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `farm ... --json | head`: the reader left; not an error of farm's
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:  # a farm bug: one line; the traceback with -v (everything measured is already stored)
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        print(f"error: unexpected {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
+        print("hint: a farm bug or an untranslated library error: rerun with -v for the traceback and report it",
+              file=sys.stderr)
+        return 1
 

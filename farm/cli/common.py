@@ -80,8 +80,8 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
             shapes[name] = tuple(int(d) for d in dims.split(","))
             if not name or not shapes[name]:
                 raise ValueError
-        except ValueError:
-            raise FarmError(f"bad --shape {item!r}", "write --shape NAME=1,3,224,224") from None
+        except ValueError as exc:
+            raise FarmError(f"bad --shape {item!r}", "write --shape NAME=1,3,224,224") from exc
     return shapes
 
 
@@ -116,6 +116,62 @@ def bench_config(args):
                        timeout_s=args.timeout, rtol=args.rtol, atol=args.atol)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with farm's error format: one ``error:`` line and a ``hint:`` line on stderr, exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sys.stderr.write(f"error: {self.prog}: {message}\nhint: see {self.prog} --help\n")
+        raise SystemExit(2)
+
+
+def _number(kind, low: float | None, low_open: bool, what: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from exc
+        if low is not None and (value <= low if low_open else value < low) or value != value:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _number(int, 0, True, "a whole number of at least 1")
+count = _number(int, 0, False, "a whole number of at least 0")
+positive_float = _number(float, 0.0, True, "a number above 0")
+non_negative_float = _number(float, 0.0, False, "a number of at least 0")
+
+
+def port(text: str) -> int:
+    value = _number(int, 1, False, "a port (1-65535)")(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return value
+
+
+def address(text: str) -> str:
+    """HOST:PORT, e.g. 127.0.0.1:9190."""
+    host, sep, number = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9190)")
+    try:
+        port(number)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT: {number!r} is not a port (1-65535)") from exc
+    return text
+
+
+def sweep_id(text: str) -> int:
+    """A sweep id (see farm results --json: sweep_id)."""
+    return _number(int, 0, True, "a sweep id (a whole number from farm results --json)")(text)
+
+
+def sweep_or_latest(text: str) -> int | str:
+    return "latest" if text == "latest" else sweep_id(text)
+
+
 def byte_size(text: str) -> int:
     """An argparse type: 4096, 4K, 4KiB, 64M, 1G (powers of 1024)."""
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
@@ -136,13 +192,13 @@ def add_progress(p: argparse.ArgumentParser) -> None:
 
 def add_bench_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
-    g.add_argument("--repeat", type=int, default=20, help="steady-state repeats kept raw (default 20)")
-    g.add_argument("--number", type=int, default=None,
+    g.add_argument("--repeat", type=positive_int, default=20, help="steady-state repeats kept raw (default 20)")
+    g.add_argument("--number", type=positive_int, default=None,
                    help="calls averaged per repeat (default: calibrated so a repeat lasts --min-repeat-ms)")
-    g.add_argument("--min-repeat-ms", type=float, default=50.0, help="minimum length of one repeat when calibrating (default 50)")
-    g.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free device (default 30)")
-    g.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the output check (default 1e-4)")
-    g.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the output check (default 1e-4)")
+    g.add_argument("--min-repeat-ms", type=non_negative_float, default=50.0, help="minimum length of one repeat when calibrating (default 50)")
+    g.add_argument("--timeout", type=positive_float, default=30.0, help="seconds to wait for a free device (default 30)")
+    g.add_argument("--rtol", type=non_negative_float, default=1e-4, help="relative tolerance of the output check (default 1e-4)")
+    g.add_argument("--atol", type=non_negative_float, default=1e-4, help="absolute tolerance of the output check (default 1e-4)")
 
 
 def require_db(path: str) -> None:

@@ -25,7 +25,7 @@ def cmd_sweep(args) -> int:
     if args.resume is not None:
         require_db(args.db)
         with Store(args.db) as store:
-            sweep = store.sweep(None if args.resume == "latest" else int(args.resume))
+            sweep = store.sweep(None if args.resume == "latest" else args.resume)
         if sweep is None:
             raise FarmError(f"no sweep {args.resume} in {args.db}", "see farm results --json for sweep ids")
         spec, sweep_id = SweepSpec.from_json(sweep["spec"]), sweep["id"]
@@ -85,19 +85,56 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+BENCH_KEYS = {"repeat": int, "number": int, "min_repeat_ms": float, "copy_repeat": int, "timeout_s": float,
+              "rtol": float, "atol": float, "seed": int}  # BenchConfig's fields, as a sweep file's [bench] writes them
+SWEEP_FILE_HINT = ('a sweep file: devices = ["cpu"], models = ["mlp"], variants = ["fp32"], reference = "mlp", '
+                   "[bench] repeat = 20, [shapes.MODEL] input = [1, 3, 224, 224]")
+
+
 def _sweep_file(path: str) -> dict[str, Any]:
+    """The sweep file, every value checked: a wrong key or type is one error naming it, before any work."""
     import tomllib
 
     try:
         data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FarmError(f"sweep file {path} does not exist", "write devices = [...] and models = [...] in a TOML file") from None
+    except FileNotFoundError as exc:
+        raise FarmError(f"sweep file {path} does not exist", "write devices = [...] and models = [...] in a TOML file") from exc
+    except UnicodeDecodeError as exc:
+        raise FarmError(f"{path}: not a TOML file (not UTF-8 text)", "pass the sweep file (TOML)") from exc
+    except OSError as exc:
+        raise FarmError(f"cannot read sweep file {path}: {exc.strerror or exc}", "pass a readable TOML file") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise FarmError(f"{path}: not valid TOML: {exc}", "fix the syntax at that line") from None
+        raise FarmError(f"{path}: not valid TOML: {exc}", "fix the syntax at that line") from exc
+
+    def bad(what: str) -> FarmError:
+        return FarmError(f"{path}: {what}", SWEEP_FILE_HINT)
+
     unknown = set(data) - {"devices", "models", "reference", "bench", "variants", "shapes"}
     if unknown:
         raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}",
                         "allowed: devices, models, variants, reference, [bench], [shapes.MODEL]")
+    for key in ("devices", "models", "variants"):
+        if key in data and not (isinstance(data[key], list) and all(isinstance(v, str) for v in data[key])):
+            raise bad(f"{key} must be a list of names")
+    if "reference" in data and not isinstance(data["reference"], str):
+        raise bad('reference must be a model name (or "none")')
+    bench = data.get("bench", {})
+    if not isinstance(bench, dict):
+        raise bad("bench must be a table: [bench]")
+    for key, value in bench.items():
+        if key not in BENCH_KEYS:
+            raise FarmError(f"{path}: unknown [bench] key {key!r}", f"allowed: {', '.join(BENCH_KEYS)}")
+        kind = BENCH_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value < 0 \
+                or (value == 0 and key in ("repeat", "number", "copy_repeat", "timeout_s")):
+            raise bad(f"[bench] {key} = {value!r} is not a {'positive ' if key != 'seed' else ''}"
+                      f"{'whole number' if kind is int else 'number'}")
+    shapes = data.get("shapes", {})
+    for model, inputs in shapes.items() if isinstance(shapes, dict) else [(None, None)]:
+        if not isinstance(inputs, dict) or not all(
+                isinstance(dims, list) and dims and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                         for d in dims) for dims in inputs.values()):
+            raise bad(f"[shapes.{model}] must map input names to lists of positive whole numbers")
     return data
 
 
@@ -107,7 +144,7 @@ def cmd_regressions(args) -> int:
     require_db(args.db)
     inventory = load_inventory_of(args) if args.confirm else None
     with Store(args.db) as store:
-        alerts, sweep_id = _detect_and_confirm(store, inventory, None if args.sweep is None else int(args.sweep),
+        alerts, sweep_id = _detect_and_confirm(store, inventory, args.sweep,
                                               args.confirm, bench_config(args), progress_printer(args.progress))
     if args.json:
         emit_json({"sweep_id": sweep_id, "alerts": alerts})

@@ -41,9 +41,9 @@ def kinds() -> dict[str, DeviceKind]:
 def kind_of(device: Device) -> DeviceKind:
     try:
         return kinds()[device.kind]
-    except KeyError:
+    except KeyError as exc:
         raise InventoryError(f"device {device.name!r} has kind {device.kind!r}, which farm does not know",
-                             f"write kind = one of {', '.join(kinds())}") from None
+                             f"write kind = one of {', '.join(kinds())}") from exc
 
 
 def bring_up(device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:

@@ -97,7 +97,7 @@ def client(address: tuple[str, int]):
     except OSError as exc:
         raise DeviceError(f"no adb server answers at {address[0]}:{address[1]} ({exc.strerror or exc.__class__.__name__})",
                           "start one with `adb start-server` (Debian: apt-get install adb), or set adb = \"HOST:PORT\" "
-                          "on the device / ANDROID_ADB_SERVER_PORT") from None
+                          "on the device / ANDROID_ADB_SERVER_PORT") from exc
     adb = adbutils.AdbClient(host=address[0], port=address[1], socket_timeout=30)
     with adb_errors(f"asking the adb server at {address[0]}:{address[1]}"):
         adb.server_version()

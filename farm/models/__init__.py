@@ -58,7 +58,7 @@ def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> M
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ModelError(f"cannot read model file {path}: {exc.strerror}", "check the path and permissions") from None
+        raise ModelError(f"cannot read model file {path}: {exc.strerror}", "check the path and permissions") from exc
     try:
         proto = onnx.load_model_from_string(data)
         onnx.checker.check_model(proto)
@@ -67,7 +67,7 @@ def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> M
         raise ModelError(
             f"{path} is not a valid ONNX model ({first})",
             "the file may be truncated or not ONNX: export it again (torch.onnx.export, tf2onnx)",
-        ) from None
+        ) from exc
     if not proto.graph.output:
         raise ModelError(f"{path} has no graph outputs", "export the model with its outputs")
     return _source(name, str(path), data, proto, shapes)
@@ -89,8 +89,8 @@ def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list
     if model.frontend == "tflite":
         try:
             from ai_edge_litert.interpreter import Interpreter
-        except ImportError:
-            raise ModelError("LiteRT (ai-edge-litert) is not installed: no TFLite reference", TFLITE_HINT) from None
+        except ImportError as exc:
+            raise ModelError("LiteRT (ai-edge-litert) is not installed: no TFLite reference", TFLITE_HINT) from exc
         interpreter = Interpreter(model_content=model.data)
         interpreter.allocate_tensors()
         for detail in interpreter.get_input_details():
@@ -113,7 +113,7 @@ def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list
             session = onnxruntime.InferenceSession(model.data, providers=["CPUExecutionProvider"])
         return [np.asarray(o) for o in session.run(None, inputs)]
     except Exception as exc:
-        raise ModelError(f"onnxruntime could not run {model.name}: {exc}", "the check will be skipped") from None
+        raise ModelError(f"onnxruntime could not run {model.name}: {exc}", "the check will be skipped") from exc
 
 
 def shipped_test_data(model: ModelSource) -> Path | None:
@@ -158,7 +158,7 @@ def load_reference_file(path: str) -> list[np.ndarray]:
     try:
         with np.load(path) as data:
             return [data[k] for k in data.files]  # archive order is saving order
-    except FileNotFoundError:
-        raise ModelError(f"reference file {path} does not exist", "save expected outputs with np.savez(path, out0, ...)") from None
+    except FileNotFoundError as exc:
+        raise ModelError(f"reference file {path} does not exist", "save expected outputs with np.savez(path, out0, ...)") from exc
     except Exception as exc:
-        raise ModelError(f"cannot read reference file {path}: {exc}", "save expected outputs with np.savez(path, out0, ...)") from None
+        raise ModelError(f"cannot read reference file {path}: {exc}", "save expected outputs with np.savez(path, out0, ...)") from exc

@@ -15,8 +15,8 @@ from farm.records import InputSpec, ModelSource
 def _torch():
     try:
         import torch
-    except ImportError:
-        raise ModelError("torch is not installed", TORCH_HINT) from None
+    except ImportError as exc:
+        raise ModelError("torch is not installed", TORCH_HINT) from exc
     return torch
 
 
@@ -39,14 +39,14 @@ def load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
             program = torch.export.load(io.BytesIO(data))
         except Exception as exc:
             raise ModelError(f"{spec} is not a torch.export program ({str(exc).splitlines()[0][:200]})",
-                             "save it with torch.export.save(torch.export.export(model, example_inputs), path)") from None
+                             "save it with torch.export.save(torch.export.export(model, example_inputs), path)") from exc
         name = path.stem
     else:
         module_name, _, factory_name = spec.partition(":")
         try:
             factory = getattr(importlib.import_module(module_name), factory_name)
         except (ImportError, AttributeError) as exc:
-            raise ModelError(f"cannot import {spec}: {exc}", "write module:factory, importable from here") from None
+            raise ModelError(f"cannot import {spec}: {exc}", "write module:factory, importable from here") from exc
         module = factory().eval()
         params = [p for p in inspect.signature(module.forward).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -60,7 +60,7 @@ def load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
             program = torch.export.export(module, example)
         except Exception as exc:
             raise ModelError(f"torch.export could not export {spec}: {str(exc).splitlines()[0][:200]}",
-                             "the module must be exportable by torch.export (no data-dependent control flow)") from None
+                             "the module must be exportable by torch.export (no data-dependent control flow)") from exc
         buffer = io.BytesIO()
         torch.export.save(program, buffer)
         data, name = buffer.getvalue(), factory_name
@@ -81,8 +81,8 @@ TFLITE_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 
 def tflite_model(model: ModelSource):
     try:
         import tflite
-    except ImportError:
-        raise ModelError("the tflite package is not installed", TFLITE_HINT) from None
+    except ImportError as exc:
+        raise ModelError("the tflite package is not installed", TFLITE_HINT) from exc
     return tflite.Model.GetRootAsModel(model.data, 0)
 
 
@@ -109,7 +109,7 @@ def load_tflite(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
     except ModelError:
         raise
     except Exception as exc:
-        raise ModelError(f"{spec} could not be parsed as TFLite ({exc})", "the file may be truncated; convert it again") from None
+        raise ModelError(f"{spec} could not be parsed as TFLite ({exc})", "the file may be truncated; convert it again") from exc
     return dataclasses.replace(source, inputs=tuple(inputs))
 
 

@@ -33,8 +33,8 @@ def make_variant(model: ModelSource, variant: str, calibration: str = "minmax", 
     if variant == "fp16":
         try:
             from onnxconverter_common import float16
-        except ImportError:
-            raise ModelError("the fp16 variant needs onnxconverter-common", "pip install onnxconverter-common") from None
+        except ImportError as exc:
+            raise ModelError("the fp16 variant needs onnxconverter-common", "pip install onnxconverter-common") from exc
         converted = float16.convert_float_to_float16(proto, keep_io_types=False)
         origin = f"{model.origin}@fp16"
     else:
@@ -80,6 +80,6 @@ def _quantize_int8(model: ModelSource, proto, calibration: str, calibration_dir:
                             weight_type=QuantType.QInt8)
         except Exception as exc:
             raise ModelError(f"int8 calibration of {model.name} failed: {exc}".splitlines()[0],
-                             "check the calibration inputs match the model's inputs") from None
+                             "check the calibration inputs match the model's inputs") from exc
         quantized = onnx.load(f"{tmp}/int8.onnx")
     return quantized, f"{model.origin}@int8:{calibration}:{source}"

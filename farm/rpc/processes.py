@@ -99,10 +99,10 @@ def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0
         try:
             wait_for_tracker(TrackerAddress(connect_host, port), timeout_s=0.5)
             return record
-        except TrackerError:
+        except TrackerError as exc:
             if time.monotonic() > deadline:
                 stop_process(record)
-                raise TrackerError(f"the tracker did not answer on {host}:{port} within {timeout_s:g} s", f"see {log_path}") from None
+                raise TrackerError(f"the tracker did not answer on {host}:{port} within {timeout_s:g} s", f"see {log_path}") from exc
 
 
 def start_server(

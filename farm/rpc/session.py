@@ -35,13 +35,13 @@ def request_session(
         sock.settimeout(max(deadline - time.monotonic(), 0.01))
         try:
             reply = base.recvjson(sock)
-        except (socket.timeout, TimeoutError):
+        except (socket.timeout, TimeoutError) as exc:
             raise DeviceUnavailable(
                 f"no free device for key {key!r} after {timeout_s:g} s",
                 f"check `farm devices` (is a server registered under {key!r} at {tracker}?) or raise --timeout",
-            ) from None
+            ) from exc
         except (OSError, RuntimeError) as exc:
-            raise TrackerError(f"tracker at {tracker} dropped the request for {key!r}: {exc}", "check `farm tracker status`") from None
+            raise TrackerError(f"tracker at {tracker} dropped the request for {key!r}: {exc}", "check `farm tracker status`") from exc
     finally:
         sock.close()
     if reply[0] != base.TrackerCode.SUCCESS:
@@ -53,4 +53,4 @@ def request_session(
         raise DeviceLost(
             f"server for {key!r} at {host}:{port} was assigned but refused the connection: {exc}",
             "the server may have died; check `farm devices` and the server log",
-        ) from None
+        ) from exc

@@ -40,7 +40,7 @@ def open_tracker_socket(tracker: TrackerAddress, timeout_s: float) -> socket.soc
         raise TrackerError(
             f"cannot reach the RPC tracker at {tracker}: {exc.strerror or exc}",
             "start one with `farm tracker start`, or fix [tracker] in devices.toml",
-        ) from None
+        ) from exc
     try:
         sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
         magic = struct.unpack("<i", base.recvall(sock, 4))[0]
@@ -49,7 +49,7 @@ def open_tracker_socket(tracker: TrackerAddress, timeout_s: float) -> socket.soc
         raise TrackerError(
             f"{tracker} did not answer as a TVM RPC tracker ({exc})",
             "check [tracker] port in devices.toml: something else listens there",
-        ) from None
+        ) from exc
     if magic != base.RPC_TRACKER_MAGIC:
         sock.close()
         raise TrackerError(f"{tracker} is not a TVM RPC tracker", "check [tracker] port in devices.toml")
@@ -62,7 +62,7 @@ def query_summary(tracker: TrackerAddress, timeout_s: float = 5.0) -> TrackerSum
         base.sendjson(sock, [base.TrackerCode.SUMMARY])
         reply = base.recvjson(sock)
     except (OSError, RuntimeError, ValueError) as exc:
-        raise TrackerError(f"tracker at {tracker} did not answer a summary: {exc}", "check `farm tracker status`") from None
+        raise TrackerError(f"tracker at {tracker} did not answer a summary: {exc}", "check `farm tracker status`") from exc
     finally:
         sock.close()
     if reply[0] != base.TrackerCode.SUCCESS:

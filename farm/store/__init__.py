@@ -10,13 +10,14 @@ changes, they are recomputed from the samples on open. The schema and its histor
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from farm.errors import StoreError
+from farm.errors import StoreError, first_line
 from farm.records import Alert, Artifact, BenchResult, CopyCurve, Device, InputSpec, ModelSource
 from farm.stats import SUMMARY_RULE, Summary, summarize_groups
 from farm.store.backends import exists, open_backend
@@ -51,7 +52,7 @@ class Store:
         except self._db.errors as exc:
             self._db.close()
             raise StoreError(f"cannot open results database {self.path}: {exc}",
-                             "pass another --db PATH, or move the damaged file aside") from None
+                             "pass another --db PATH, or move the damaged file aside") from exc
 
     def __enter__(self) -> "Store":
         return self
@@ -180,7 +181,7 @@ class Store:
                 db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
                            (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
         except self._db.errors as exc:
-            raise StoreError(f"could not write the result to {self.path}: {exc}", "check disk space and permissions") from None
+            raise StoreError(f"could not write the result to {self.path}: {exc}", "check disk space and permissions") from exc
         return run_id
 
     def record_copy_curve(self, curve: CopyCurve, sweep_id: int | None = None) -> int:
@@ -196,7 +197,7 @@ class Store:
                                [(curve_id, p.direction, p.nbytes, i, v, p.number)
                                 for p in curve.points for i, v in enumerate(p.samples_s)])
         except self._db.errors as exc:
-            raise StoreError(f"could not write the copy curve to {self.path}: {exc}", "check disk space and permissions") from None
+            raise StoreError(f"could not write the copy curve to {self.path}: {exc}", "check disk space and permissions") from exc
         return curve_id
 
     def copy_curves(self, device: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
@@ -265,7 +266,7 @@ class Store:
                                         (tuning_key, sha(wsha + body), wsha, body, run_s, session_id, now))
                     added += cursor.rowcount
         except self._db.errors as exc:
-            raise StoreError(f"could not store tuning records in {self.path}: {exc}", "check disk space") from None
+            raise StoreError(f"could not store tuning records in {self.path}: {exc}", "check disk space") from exc
         return added
 
     def tuning_lines(self, tuning_key: str) -> tuple[list[str], list[str]]:
@@ -459,6 +460,37 @@ class Store:
                          "copy_curve_samples"):
             raise ValueError(table)
         return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+
+def _backend_hint(exc: BaseException) -> str:
+    text = str(exc).lower()
+    if "locked" in text or "busy" in text:
+        return "another farm process is writing it: run the command again when it is done"
+    if "no such table" in text or "no such column" in text or "does not exist" in text:
+        return "the database is from another farm version or not farm's: pass another --db, or open it writable once"
+    if "readonly" in text or "read-only" in text or "permission" in text:
+        return "the database is read-only here: pass a writable --db PATH"
+    if "disk" in text or "full" in text:
+        return "check disk space"
+    return "check the database (or move it aside) and pass --db PATH"
+
+
+def _translated(method):
+    @functools.wraps(method)
+    def call(self: "Store", *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except self._db.errors as exc:
+            raise StoreError(f"{self.path}: {method.__name__.replace('_', ' ')} failed: {first_line(exc)}",
+                             _backend_hint(exc)) from exc
+    return call
+
+
+# every public method: a backend error (a locked or older file, a lost server) is a StoreError naming the
+# database, never a raw sqlite3/psycopg traceback
+for _name, _method in list(vars(Store).items()):
+    if not _name.startswith("_") and callable(_method) and _name != "close":
+        setattr(Store, _name, _translated(_method))
 
 
 def open_store(path: str | Path) -> Store:

@@ -57,9 +57,9 @@ class SqliteBackend:
                 self.db.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open results database {path}: {exc}",
-                             "pass another --db PATH, or move the damaged file aside") from None
+                             "pass another --db PATH, or move the damaged file aside") from exc
         except OSError as exc:
-            raise StoreError(f"cannot create results database {path}: {exc.strerror}", "pass a writable --db PATH") from None
+            raise StoreError(f"cannot create results database {path}: {exc.strerror}", "pass a writable --db PATH") from exc
         self.db.row_factory = sqlite3.Row
 
     def execute(self, sql: str, params: Any = ()) -> Any:
@@ -128,8 +128,8 @@ class PostgresBackend:
     def __init__(self, url: str, readonly: bool) -> None:
         try:
             import psycopg
-        except ImportError:
-            raise StoreError("a postgresql:// --db needs psycopg", 'pip install "psycopg[binary]" (farm depends on it)') from None
+        except ImportError as exc:
+            raise StoreError("a postgresql:// --db needs psycopg", 'pip install "psycopg[binary]" (farm depends on it)') from exc
         self.errors = (psycopg.Error,)
         self.location = redact(url)
         try:
@@ -138,7 +138,7 @@ class PostgresBackend:
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else exc.__class__.__name__
             raise StoreError(f"cannot connect to results database {self.location}: {reason}",
                              "check the URL (postgresql://USER@HOST:PORT/DBNAME), that the server runs and the "
-                             "database exists (createdb DBNAME)") from None
+                             "database exists (createdb DBNAME)") from exc
         if readonly:
             self.db.execute("SET default_transaction_read_only = on")
 
