@@ -177,7 +177,8 @@ def test_results_without_db_says_what_to_run(tmp_path):
 def test_usage_error_exits_2():
     proc = run_farm("bench", "--model", "mlp")
     assert proc.returncode == 2
-    assert "error: the following arguments are required: --device" in proc.stderr
+    assert proc.stderr.splitlines() == ["error: farm bench: the following arguments are required: --device",
+                                        "hint: see farm bench --help"]
 
 
 def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, farm_env, tmp_path):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from farm.errors import DeviceUnavailable, FarmError
 from farm.records import Device, TrackerAddress
-from farm.rpc.session import request_session
+from farm.rpc.session import SESSION_SLOTS, request_session
 from farm.rpc.tracker import KeyStatus, TrackerSummary
 
 
@@ -46,5 +46,5 @@ def probe_all(tracker: TrackerAddress, devices: list[Device], summary: TrackerSu
     """Probe every device at once, so the whole check takes about one timeout."""
     if not devices:
         return []
-    with ThreadPoolExecutor(max_workers=min(16, len(devices))) as pool:
+    with ThreadPoolExecutor(max_workers=min(SESSION_SLOTS, len(devices))) as pool:
         return list(pool.map(lambda d: probe_device(tracker, d, summary, timeout_s), devices))

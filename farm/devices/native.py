@@ -1,0 +1,56 @@
+"""farm's native RPC server (``farm/native/rpc_server.cc``) built for this host, against the installed TVM runtime.
+
+A fleet of devices on one host (``tools/bench_fleet.py``: 100 servers) cannot be 100 Python servers, each
+importing TVM twice (server and worker, ~300 MB); the native server is one small process per device that
+loads the wheel's ``libtvm_runtime.so``. Same protocol, same forked session per connection, and it puts
+its key back on the tracker only after its session has ended. Built once (g++, a few seconds), cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+from farm.devices.cache import building, cache_root, tvm_versions
+from farm.devices.emulated import MARKER, SOURCE
+from farm.errors import DeviceError
+from farm.records import TrackerAddress
+
+HOST_CXX = "g++"
+
+
+def _library_dirs() -> tuple[Path, Path, Path]:
+    """(tvm/lib, tvm_ffi/lib, tvm_ffi/include) of the installed wheels."""
+    tvm_dir = Path(importlib.util.find_spec("tvm").submodule_search_locations[0])
+    ffi_dir = Path(importlib.util.find_spec("tvm_ffi").submodule_search_locations[0])
+    return tvm_dir / "lib", ffi_dir / "lib", ffi_dir / "include"
+
+
+def ensure_native_server() -> Path:
+    """The host build of farm's native server, building it on first use; returns the executable."""
+    if shutil.which(HOST_CXX) is None:
+        raise DeviceError("building farm's native RPC server needs g++", "install it: apt-get install g++")
+    tvm_lib, ffi_lib, include = _library_dirs()
+    tvm_version, ffi_version = tvm_versions()
+    tag = f"{tvm_version}-{ffi_version}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
+    folder = cache_root() / f"native-host-{tag}"
+    server = folder / MARKER
+    if server.exists():
+        return server
+    with building(folder, "native-") as work:
+        build = subprocess.run(
+            [HOST_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / MARKER),
+             f"-L{tvm_lib}", f"-L{ffi_lib}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
+             f"-Wl,-rpath,{tvm_lib}:{ffi_lib}"],
+            capture_output=True, text=True)
+        if build.returncode != 0:
+            raise DeviceError(f"building the native RPC server failed: {build.stderr.strip()[-500:]}",
+                              "check that g++ and the apache-tvm wheel are installed")
+    return server
+
+
+def native_command(server: Path, tracker: TrackerAddress, key: str, port: int) -> list[str]:
+    return [str(server), "--tracker", str(tracker), "--key", key, "--host", "127.0.0.1", "--port", str(port)]

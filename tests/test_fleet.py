@@ -1,0 +1,62 @@
+"""More devices than TVM's client allows sessions (32 per process): real native servers on one tracker, a sweep
+and a probe over all of them. tools/bench_fleet.py runs the same at 100 devices and times it."""
+
+import json
+
+import pytest
+
+from farm.devices.native import ensure_native_server, native_command
+from farm.records import TrackerAddress
+from farm.rpc.processes import ManagedProcess, free_port, spawn, start_tracker, stop_process
+from farm.rpc.session import SESSION_SLOTS
+from farm.rpc.tracker import wait_for_servers
+from tests.conftest import run_farm
+
+FLEET = 36  # > 32: TVM's RPCSessTable holds 32 sessions per process; one worker per device would overflow it
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    work = tmp_path_factory.mktemp("fleet")
+    server = ensure_native_server()
+    port = free_port()
+    started: list[ManagedProcess] = [start_tracker("127.0.0.1", port, work)]
+    tracker = TrackerAddress("127.0.0.1", port)
+    try:
+        lines = [f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n']
+        for i in range(FLEET):
+            key, server_port = f"fleet-{i:02d}", free_port()
+            proc = spawn(native_command(server, tracker, key, server_port), work / f"server-{i:02d}.log")
+            started.append(ManagedProcess("server", f"dev{i:02d}", key, proc.pid, server_port,
+                                          str(work / f"server-{i:02d}.log"), 0.0, "farm-rpc-server"))
+            lines.append(f'[devices.dev{i:02d}]\nkind = "remote"\nkey = "{key}"\ntarget = {{ kind = "llvm", num-cores = 1 }}\n')
+        (work / "devices.toml").write_text("\n".join(lines))
+        wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120)
+        yield work, {"FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": str(work / "results.db"),
+                     "FARM_HOME": str(work / "home")}
+    finally:
+        for record in reversed(started):
+            stop_process(record)
+
+
+def test_a_sweep_over_more_devices_than_tvm_has_session_slots_has_every_cell_ok(fleet):
+    assert FLEET > 32 > SESSION_SLOTS
+    _, env = fleet
+    # each session lasts >= 0.5 s (10 repeats of >= 50 ms), so the 36 workers' sessions overlap: without farm's
+    # slots 4 of 36 cells failed here; with them every cell waits its turn
+    proc = run_farm("sweep", "--model", "mlp", "--reference", "none", "--repeat", "10", "--min-repeat-ms", "50",
+                    "--no-report", "--json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cells = json.loads(proc.stdout)["cells"]
+    assert len(cells) == FLEET
+    assert [c for c in cells if c["status"] != "ok"] == []  # before: "maximum number of RPC session reached"
+
+
+def test_devices_and_probe_see_the_whole_fleet(fleet):
+    _, env = fleet
+    listed = json.loads(run_farm("devices", "--json", env=env).stdout)["devices"]
+    assert sorted(d["state"] for d in listed) == ["online"] * FLEET
+    probed = run_farm("devices", "--probe", "--json", env=env, timeout=300)
+    assert probed.returncode == 0, probed.stderr
+    rows = json.loads(probed.stdout)["devices"]
+    assert [d["device"] for d in rows if d["state"] != "online"] == [] and all(d["probe_ms"] > 0 for d in rows)
