@@ -43,7 +43,7 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
 
 def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device], verdict: dict[str, Any],
                  config: BenchConfig, progress: Progress | None) -> tuple[str, dict[str, Any]]:
-    from farm.measure import interleaved_samples  # here: TVM (and the model libraries) take seconds to import,
+    from farm.measure import interleaved_rounds  # here: TVM (and the model libraries) take seconds to import,
     from farm.models import make_inputs  # and only a rerun on the device needs them
 
     if verdict["artifact_key"] == verdict["baseline_artifact_key"]:
@@ -63,7 +63,8 @@ def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str
     if progress:
         progress(device.name, verdict["model"], "confirm", "old and new artifacts interleaved")
     try:
-        status, comparison = confirm(lambda n: interleaved_samples(tracker, device, old, new, inputs, n, config))
+        status, comparison = confirm(lambda n: interleaved_rounds(tracker, device, old, new, inputs, n, config))
     except FarmError as exc:
         return "unknown", {"reason": exc.message}
-    return status, {"method": "interleaved rerun, Mann-Whitney U and KS", **asdict(comparison)}
+    return status, {"method": "rounds: a fresh load of both artifacts per round, interleaved; Wilcoxon signed-rank "
+                              "on the per-round log ratios", **asdict(comparison)}

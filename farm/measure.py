@@ -377,42 +377,64 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 
 
-def interleaved_samples(
+def interleaved_rounds(
     tracker: TrackerAddress, device: Device, old: Artifact, new: Artifact, inputs: dict[str, np.ndarray],
-    n: int, config: BenchConfig,
+    rounds: int, config: BenchConfig, repeats: int = 5,
 ) -> tuple[list[float], list[float]]:
-    """Run two artifacts alternately in one session, ``n`` repeats each (same number of calls per repeat).
-
-    What changed between nights (temperature, load, clocks) hits both equally, so the comparison
-    tests the artifacts. Raises MeasurementError on any failure."""
+    """Per-round figures of two artifacts: each round opens a new session, uploads and loads both, and runs
+    them alternately (``repeats`` each, the same number of calls per repeat; which goes first alternates by
+    round); a round's figure is each artifact's median. Samples from one load are correlated (code placement,
+    caches, clocks at load time), so the comparison is made across rounds, each a fresh load.
+    Raises MeasurementError on any failure."""
     from farm.errors import MeasurementError
 
+    number = config.number
+    old_rounds, new_rounds = [], []
+    for round_index in range(rounds):
+        try:
+            number, (old_s, new_s) = _interleaved_round(tracker, device, (old, new), inputs, config, number, repeats,
+                                                        first=round_index % 2)
+        except FarmError:
+            raise
+        except Exception as exc:
+            raise MeasurementError(f"interleaved rerun on {device.name!r} failed in round {round_index + 1}: "
+                                   f"{first_line(exc)}",
+                                   "check the device (farm devices) and that both artifacts still exist") from exc
+        old_rounds.append(float(np.median(old_s)))
+        new_rounds.append(float(np.median(new_s)))
+    return old_rounds, new_rounds
+
+
+def _interleaved_round(tracker: TrackerAddress, device: Device, artifacts: tuple[Artifact, Artifact],
+                       inputs: dict[str, np.ndarray], config: BenchConfig, number: int | None, repeats: int,
+                       first: int) -> tuple[int, tuple[list[float], list[float]]]:
+    """One round in its own session (it ends when this returns: nothing of it outlives the call)."""
     session = request_session(tracker, device.key, config.timeout_s, device.session_timeout_s)
-    names = [f"farm-interleave-{i}-{os.path.basename(a.path)}" for i, a in enumerate((old, new))]
+    names = [f"farm-interleave-{i}-{os.path.basename(a.path)}" for i, a in enumerate(artifacts)]
     try:
         timers = []
-        for name, artifact in zip(names, (old, new)):
+        for name, artifact in zip(names, artifacts):
             session.upload(artifact.path, name)
             dev = session.device(DEVICE_TYPE[artifact.target["kind"]], 0)
             vm = relax.VirtualMachine(session.load_module(name), dev)
             vm.set_input("main", *[tvm.runtime.tensor(value, dev) for value in inputs.values()])
             timers.append((vm, dev))
-        new_vm, new_dev = timers[1]
-        number = config.number or _calibrate(
-            lambda k, r: new_vm.time_evaluator("invoke_stateful", new_dev, number=k, repeat=r)("main").results,
-            config.min_repeat_ms)
+        if number is None:  # calibrated once, on the new artifact: every round runs the same number of calls
+            new_vm, new_dev = timers[1]
+            number = _calibrate(
+                lambda k, r: new_vm.time_evaluator("invoke_stateful", new_dev, number=k, repeat=r)("main").results,
+                config.min_repeat_ms)
         evaluators = [vm.time_evaluator("invoke_stateful", dev, number=number, repeat=1) for vm, dev in timers]
-        old_s, new_s = [], []
-        for _ in range(n):
-            old_s.append(float(evaluators[0]("main").results[0]))
-            new_s.append(float(evaluators[1]("main").results[0]))
-        return old_s, new_s
-    except Exception as exc:
-        raise MeasurementError(f"interleaved rerun on {device.name!r} failed: {first_line(exc)}",
-                               "check the device (farm devices) and that both artifacts still exist") from exc
+        for evaluator in evaluators:
+            evaluator("main")  # warm-up after load
+        samples: tuple[list[float], list[float]] = ([], [])
+        for _ in range(repeats):
+            for which in (first, 1 - first):
+                samples[which].append(float(evaluators[which]("main").results[0]))
+        return number, samples
     finally:
         for name in names:
             try:
                 session.remove(name)
-            except Exception:
+            except Exception:  # the session may be gone; its folder goes with it
                 pass

@@ -6,10 +6,13 @@ spread = 1.4826·MAD, floored at a fraction of the centre.
 
 A night is a *candidate* when both its robust z and its relative change pass the metric's
 thresholds. A nightly z alone cannot tell a 10 % step from 3 % night-to-night noise, so the
-candidate rule is generous; *confirmation* is strict: old and new artifacts rerun
-interleaved on the same device, then Mann-Whitney U and Kolmogorov-Smirnov must both give
-p < 0.01. Interleaving cancels what changed between nights (temperature, load), so it tests
-the artifacts, not the night.
+candidate rule is generous; *confirmation* is strict: old and new artifacts rerun on the
+same device in rounds, each round a fresh session and load of both, run interleaved; each
+round gives one figure per artifact, and the Wilcoxon signed-rank test on the per-round
+log ratios must give p < 0.01 (at 8 rounds: every round agrees). Interleaving cancels what
+changed between nights (temperature, load); fresh loads make the rounds independent, where
+samples of one load are not (``compare_samples``, for two stored runs, treats them as such
+and says so).
 
 Thresholds (``METHOD``), chosen with ``tools/bench_detect.py`` on generated series (3 %
 night-to-night noise, 20-night baselines): steady latency candidates at z ≥ 1.0 and
@@ -205,15 +208,55 @@ def detect(runs: list["Run"], sweep_id: int, method: Method = METHOD,
     return verdicts
 
 
-def confirm(sample_pair, rounds: Sequence[int] = (20, 60), method: Method = METHOD) -> tuple[str, Comparison | None]:
-    """Confirm a candidate: ``sample_pair(n)`` reruns old and new artifacts interleaved and returns
-    (old samples, new samples). Inconclusive → more repeats; still inconclusive → "unknown".
+@dataclass(frozen=True)
+class RoundComparison:
+    """Old vs new artifact over rounds, each round a fresh session and load of both (``measure.interleaved_rounds``):
+    one figure per artifact per round, compared in pairs."""
+
+    rounds: int
+    median_old: float  # of the per-round figures
+    median_new: float
+    change: float  # geometric mean of new/old over rounds, minus 1: +0.10 = 10 % slower
+    wilcoxon_p: float  # two-sided, exact: how often equally fast artifacts would favour one side this consistently
+    verdict: str  # slower | faster | same | inconclusive
+
+
+def compare_rounds(old: Sequence[float], new: Sequence[float], method: Method = METHOD) -> RoundComparison:
+    """Paired comparison of per-round figures: the Wilcoxon signed-rank test on log(new/old), each round one pair.
+
+    Samples inside one load are correlated (the layout and clocks of that load), so they are never counted as
+    independent: with R rounds the test has R observations. At 8 rounds the smallest p is 2/2⁸ = 0.0078, reached
+    only when every round agrees: that is what p < 0.01 asks."""
+    old_a, new_a = np.asarray(old, dtype=np.float64), np.asarray(new, dtype=np.float64)
+    if old_a.size != new_a.size or old_a.size < 6:
+        raise ValueError("need at least 6 paired rounds")
+    from scipy import stats as scipy_stats  # here: importing scipy.stats takes ~1 s
+
+    logs = np.log(new_a / old_a)
+    p = 1.0 if not np.any(logs) else float(scipy_stats.wilcoxon(logs, alternative="two-sided", method="exact").pvalue)
+    change = float(np.expm1(np.mean(logs)))
+    if p < method.p_confirm:
+        verdict = "slower" if change > 0 else "faster"
+    elif p > 0.2 and abs(change) < method.thresholds["steady"].rel:
+        verdict = "same"
+    else:
+        verdict = "inconclusive"
+    return RoundComparison(int(old_a.size), float(np.median(old_a)), float(np.median(new_a)), change, p, verdict)
+
+
+def confirm(sample_rounds, rounds: Sequence[int] = (8, 16), method: Method = METHOD) -> tuple[str, RoundComparison | None]:
+    """Confirm a candidate: ``sample_rounds(n)`` reruns old and new artifacts for ``n`` more rounds (a fresh load
+    of both each round) and returns their per-round figures. Inconclusive after the first rounds → more rounds;
+    still inconclusive → "unknown".
 
     Returns ("confirmed" | "rejected" | "improved" | "unknown", the last comparison)."""
     comparison = None
-    for n in rounds:
-        old, new = sample_pair(n)
-        comparison = compare_samples(old, new, method)
+    old: list[float] = []
+    new: list[float] = []
+    for total in rounds:
+        more_old, more_new = sample_rounds(total - len(old))
+        old, new = old + list(more_old), new + list(more_new)
+        comparison = compare_rounds(old, new, method)
         if comparison.verdict == "slower":
             return "confirmed", comparison
         if comparison.verdict == "faster":

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.regress import Method, Thresholds, baseline_of, compare_samples, confirm, judge
+from farm.regress import Method, Thresholds, baseline_of, compare_rounds, compare_samples, confirm, judge
 from tests.conftest import make_run, run_farm
 from tests.test_report import CHROMIUM, open_in_chromium
 
@@ -36,22 +36,47 @@ def test_judge_verdicts():
     assert judge(1.10, HISTORY, method=strict).status == "ok"
 
 
-def test_compare_and_confirm():
+def test_compare_samples_of_two_runs():
     old = [1.00, 1.01, 0.99, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00, 1.01]
-    slower = [v * 1.2 for v in old]
-    assert compare_samples(old, slower).verdict == "slower"
+    assert compare_samples(old, [v * 1.2 for v in old]).verdict == "slower"
     assert compare_samples(old, old).verdict == "same"
-    assert confirm(lambda n: (old, slower))[0] == "confirmed"
-    assert confirm(lambda n: (slower, old))[0] == "improved"
-    assert confirm(lambda n: (old, list(old)))[0] == "rejected"
+
+
+def test_confirmation_tests_rounds_not_samples():
+    old = [1.00, 1.01, 0.99, 1.02, 0.98, 1.00, 1.01, 0.99]  # one figure per round, each round a fresh load
+    slower = [v * 1.2 for v in old]
+    status, comparison = confirm(lambda n: (old[:n], slower[:n]))
+    assert status == "confirmed" and comparison.rounds == 8 and comparison.wilcoxon_p == 2 / 2**8
+    assert abs(comparison.change - 0.2) < 1e-9
+    assert confirm(lambda n: (slower[:n], old[:n]))[0] == "improved"
+    assert confirm(lambda n: (old[:n], list(old[:n])))[0] == "rejected"
+    # 7 of 8 rounds slower is not enough at p < 0.01: inconclusive, 8 more rounds, then "unknown"
+    ratios = iter([1.05, 0.99, 1.06, 1.02, 1.04, 1.01, 1.05, 1.03,  # the first 8 rounds: 7 slower
+                   0.97, 1.02, 0.98, 1.01, 0.99, 1.00, 0.97, 1.02])  # 8 more: no direction
     calls = []
-    mixed_new = [1.00, 1.05, 0.99, 1.06, 0.98, 1.04, 1.01, 1.05, 1.00, 1.06]
 
     def inconclusive(n):
         calls.append(n)
-        return old, mixed_new
+        return [1.0] * n, [next(ratios) for _ in range(n)]
     status, comparison = confirm(inconclusive)
-    assert comparison.verdict == "inconclusive" and status == "unknown" and calls == [20, 60]
+    assert calls == [8, 8] and comparison.rounds == 16 and status == "unknown", comparison
+    with pytest.raises(ValueError):
+        compare_rounds([1.0] * 3, [1.1] * 3)  # three rounds can never reach p < 0.01
+
+
+def test_interleaved_rounds_load_both_artifacts_afresh_each_round(farm_net, tmp_path):
+    from farm.compile import compile_model
+    from farm.inventory import parse_inventory
+    from farm.measure import interleaved_rounds
+    from farm.models import load_model, make_inputs
+    from farm.records import BenchConfig
+
+    inv = parse_inventory(farm_net.inventory_text())
+    device, model = inv.devices["cpu-a"], load_model("mlp")
+    artifact = compile_model(model, device, tmp_path / "cache")
+    old, new = interleaved_rounds(inv.tracker, device, artifact, artifact, make_inputs(model), 3,
+                                  BenchConfig(min_repeat_ms=5, timeout_s=20), repeats=3)
+    assert len(old) == len(new) == 3 and min(old + new) > 0
 
 
 def _mlp(hidden: int, layers: int) -> onnx.ModelProto:
@@ -98,7 +123,7 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inv
     assert steady and steady[0]["status"] == "confirmed" and steady[0]["change"] > 0.5, (
         stored["alerts"], [(r["sweep_id"], r["steady_median_s"], r["steady_cv"], r["unstable"]) for r in rows])
     alert = next(a for a in stored["alerts"] if a["metric"] == "steady")
-    assert alert["confirmation"]["mann_whitney_p"] < 0.01 and alert["confirmation"]["ks_p"] < 0.01
+    assert alert["confirmation"]["wilcoxon_p"] < 0.01 and alert["confirmation"]["rounds"] >= 8
     assert alert["baseline"]["n"] >= 5 and alert["method"]["baseline_n"] == 20
     from pathlib import Path
 

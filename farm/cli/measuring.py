@@ -253,5 +253,7 @@ def cmd_compare(args) -> int:
         print(f"run {args.run_a}: {runs[args.run_a]['device']} · {runs[args.run_a]['model']}  median {duration(result.median_old)} ({result.n_old} samples)")
         print(f"run {args.run_b}: {runs[args.run_b]['device']} · {runs[args.run_b]['model']}  median {duration(result.median_new)} ({result.n_new} samples)")
         print(f"change {result.change:+.2%}; Mann-Whitney U p={result.mann_whitney_p:.3g}, KS p={result.ks_p:.3g}: {result.verdict}")
+        print("note: the p-values take each run's samples as independent; samples of one load are not, so they "
+              "overstate certainty. farm regressions --confirm reruns both in rounds of fresh loads.")
     return 0
 
