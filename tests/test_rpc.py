@@ -125,3 +125,11 @@ def test_server_outlives_a_client_killed_mid_transfer(farm_net, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         stop_process(record)
+
+
+def test_a_free_server_counts_as_registered_before_its_info_arrives():
+    from farm.rpc.tracker import parse_summary
+
+    # what the tracker answered in a fresh clone while an iOS app had just joined through the proxy
+    summary = parse_summary({"queue_info": {"iphone-standin": {"free": 1, "pending": 0}}, "server_info": []})
+    assert summary.keys["iphone-standin"].servers == 1 and summary.keys["iphone-standin"].free == 1

@@ -122,7 +122,10 @@ def parse_summary(raw: dict) -> TrackerSummary:
             counts[key] = counts.get(key, 0) + 1
     keys = {}
     for key, info in raw.get("queue_info", {}).items():
-        keys[key] = KeyStatus(key, counts.get(key, 0), int(info["free"]), int(info["pending"]))
+        # a server the queue lists as free is registered even before its UPDATE_INFO reached server_info (a proxy's
+        # app, just connected): never fewer servers than free ones
+        free = int(info["free"])
+        keys[key] = KeyStatus(key, max(counts.get(key, 0), free), free, int(info["pending"]))
     for key, n in counts.items():
         keys.setdefault(key, KeyStatus(key, n, 0, 0))
     return TrackerSummary(keys=keys, servers=tuple(sorted(servers)))
