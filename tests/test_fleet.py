@@ -2,12 +2,13 @@
 and a probe over all of them. tools/bench_fleet.py runs the same at 100 devices and times it."""
 
 import json
+import time
 
 import pytest
 
 from farm.devices.native import ensure_native_server, native_command
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, spawn, start_tracker, stop_process
+from farm.rpc.processes import ManagedProcess, free_port, is_running, spawn, start_tracker, stop_process
 from farm.rpc.session import SESSION_SLOTS
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import run_farm
@@ -28,7 +29,7 @@ def fleet(tmp_path_factory):
             key, server_port = f"fleet-{i:02d}", free_port()
             proc = spawn(native_command(server, tracker, key, server_port), work / f"server-{i:02d}.log")
             started.append(ManagedProcess("server", f"dev{i:02d}", key, proc.pid, server_port,
-                                          str(work / f"server-{i:02d}.log"), 0.0, "farm-rpc-server"))
+                                          str(work / f"server-{i:02d}.log"), time.time(), "farm-rpc-server"))
             lines.append(f'[devices.dev{i:02d}]\nkind = "remote"\nkey = "{key}"\ntarget = {{ kind = "llvm", num-cores = 1 }}\n')
         (work / "devices.toml").write_text("\n".join(lines))
         wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120)
@@ -37,6 +38,8 @@ def fleet(tmp_path_factory):
     finally:
         for record in reversed(started):
             stop_process(record)
+        left = [r.pid for r in started if is_running(r)]
+        assert left == [], f"servers still running after the fleet stopped: {left}"
 
 
 def test_a_sweep_over_more_devices_than_tvm_has_session_slots_has_every_cell_ok(fleet):
