@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from farm.errors import FarmError
-from farm.records import BenchConfig, Device, TrackerAddress
-from farm.regress import METHOD, confirm, detect
+from farm.records import Alert, BenchConfig, Device, TrackerAddress
+from farm.regress import METHOD, SeriesVerdict, confirm, detect
 from farm.results import run_rows
 from farm.store import Store
 
@@ -23,7 +23,7 @@ Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
 
 def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: bool = False,
                        tracker: TrackerAddress | None = None, devices: dict[str, Device] | None = None,
-                       config: BenchConfig = BenchConfig(), progress: Progress | None = None) -> tuple[list[dict[str, Any]], int]:
+                       config: BenchConfig = BenchConfig(), progress: Progress | None = None) -> tuple[list[Alert], int]:
     """Store the sweep's (the latest's when ``sweep_id`` is None) candidate and improved verdicts as alerts;
     with ``confirm_candidates``, rerun each steady candidate on its device (``tracker``, ``devices``) and store
     the confirmation. Returns the sweep's alerts and its id."""
@@ -41,7 +41,7 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
     return store.alerts(sweep["id"]), sweep["id"]
 
 
-def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device], verdict: dict[str, Any],
+def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device], verdict: SeriesVerdict,
                  config: BenchConfig, progress: Progress | None) -> tuple[str, dict[str, Any]]:
     from farm.measure import interleaved_rounds  # here: TVM (and the model libraries) take seconds to import,
     from farm.models import make_inputs  # and only a rerun on the device needs them

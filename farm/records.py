@@ -34,10 +34,6 @@ class Record(Mapping):
     def __len__(self) -> int:
         return len(_record_keys(type(self))[0])
 
-    def to_json(self) -> dict[str, Any]:
-        return {k: (v.to_json() if isinstance(v, Record) else asdict(v) if hasattr(v, "__dataclass_fields__") else v)
-                for k, v in self.items()}
-
 
 @functools.cache
 def _record_keys(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:

@@ -73,27 +73,27 @@ def compile_cell(device: Device, model: ModelSource, store: Store, cache_dir: Pa
     return compile_model(model, device, cache_dir, tuning)
 
 
-def compile_failure(device: Device, model: ModelSource, config: BenchConfig, exc: FarmError) -> BenchResult:
+def _unmeasured(device: Device, model: ModelSource, config: BenchConfig, step: str, reason: str, hint: str,
+                check_detail: str) -> BenchResult:
+    """The stored result of a cell that failed before anything was measured."""
     return BenchResult(
         device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",
-        reason=exc.message, failed_step="compile", hint=exc.hint, config=config,
-        check=CheckResult("skipped", detail="not reached: failed at compile"),
+        reason=reason, failed_step=step, hint=hint, config=config, check=CheckResult("skipped", detail=check_detail),
         context={"device_kind": device.kind, "emulated": device.emulated, "target": device.target},
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
     )
+
+
+def compile_failure(device: Device, model: ModelSource, config: BenchConfig, exc: FarmError) -> BenchResult:
+    return _unmeasured(device, model, config, "compile", exc.message, exc.hint, "not reached: failed at compile")
 
 
 def crashed_cell(device: Device, model: ModelSource, config: BenchConfig, exc: Exception) -> BenchResult:
     """The stored result of a cell whose measurement raised what farm does not expect (a farm bug, or a library
     error farm does not translate): failed at step "farm", with the exception; its traceback is in the log."""
-    return BenchResult(
-        device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",
-        reason=f"unexpected {type(exc).__name__}: {first_line(exc)}", failed_step="farm",
-        hint="a farm bug or an untranslated library error: rerun with -v for the traceback and report it",
-        config=config, check=CheckResult("skipped", detail="not reached: farm failed"),
-        context={"device_kind": device.kind, "emulated": device.emulated, "target": device.target},
-        started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-    )
+    return _unmeasured(device, model, config, "farm", f"unexpected {type(exc).__name__}: {first_line(exc)}",
+                       "a farm bug or an untranslated library error: rerun with -v for the traceback and report it",
+                       "not reached: farm failed")
 
 
 def measure_cell(

@@ -133,3 +133,13 @@ def test_a_free_server_counts_as_registered_before_its_info_arrives():
     # what the tracker answered in a fresh clone while an iOS app had just joined through the proxy
     summary = parse_summary({"queue_info": {"iphone-standin": {"free": 1, "pending": 0}}, "server_info": []})
     assert summary.keys["iphone-standin"].servers == 1 and summary.keys["iphone-standin"].free == 1
+
+
+def test_farms_tracker_protocol_constants_are_tvms():
+    from tvm.rpc import base
+
+    from farm.rpc import tracker
+
+    assert tracker.RPC_TRACKER_MAGIC == base.RPC_TRACKER_MAGIC
+    assert {c.name: int(c) for c in tracker.TrackerCode} == \
+        {name: int(value) for name, value in vars(base.TrackerCode).items() if not name.startswith("_")}

@@ -193,9 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("regressions", cmd_regressions, "judge a sweep against the nightly baseline; confirm candidates",
             "For every series (model × device × tuned, per metric) of the sweep (default: the latest), the\n"
             "baseline is the last 20 accepted nightly medians (median, 1.4826·MAD). Candidates pass a robust z\n"
-            "and a relative change (generous); --confirm reruns old and new artifacts interleaved on the\n"
-            "device and needs Mann-Whitney U and KS p < 0.01 (strict). Alerts are stored with method,\n"
-            "parameters, baseline and confirmation, so every verdict can be reproduced.")
+            "and a relative change (generous); --confirm reruns old and new artifacts on the device in rounds\n"
+            "(a fresh load of both per round, run interleaved) and needs Wilcoxon p < 0.01 over the rounds\n"
+            "(strict). Alerts are stored with method, parameters, baseline and confirmation, so every verdict\n"
+            "can be reproduced.")
     p.add_argument("--sweep", type=sweep_id, help="sweep id (default: the latest)")
     p.add_argument("--confirm", action="store_true", help="rerun candidates' old and new artifacts interleaved on the device")
     add_progress(p)

@@ -110,8 +110,6 @@ def load_inventory_of(args):
 def bench_config(args):
     from farm.records import BenchConfig
 
-    if args.repeat < 1 or (args.number is not None and args.number < 1):
-        raise FarmError("--repeat and --number must be at least 1", "e.g. --repeat 20 --number 10")
     return BenchConfig(repeat=args.repeat, number=args.number, min_repeat_ms=args.min_repeat_ms,
                        timeout_s=args.timeout, rtol=args.rtol, atol=args.atol)
 
@@ -144,8 +142,12 @@ positive_float = _number(float, 0.0, True, "a number above 0")
 non_negative_float = _number(float, 0.0, False, "a number of at least 0")
 
 
+_port_number = _number(int, 1, False, "a port (1-65535)")
+_sweep_number = _number(int, 0, True, "a sweep id (a whole number from farm results --json)")
+
+
 def port(text: str) -> int:
-    value = _number(int, 1, False, "a port (1-65535)")(text)
+    value = _port_number(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
     return value
@@ -165,7 +167,7 @@ def address(text: str) -> str:
 
 def sweep_id(text: str) -> int:
     """A sweep id (see farm results --json: sweep_id)."""
-    return _number(int, 0, True, "a sweep id (a whole number from farm results --json)")(text)
+    return _sweep_number(text)
 
 
 def sweep_or_latest(text: str) -> int | str:

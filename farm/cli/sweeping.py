@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
+from farm.records import BenchConfig
 from farm.stats import median
 
 from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config, require_db
@@ -16,7 +17,6 @@ from farm.cli.common import home_dir, emit_json, print_table, progress_printer, 
 
 def cmd_sweep(args) -> int:
     from farm.models import BUILTINS
-    from farm.records import BenchConfig
     from farm.store import Store
     from farm.sweep import SweepSpec, run_sweep
 
@@ -85,8 +85,8 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-BENCH_KEYS = {"repeat": int, "number": int, "min_repeat_ms": float, "copy_repeat": int, "timeout_s": float,
-              "rtol": float, "atol": float, "seed": int}  # BenchConfig's fields, as a sweep file's [bench] writes them
+# BenchConfig's fields, as a sweep file's [bench] writes them: a number, whole unless the field is a float
+BENCH_KEYS = {f.name: float if "float" in str(f.type) else int for f in fields(BenchConfig)}
 SWEEP_FILE_HINT = ('a sweep file: devices = ["cpu"], models = ["mlp"], variants = ["fp32"], reference = "mlp", '
                    "[bench] repeat = 20, [shapes.MODEL] input = [1, 3, 224, 224]")
 

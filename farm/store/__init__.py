@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
@@ -21,9 +21,12 @@ from farm.errors import StoreError, first_line
 from farm.records import Alert, Artifact, BenchResult, CopyCurve, Device, InputSpec, ModelSource
 from farm.stats import SUMMARY_RULE, Summary, summarize_groups
 from farm.store.backends import exists, open_backend
-from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, SUMMARY_COLUMNS, statements
+from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 
 __all__ = ["Store", "SCHEMA_VERSION", "exists"]
+
+# the columns of ``summaries`` after its key: stats.Summary's fields, by name
+SUMMARY_COLUMNS = ", ".join(f.name for f in fields(Summary))
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -118,7 +121,8 @@ class Store:
     @staticmethod
     def _insert_summaries(db, keys: list[tuple[int, str, int]], sizes: list[int], values: list[float]) -> None:
         rows = summarize_groups(sizes, values)
-        db.executemany(f"INSERT INTO summaries VALUES ({','.join('?' * (3 + len(SUMMARY_COLUMNS)))})",
+        db.executemany(f"INSERT INTO summaries (run_id, metric, series, {SUMMARY_COLUMNS})"
+                       f" VALUES ({','.join('?' * (3 + len(fields(Summary))))})",
                        [(*k, *r[:-1], int(r[-1])) for k, r in zip(keys, rows)])
 
     # -- writes -------------------------------------------------------------------------
@@ -403,7 +407,8 @@ class Store:
                       status: str | None = None) -> dict[tuple[int, str, int], Summary]:
         """(run id, metric, series) -> its stored summary, for the runs ``runs`` selects with the same arguments."""
         where, params = self._run_filter(device, model, latest_only, sweep_id, limit, status)
-        rows = self._db.tuples(f"SELECT * FROM summaries WHERE run_id IN ({where})", params)
+        rows = self._db.tuples(f"SELECT run_id, metric, series, {SUMMARY_COLUMNS} FROM summaries WHERE run_id IN ({where})",
+                               params)
         return {(r[0], r[1], r[2]): Summary(*r[3:-1], bool(r[-1])) for r in rows}
 
     def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,

@@ -126,9 +126,6 @@ MIGRATIONS: dict[int, str] = {
     """,
 }
 
-# the columns of ``summaries`` after its key, in order: the fields of stats.Summary
-SUMMARY_COLUMNS = ("n", "median", "mean", "p10", "p90", "min", "max", "cv", "mad", "ci_low", "ci_high", "unstable")
-
 
 # tables whose reads keep insertion order with SQLite's implicit rowid; PostgreSQL gets a column for it
 ORDERED_BY_ROWID = ("tune_workloads", "tune_records")
