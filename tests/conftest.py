@@ -62,7 +62,7 @@ def farm_net(tmp_path_factory) -> Farm:
         started.append(start_tracker("127.0.0.1", port, state))
         started.append(start_server(tracker, "cpu-a", "test-a", state))
         started.append(start_server(tracker, "cpu-b", "test-b", state))
-        wait_for_servers(tracker, {"test-a": 1, "test-b": 1}, timeout_s=60)
+        wait_for_servers(tracker, {"test-a": 1, "test-b": 1}, timeout_s=120)
         yield Farm(tracker, state, started)
     finally:
         for record in reversed(started):
@@ -134,11 +134,11 @@ def postgres_server():
                                  "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=100"],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
                              capture_output=True).returncode != 0:
             assert proc.poll() is None, (base / "server.log").read_text()
-            assert time.monotonic() < deadline, "PostgreSQL did not start within 30 s"
+            assert time.monotonic() < deadline, "PostgreSQL did not start within 120 s"
             time.sleep(0.2)
         yield f"postgresql://farm@127.0.0.1:{port}"
     finally:

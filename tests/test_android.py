@@ -77,9 +77,9 @@ def phone(tmp_path):
                 started.append(subprocess.Popen(["adb", "-P", str(adb_port), "nodaemon", "server"], stdout=log,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                                 start_new_session=True))
-            wait_until(lambda: "listening" in (tmp_path / "phone.log").read_text(), 20, "the stand-in phone")
+            wait_until(lambda: "listening" in (tmp_path / "phone.log").read_text(), 60, "the stand-in phone")
             # a socket, not `adb devices`: the adb client would start a daemon of its own if it came first
-            wait_until(lambda: port_open(adb_port), 20, "the adb server")
+            wait_until(lambda: port_open(adb_port), 60, "the adb server")
             yield f"{phone_addr}:5555", f"127.0.0.1:{adb_port}"
         finally:
             for proc in reversed(started):
@@ -151,13 +151,13 @@ max_cooldown_s = 5
             watchdog = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--watch", "--interval", "1"],
                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
                                         env={**os.environ, **env}, start_new_session=True)
-        second = wait_until(lambda: (r := server_record(home)) and r["pid"] != first["pid"] and r, 60,
+        second = wait_until(lambda: (r := server_record(home)) and r["pid"] != first["pid"] and r, 120,
                             "farm serve --watch to bring the server back")
-        wait_until(lambda: "watching 1 device(s)" in (tmp_path / "watch.log").read_text(), 60, "the watch to begin")
+        wait_until(lambda: "watching 1 device(s)" in (tmp_path / "watch.log").read_text(), 120, "the watch to begin")
         os.killpg(second["pid"], signal.SIGKILL)
         third = wait_until(lambda: (r := server_record(home)) and r["pid"] not in (first["pid"], second["pid"]) and r,
-                           30, "the watchdog to restart the server")
-        wait_until(lambda: probe_state(env) == "online", 60, "the restarted server to register")
+                           120, "the watchdog to restart the server")
+        wait_until(lambda: probe_state(env) == "online", 120, "the restarted server to register")
         again = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
                          "--json", env=env)
         assert again.returncode == 0 and json.loads(again.stdout)["status"] == "ok", again.stderr

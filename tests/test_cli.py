@@ -190,7 +190,7 @@ def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, 
     inventory.write_text(farm_net.inventory_text(
         '\n[devices.victim]\nkind = "local"\nkey = "probe-victim"\ntarget = { kind = "llvm" }\n'))
     try:
-        wait_for_servers(farm_net.tracker, {"probe-victim": 1}, timeout_s=30)
+        wait_for_servers(farm_net.tracker, {"probe-victim": 1}, timeout_s=120)
         first = json.loads(run_farm("--devices", str(inventory), "devices", "--probe", "--json", env=farm_env).stdout)
         states = {d["device"]: d for d in first["devices"]}
         assert states["victim"]["state"] == "online" and states["victim"]["probe_ms"] > 0

@@ -82,7 +82,7 @@ def test_sweep_three_models_on_local_and_emulated_devices(farm_net, farm_env, tm
     board = parse_inventory(inventory.read_text()).devices["board"]
     started = bring_up(board, farm_net.tracker, tmp_path)
     try:
-        wait_for_servers(farm_net.tracker, {"sweep-arm64": 1}, timeout_s=30)
+        wait_for_servers(farm_net.tracker, {"sweep-arm64": 1}, timeout_s=120)
         proc = run_farm("--devices", str(inventory), "sweep", "--device", "cpu-a", "--device", "cpu-b",
                         "--device", "board", "--repeat", "3", "--min-repeat-ms", "5",
                         "--report-dir", str(tmp_path / "reports"), "--json", env=farm_env)

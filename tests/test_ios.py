@@ -27,7 +27,7 @@ def test_device_through_rpc_proxy_is_benchmarked(farm_net, farm_env, tmp_path):
         app = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--through-proxy", "--host", "127.0.0.1",
                                 "--port", str(proxy_port), "--key", "iphone-standin"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for_servers(farm_net.tracker, {"iphone-standin": 1}, timeout_s=30)
+        wait_for_servers(farm_net.tracker, {"iphone-standin": 1}, timeout_s=120)
         assert query_summary(farm_net.tracker).keys["iphone-standin"].servers == 1
         bench = run_farm("bench", "--device", "iphone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
                          "--json", env=env)

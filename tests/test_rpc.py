@@ -90,10 +90,10 @@ def test_tracker_on_taken_port_fails_loudly(tmp_path):
 def test_stop_process_kills_server_group_and_tracker_forgets_it(farm_net, tmp_path):
     record = start_server(farm_net.tracker, "extra", "test-extra", tmp_path)
     try:
-        wait_for_servers(farm_net.tracker, {"test-extra": 1}, timeout_s=30)
+        wait_for_servers(farm_net.tracker, {"test-extra": 1}, timeout_s=120)
     finally:
         assert stop_process(record) is True
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # polls until forgotten; the bound only ends a failing test
     while query_summary(farm_net.tracker).keys.get("test-extra") and \
             query_summary(farm_net.tracker).keys["test-extra"].servers and time.monotonic() < deadline:
         time.sleep(0.1)

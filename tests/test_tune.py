@@ -102,7 +102,7 @@ def test_tune_whose_device_dies_ends_with_one_line_and_keeps_records(farm_net, f
     inventory.write_text(farm_net.inventory_text(
         '\n[devices.victim]\nkind = "local"\nkey = "test-victim"\ntarget = { kind = "llvm" }\n'))
     try:
-        wait_for_servers(farm_net.tracker, {"test-victim": 1}, timeout_s=30)
+        wait_for_servers(farm_net.tracker, {"test-victim": 1}, timeout_s=120)
         # enough trials per task that tuning goes on after the first batch (16) has stored records
         proc = _start_tune(inventory, farm_env, "--device", "victim", "--model", "mlp", "--trials", "400",
                            "--per-task", "64", "--timeout", "2")
