@@ -2,13 +2,12 @@
 and a probe over all of them. tools/bench_fleet.py runs the same at 100 devices and times it."""
 
 import json
-import time
 
 import pytest
 
-from farm.devices.native import ensure_native_server, native_command
+from farm.devices.native import ensure_native_server, start_native_server
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, is_running, spawn, start_tracker, stop_process
+from farm.rpc.processes import ManagedProcess, free_port, is_running, start_tracker, stop_process
 from farm.rpc.session import SESSION_SLOTS
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import run_farm
@@ -26,11 +25,9 @@ def fleet(tmp_path_factory):
     try:
         lines = [f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n']
         for i in range(FLEET):
-            key, server_port = f"fleet-{i:02d}", free_port()
-            proc = spawn(native_command(server, tracker, key, server_port), work / f"server-{i:02d}.log")
-            started.append(ManagedProcess("server", f"dev{i:02d}", key, proc.pid, server_port,
-                                          str(work / f"server-{i:02d}.log"), time.time(), "farm-rpc-server"))
-            lines.append(f'[devices.dev{i:02d}]\nkind = "remote"\nkey = "{key}"\ntarget = {{ kind = "llvm", num-cores = 1 }}\n')
+            started.append(start_native_server(server, tracker, f"dev{i:02d}", f"fleet-{i:02d}", work))
+            lines.append(f'[devices.dev{i:02d}]\nkind = "remote"\nkey = "fleet-{i:02d}"\n'
+                         'target = { kind = "llvm", num-cores = 1 }\n')
         (work / "devices.toml").write_text("\n".join(lines))
         wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120)
         yield work, {"FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": str(work / "results.db"),

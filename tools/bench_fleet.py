@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.devices.native import ensure_native_server, native_command
+from farm.devices.native import ensure_native_server, start_native_server
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, spawn, start_tracker, stop_process
+from farm.rpc.processes import ManagedProcess, free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,11 +72,7 @@ def main() -> int:
         tracker = TrackerAddress("127.0.0.1", port)
         say(f"tracker at {tracker}; starting {args.servers} native servers ({server})")
         for i in range(args.servers):
-            key, server_port = f"fleet-{i:03d}", free_port()
-            log_path = work / f"server-{i:03d}.log"
-            proc = spawn(native_command(server, tracker, key, server_port), log_path)
-            started.append(ManagedProcess("server", f"dev{i:03d}", key, proc.pid, server_port, str(log_path),
-                                          time.time(), "farm-rpc-server"))
+            started.append(start_native_server(server, tracker, f"dev{i:03d}", f"fleet-{i:03d}", work))
         start = time.perf_counter()
         wait_for_servers(tracker, {f"fleet-{i:03d}": 1 for i in range(args.servers)}, timeout_s=120)
         figures["registered_s"] = round(time.perf_counter() - start, 2)

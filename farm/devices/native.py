@@ -12,12 +12,14 @@ import hashlib
 import importlib.util
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from farm.devices.cache import building, cache_root, tvm_versions
 from farm.devices.emulated import MARKER, SOURCE
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
+from farm.rpc.processes import ManagedProcess, free_port, spawn
 
 HOST_CXX = "g++"
 
@@ -54,3 +56,12 @@ def ensure_native_server() -> Path:
 
 def native_command(server: Path, tracker: TrackerAddress, key: str, port: int) -> list[str]:
     return [str(server), "--tracker", str(tracker), "--key", key, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def start_native_server(server: Path, tracker: TrackerAddress, name: str, key: str, state_dir: Path) -> ManagedProcess:
+    """One native server on a free loopback port, in its own process group, its log in ``state_dir``; the record
+    ``stop_process`` stops it by."""
+    port = free_port()
+    log_path = state_dir / f"server-{name}.log"
+    proc = spawn(native_command(server, tracker, key, port), log_path)
+    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time(), MARKER)

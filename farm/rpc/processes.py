@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,10 +50,21 @@ class ManagedProcess:
         return "tvm.exec.rpc_tracker" if self.role == "tracker" else "tvm.exec.rpc_server"
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: a server may not have bound its port yet
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on now, and one this process has not handed out before: servers started one after
+    another bind their ports later, and the kernel may offer a just-released port again."""
+    with _HANDED_OUT_LOCK:
+        while True:
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def spawn(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
