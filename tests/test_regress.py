@@ -113,13 +113,18 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inv
     # the model file changes under the same name: 4 layers of 2048 instead of 3 of 512 — a real, slower artifact
     onnx.save(_mlp(2048, 4), net)
     # one call of the slow model takes ~70 ms: 10 single-call repeats put its CV near the 10 % unstable line on a
-    # loaded machine (an unstable night is never judged); 20 repeats of 3 calls each measure it steadily
-    slow = run_farm(*sweep, "--repeat", "20", "--min-repeat-ms", "200", "--confirm", env=farm_env)
-    assert slow.returncode == 0, slow.stderr
-    out = json.loads(slow.stdout)
-    steady = [a for a in out["alerts"] if a["metric"] == "steady"]
+    # loaded machine; 20 repeats of 3 calls each measure it steadily. An unstable night is never judged (no steady
+    # alert, and it joins no baseline), so a slow night a busy CI machine made unstable is run again, up to 6 times
+    for _ in range(6):
+        slow = run_farm(*sweep, "--repeat", "20", "--min-repeat-ms", "200", "--confirm", env=farm_env)
+        assert slow.returncode == 0, slow.stderr
+        out = json.loads(slow.stdout)
+        steady = [a for a in out["alerts"] if a["metric"] == "steady"]
+        rows = json.loads(run_farm("results", "--json", env=farm_env).stdout)
+        tonight = [r for r in rows if r["sweep_id"] == out["sweep_id"]]
+        if steady or not all(r["unstable"] for r in tonight):
+            break  # judged: whatever its verdict, the assertions below say whether it is the right one
     stored = json.loads(run_farm("--devices", str(inventory_file), "regressions", "--json", env=farm_env).stdout)
-    rows = json.loads(run_farm("results", "--json", env=farm_env).stdout)
     assert steady and steady[0]["status"] == "confirmed" and steady[0]["change"] > 0.5, (
         stored["alerts"], [(r["sweep_id"], r["steady_median_s"], r["steady_cv"], r["unstable"]) for r in rows])
     alert = next(a for a in stored["alerts"] if a["metric"] == "steady")
