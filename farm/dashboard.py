@@ -104,9 +104,8 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
                 sweep = store.sweep()
                 if sweep is not None:
                     spec = SweepSpec.from_json(sweep["spec"])
-                    attempts = store.sweep_attempts(sweep["id"])  # also a GPU device's CPU fallback (NAME@cpu): not a cell
-                    cells = spec.cells()
-                    total, done = len(cells), sum(1 for cell in cells if spec.cell_done(attempts.get(cell, [])))
+                    cells = spec.by_cell(store.sweep_attempts(sweep["id"]))
+                    total, done = len(cells), sum(1 for attempts in cells.values() if spec.cell_done(attempts))
                     state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
                                       "cells_done": done, "cells_total": total}
                     state["alerts"] = [{"sweep_id": a["sweep_id"], "device": a["device"], "model": a["model"],

@@ -212,6 +212,8 @@ class SweepSpec:
     tuned: bool = True
     variants: tuple[str, ...] = ("fp32",)  # a sweep axis: each model in each variant
     shapes: dict = field(default_factory=dict)  # model -> {input name: shape}, for dynamic or overridden inputs
+    # model as the spec names it -> the name its runs carry (``dyn`` for ``/models/dyn.onnx``); set by run_sweep
+    stored_names: dict = field(default_factory=dict)
 
     def cell_models(self) -> tuple[str, ...]:
         ref = (self.reference,) if self.reference else ()
@@ -226,6 +228,11 @@ class SweepSpec:
         """A cell is done when one attempt was ok or its retries are spent; ``attempts``: (run id, status)."""
         return any(status == "ok" for _, status in attempts) or len(attempts) > self.retries
 
+    def by_cell(self, attempts: dict[tuple[str, str], list]) -> dict[tuple[str, str], list]:
+        """A sweep's stored attempts (``Store.sweep_attempts``: by device and stored model name) by cell as the spec
+        names it. Also drops what is no cell (a GPU device's CPU fallback, ``NAME@cpu``)."""
+        return {(d, m): attempts.get((d, self.stored_names.get(m, m)), []) for d, m in self.cells()}
+
     def to_json(self) -> dict:
         return {**asdict(self), "config": asdict(self.config)}
 
@@ -234,7 +241,8 @@ class SweepSpec:
         return SweepSpec(devices=tuple(data["devices"]), models=tuple(data["models"]), reference=data["reference"],
                          config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"],
                          variants=tuple(data.get("variants", ("fp32",))),
-                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()})
+                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()},
+                         stored_names=dict(data.get("stored_names", {})))
 
 
 @dataclass(frozen=True)

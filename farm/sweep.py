@@ -237,12 +237,6 @@ def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, s
     return [cell for cell in spec.cells() if not spec.cell_done(done.get(cell, []))]
 
 
-def _by_cell(spec: SweepSpec, attempts: dict[tuple[str, str], list], models: dict[str, ModelSource]) -> dict:
-    """A sweep's stored attempts by cell as the spec names it: runs carry the model's name (``dyn`` for the file
-    ``/models/dyn.onnx``), the spec the name it was given."""
-    return {(d, m): attempts.get((d, models[m].name), []) for d, m in spec.cells()}
-
-
 def run_sweep(
     tracker: TrackerAddress, devices: dict[str, Device], spec: SweepSpec, db_path: str | Path, cache_dir: Path,
     progress: Progress | None = None, sweep_id: int | None = None,
@@ -254,13 +248,14 @@ def run_sweep(
         raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
     models = {name: load_model_variant(name, spec.shapes.get(name.rpartition("@")[0] if "@" in name else name))
               for name in spec.cell_models()}  # bad names fail before any work
+    spec = dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()})
     with Store(db_path) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())
             done: dict = {}
         else:
             done = store.sweep_attempts(sweep_id)
-        todo = missing_cells(spec, _by_cell(spec, done, models))
+        todo = missing_cells(spec, spec.by_cell(done))
         outcome = SweepOutcome(sweep_id, "running",
                                skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
         queues: dict[str, queue.Queue] = {name: queue.Queue() for name in spec.devices}
@@ -291,7 +286,7 @@ def run_sweep(
                 worker.join()
         # a worker that ended early (its store unwritable, or a farm bug outside a cell) left cells without any
         # attempt: the sweep is then "incomplete", resumable, never "done"
-        attempts = _by_cell(spec, store.sweep_attempts(sweep_id), models)
+        attempts = spec.by_cell(store.sweep_attempts(sweep_id))
         outcome.missing = [cell for cell in todo if not attempts.get(cell)]
         outcome.status = "incomplete" if outcome.missing else "done"
         store.finish_sweep(sweep_id, outcome.status)

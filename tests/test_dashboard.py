@@ -91,13 +91,27 @@ def test_one_median_in_the_sweep_output_results_report_and_dashboard(farm_net, i
 
 
 def test_dashboard_counts_a_variant_sweeps_cells(farm_net, inventory_file, farm_env, tmp_path):
-    """mlp in fp32 and fp16: two cells per device (a variant is a cell of its own)."""
+    """mlp and a model file, each in fp32 and fp16: four cells (a variant is a cell of its own; the file's runs carry
+    its stem, ``tiny``, the sweep's cells its path)."""
+    import onnx
+    from onnx import TensorProto, helper
+
     from farm.dashboard import collect_state
     from farm.inventory import load_inventory
 
-    sweep = _sweep(inventory_file, farm_env, tmp_path, "--model", "mlp", "--variant", "fp32", "--variant", "fp16",
-                   "--repeat", "3", "--no-report")
+    tiny = tmp_path / "models" / "tiny.onnx"
+    tiny.parent.mkdir()
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tiny)
+    sweep = _sweep(inventory_file, farm_env, tmp_path, "--model", "mlp", "--model", str(tiny), "--variant", "fp32",
+                   "--variant", "fp16", "--repeat", "3", "--no-report", "--json")
     assert sweep.returncode == 0, sweep.stderr
+    models = {r["model"] for r in json.loads(run_farm("results", "--json", env=farm_env).stdout)}
+    assert models == {"mlp", "mlp@fp16", "tiny", "tiny@fp16"}, models
     state = collect_state(load_inventory(inventory_file), farm_env["FARM_DB"])["sweep"]
     assert state["status"] == "done"
-    assert state["cells_done"] <= state["cells_total"] and (state["cells_done"], state["cells_total"]) == (2, 2)
+    assert state["cells_done"] <= state["cells_total"] and (state["cells_done"], state["cells_total"]) == (4, 4)
