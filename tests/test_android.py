@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from farm.rpc.processes import free_port
@@ -167,5 +168,12 @@ max_cooldown_s = 5
         if watchdog is not None:
             watchdog.wait(timeout=20)
     stopped = {r["role"] for r in json.loads(down.stdout)["stopped"]}
-    assert stopped == {"watchdog", "server", "tracker"}, down.stdout
+    assert down.returncode == 0 and stopped == {"watchdog", "server", "tracker"}, (down.stdout, down.stderr)
     assert watchdog.returncode == 0
+    # the phone's server is gone: `farm down` killed it through adb (the phone's sh is dash here, mksh on Android)
+    # before it stopped the tracker. A server that survived its kill would have lost the tracker, and says so
+    server_log = (tmp_path / "phone-data" / "farm" / "server-test-phone.log").read_text()
+    assert "lost the tracker" not in server_log, server_log
+    for pid in (first["pid"], second["pid"], third["pid"]):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE \
+            or "farm-rpc-server" not in " ".join(psutil.Process(pid).cmdline()), pid

@@ -113,6 +113,50 @@ target = { kind = "llvm" }
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_phone_server_farm_cannot_reach_is_kept_neither_restarted_nor_forgotten(tmp_path, farm_env):
+    """A server recorded on a phone whose adb server is gone (nothing listens on its port): its state is unknown.
+    The watchdog must not start a second one; `farm down` says it could not stop it and keeps its record."""
+    import threading
+
+    from farm.devices import watch
+    from farm.inventory import load_inventory
+    from farm.rpc.processes import ManagedProcess, process_state, save_records
+
+    adb_port = free_port()  # nothing listens: the adb server is gone
+    inventory = write_inventory(tmp_path / "devices.toml", f"""
+[devices.phone]
+kind = "android"
+key = "gone-phone"
+serial = "stand-in:5555"
+adb = "127.0.0.1:{adb_port}"
+server_port = {free_port()}
+target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
+""", free_port())
+    home = Path(farm_env["FARM_HOME"])
+    remote = json.dumps([sys.executable, "-m", "farm.devices.adb_shell", "127.0.0.1", str(adb_port), "stand-in:5555"])
+    record = ManagedProcess("server", "phone", "gone-phone", 4242, 9000, "stand-in:5555:/data/server.log", time.time(),
+                            "farm-rpc-server", remote)
+    save_records(home, [record])
+    assert process_state(record) == "unknown"
+
+    events: list[str] = []
+    stop = threading.Event()
+    inv = load_inventory(inventory)
+    restarts = watch(inv.devices, inv.tracker, home, 0.1, stop, on_event=lambda text: (events.append(text), stop.set()))
+    assert restarts == 0 and events == ["phone: could not check server pid 4242 (its host did not answer); "
+                                        "checking again next round"]
+
+    down = run_farm("--devices", str(inventory), "down", "--json", env=farm_env)
+    assert down.returncode == 1, (down.stdout, down.stderr)
+    lines = down.stderr.strip().splitlines()
+    assert lines[0] == "error: could not stop server 'phone': could not reach phone's host to stop server pid 4242"
+    assert lines[1].startswith("hint: check that phone's host is reachable (`farm phones` for a phone")
+    data = json.loads(down.stdout)
+    assert data["stopped"] == [] and [f["pid"] for f in data["failed"]] == [4242]
+    kept = json.loads((home / "processes.json").read_text())
+    assert [r["pid"] for r in kept] == [4242]  # kept for another `farm down`
+
+
 BAD_INVENTORIES = {
     "syntax": ("[devices.a\nkind = 1", "error: {path}: not valid TOML"),
     "unknown kind": ('[devices.a]\nkind = "toaster"\nkey = "a"\ntarget = { kind = "llvm" }', "error: {path}:1: device 'a': kind 'toaster' is unknown"),

@@ -156,39 +156,60 @@ def cmd_phones(args) -> int:
     return 0
 
 
-def _stop_servers(state: Path, as_json: bool) -> list[int] | int:
-    from farm.rpc import processes
-
-    records = processes.load_records(state)
-    stopped = [r.pid for r in stop_roles(records, ("watchdog", "server"))]
-    processes.save_records(state, [r for r in records if r.role not in ("server", "watchdog")])
+def _stop_servers(state: Path, as_json: bool) -> int:
+    stopped, failed = stop_roles(state, ("watchdog", "server"))
     if as_json:
-        emit_json({"stopped_servers": stopped})
+        emit_json({"stopped_servers": [r.pid for r in stopped], "failed": _failed_json(failed)})
     else:
         print(f"stopped {len(stopped)} server(s)")
-    return 0
+    return _report_failed(failed)
 
 
-def stop_roles(records, roles: tuple[str, ...]) -> list:
-    """Stop the recorded processes of each role in turn (the watchdog first, so it restarts nothing);
-    returns the records that were running."""
+WATCHDOG_GRACE_S = 30.0  # a watchdog ends after the restart it is making (an adb push, a server start)
+
+
+def stop_roles(state: Path, roles: tuple[str, ...]) -> tuple[list, list]:
+    """Stop the recorded processes of each role in turn, the watchdog first so it restarts nothing. Records are read
+    again before each role: a watchdog that was restarting a server when told to stop records that server as it
+    ends. Returns (the records that were running and are stopped, [(record, error)] for those that could not be);
+    the records of ``roles`` are dropped from the state file but for the failed ones, kept for another try."""
+    from farm.errors import DeviceError
     from farm.rpc import processes
 
-    return [r for role in roles for r in records if r.role == role and processes.stop_process(r)]
+    stopped, failed = [], []
+    for role in roles:
+        for record in [r for r in processes.load_records(state) if r.role == role]:
+            try:
+                if processes.stop_process(record, WATCHDOG_GRACE_S if role == "watchdog" else 3.0):
+                    stopped.append(record)
+            except DeviceError as exc:
+                failed.append((record, exc))
+    keep = {r for r, _ in failed}
+    processes.save_records(state, [r for r in processes.load_records(state) if r.role not in roles or r in keep])
+    return stopped, failed
+
+
+def _failed_json(failed: list) -> list[dict]:
+    return [{**asdict(r), "error": exc.message, "hint": exc.hint} for r, exc in failed]
+
+
+def _report_failed(failed: list) -> int:
+    if not failed:
+        return 0
+    record, exc = failed[0]
+    others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    print(f"error: could not stop {record.role} {record.name!r}{others}: {exc.message}", file=sys.stderr)
+    print(f"hint: {exc.hint}", file=sys.stderr)
+    return 1
 
 
 def cmd_down(args) -> int:
-    from farm.rpc import processes
-
-    state = home_dir()
-    records = processes.load_records(state)
-    stopped = [asdict(r) for r in stop_roles(records, ("watchdog", "server", "tracker"))]
-    processes.save_records(state, [])
+    stopped, failed = stop_roles(home_dir(), ("watchdog", "server", "tracker"))
     if args.json:
-        emit_json({"stopped": stopped})
+        emit_json({"stopped": [asdict(r) for r in stopped], "failed": _failed_json(failed)})
     else:
         print(f"stopped {len(stopped)} process(es) farm had started")
-    return 0
+    return _report_failed(failed)
 
 
 def cmd_devices(args) -> int:

@@ -17,7 +17,7 @@ from typing import Callable
 from farm.devices.kind import DeviceKind
 from farm.errors import FarmError, InventoryError
 from farm.records import Device, TrackerAddress
-from farm.rpc.processes import ManagedProcess, is_running, load_records, save_records
+from farm.rpc.processes import ManagedProcess, load_records, process_state, save_records
 
 
 @functools.cache
@@ -65,7 +65,14 @@ def watch(devices: dict[str, Device], tracker: TrackerAddress, state_dir: Path, 
     restarts = 0
     while not stop.is_set():
         records = load_records(state_dir)
-        dead = [r for r in records if r.role == "server" and r.name in devices and not is_running(r)]
+        dead = []
+        for record in (r for r in records if r.role == "server" and r.name in devices):
+            state = process_state(record)
+            if state == "gone":
+                dead.append(record)
+            elif state == "unknown":  # its host did not answer: a restart could leave two servers running
+                on_event(f"{record.name}: could not check server pid {record.pid} (its host did not answer); "
+                         "checking again next round")
         for record in dead:
             if stop.is_set():
                 break

@@ -142,29 +142,42 @@ def _on_remote(record: ManagedProcess, command: str, timeout_s: float = 15.0) ->
         return None
 
 
-def is_running(record: ManagedProcess) -> bool:
-    """True when the PID is alive and still runs the TVM module farm started there."""
+CHECKED = "farm-checked"  # echoed after a remote check: adb's raw shell has no exit code, only output
+
+
+def process_state(record: ManagedProcess) -> str:
+    """``running`` (the PID runs what farm started there), ``gone``, or ``unknown``: the remote host did not answer
+    (ssh or adb failed, or timed out), so nobody can tell; a watchdog must not restart such a server."""
     if record.remote:
-        done = _on_remote(record, f"ps -o args= -p {record.pid}")
-        return done is not None and done.returncode == 0 and record.expected_marker() in done.stdout
+        done = _on_remote(record, f"ps -o args= -p {record.pid}; echo {CHECKED}")
+        if done is None or CHECKED not in done.stdout:
+            return "unknown"
+        return "running" if record.expected_marker() in done.stdout else "gone"
     try:
         proc = psutil.Process(record.pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
+            return "gone"
         cmdline = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    return record.expected_marker() in cmdline and abs(proc.create_time() - record.started_at) < 60
+        return "gone"
+    return "running" if record.expected_marker() in cmdline and abs(proc.create_time() - record.started_at) < 60 \
+        else "gone"
+
+
+def is_running(record: ManagedProcess) -> bool:
+    """True when the PID is alive and still runs the TVM module farm started there."""
+    return process_state(record) == "running"
 
 
 def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:
-    """Kill the process group farm started; returns False when it was already gone."""
+    """Kill the process group farm started; returns False when it was already gone.
+
+    A remote one is killed through its recorded command prefix (ssh, adb) and checked afterwards: DeviceError when
+    its host did not answer or it still runs, so the caller keeps its record for another try."""
+    if record.remote:
+        return _stop_remote(record, grace_s)
     if not is_running(record):
         return False
-    if record.remote:  # started with setsid on the remote host: its PID is its process group
-        _on_remote(record, f"kill -TERM -- -{record.pid}; sleep {grace_s:g}; kill -KILL -- -{record.pid} 2>/dev/null; true",
-                   timeout_s=grace_s + 15)
-        return True
     try:
         pgid = os.getpgid(record.pid)
     except ProcessLookupError:
@@ -175,11 +188,9 @@ def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:
     os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            break
         _reap(record.pid)
+        if not _group_alive(pgid):
+            break
         time.sleep(0.05)
     else:
         try:
@@ -188,6 +199,42 @@ def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:
             pass
     _reap(record.pid)
     return True
+
+
+def _stop_remote(record: ManagedProcess, grace_s: float) -> bool:
+    where = f"{record.name}'s host" if record.role == "server" else "its host"
+    hint = f"check that {where} is reachable (`farm phones` for a phone, ssh for a board), then run `farm down` again"
+    state = process_state(record)
+    if state == "gone":
+        return False
+    if state == "unknown":
+        raise DeviceError(f"could not reach {where} to stop {record.role} pid {record.pid}", hint)
+    # started with setsid there: its PID is its process group. `kill -s SIG -- -PGID` is the POSIX form, the one
+    # that works in dash and mksh too (dash refuses `kill -TERM -- -PGID`)
+    _on_remote(record, f"kill -s TERM -- -{record.pid}; sleep {grace_s:g}; kill -s KILL -- -{record.pid} 2>/dev/null;"
+                       " true", timeout_s=grace_s + 15)
+    state = process_state(record)
+    if state != "gone":
+        raise DeviceError(f"{record.role} pid {record.pid} on {where} "
+                          + ("did not answer after the kill" if state == "unknown" else "still runs after TERM and KILL"),
+                          hint)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs. Zombies do not count: a process whose parent is not farm (a
+    watchdog started from a shell or a test) stays one until that parent reaps it."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
 
 
 def _reap(pid: int) -> None:
