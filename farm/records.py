@@ -73,6 +73,15 @@ class TrackerAddress:
         return f"{self.host}:{self.port}"
 
 
+def split_address(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` as (host, port); None when it is not one (no host, blanks in it, a port outside 1-65535).
+    The one reader of addresses: --tracker, --adb, the inventory's ``adb`` and ``proxy`` fields."""
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host or any(c.isspace() for c in host) or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
 @dataclass(frozen=True)
 class Device:
     """One inventory entry. ``key`` is its tracker key, everywhere."""

@@ -65,11 +65,19 @@ def test_field_types_take_their_values_and_refuse_others():
     from farm.devices.kind import Field
 
     cases = {"port": ([5001], [0, 70000, True, "5001"]), "text": (["a"], ["", 3, ["a"]]),
-             "texts": ([[], ["-o", "x"]], ["x", [1]]), "address": (["127.0.0.1:5037"], ["127.0.0.1", "h:p", 5037])}
+             "texts": ([[], ["-o", "x"]], ["x", [1]]), "address": (["127.0.0.1:5037", "phone.lab:1", "::1:9190"],
+                                                 ["127.0.0.1", "h:p", 5037, ":5037", "a b:5037", "h:0", "h:70000", "h:-1"])}
     for type_, (good, bad) in cases.items():
         spec = Field(type_, "x = 1", "x")
         assert [spec.problem(v) for v in good] == [""] * len(good), type_
         assert all(spec.problem(v) for v in bad), type_
+
+
+def test_one_reader_of_host_port():
+    from farm.records import split_address
+
+    assert split_address("127.0.0.1:5037") == ("127.0.0.1", 5037) and split_address("::1:9190") == ("::1", 9190)
+    assert [split_address(t) for t in ("127.0.0.1", ":1", "h:", "h:p", "h:0", "h:65536", "a b:1", "h:+1")] == [None] * 8
 
 
 def test_the_kinds_rules_apply_through_the_inventory():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
-from farm.records import Record
+from farm.records import Record, split_address
 
 
 log = logging.getLogger("farm")
@@ -155,13 +155,10 @@ def port(text: str) -> int:
 
 def address(text: str) -> str:
     """HOST:PORT, e.g. 127.0.0.1:9190."""
-    host, sep, number = text.rpartition(":")
-    if not sep or not host:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9190)")
-    try:
-        port(number)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT: {number!r} is not a port (1-65535)") from exc
+    if split_address(text) is None:
+        host, sep, number = text.rpartition(":")
+        why = f": {number!r} is not a port (1-65535)" if sep and host else " (e.g. 127.0.0.1:9190)"
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT{why}")
     return text
 
 

@@ -72,10 +72,9 @@ def cmd_serve(args) -> int:
     inventory = load_inventory_of(args)
     tracker = inventory.tracker
     if args.tracker:
-        host, _, port = args.tracker.rpartition(":")
-        from farm.records import TrackerAddress
+        from farm.records import TrackerAddress, split_address
 
-        tracker = TrackerAddress(host, int(port))
+        tracker = TrackerAddress(*split_address(args.tracker))  # argparse's `address` type checked it
     query_summary(tracker)  # fail early and clearly when there is no tracker
     names = args.device or [n for n, d in inventory.devices.items() if can_bring_up(d)]
     records = processes.load_records(state)

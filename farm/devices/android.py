@@ -36,7 +36,7 @@ from typing import Any
 
 from farm.devices.kind import DeviceKind, Fail, Field
 from farm.errors import DeviceError, InventoryError
-from farm.records import Device, TrackerAddress
+from farm.records import Device, TrackerAddress, split_address
 from farm.rpc.processes import ManagedProcess
 
 SERVER = "farm-rpc-server"
@@ -76,11 +76,10 @@ def adb_address(device: Device | None = None, given: str | None = None) -> tuple
     """The adb server: ``given`` (--adb), else the device's ``adb`` field, else 127.0.0.1:$ANDROID_ADB_SERVER_PORT/5037."""
     text = str(given or (device.options.get("adb") if device else None)
                or f"127.0.0.1:{os.environ.get('ANDROID_ADB_SERVER_PORT', '5037')}")
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
+    if (address := split_address(text)) is None:
         raise InventoryError(f"adb server address {text!r} is not HOST:PORT",
                              'write --adb 127.0.0.1:5037, or adb = "127.0.0.1:5037" on the device in devices.toml')
-    return host, int(port)
+    return address
 
 
 def client(address: tuple[str, int]):

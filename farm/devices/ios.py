@@ -16,7 +16,7 @@ from pathlib import Path
 
 from farm.devices.kind import DeviceKind, Field
 from farm.errors import DeviceError, InventoryError
-from farm.records import Device, TrackerAddress
+from farm.records import Device, TrackerAddress, split_address
 from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
 
 DEFAULT_PROXY = "127.0.0.1:9091"
@@ -24,10 +24,9 @@ DEFAULT_PROXY = "127.0.0.1:9091"
 
 def proxy_address(device: Device) -> tuple[str, int]:
     text = str(device.options.get("proxy", DEFAULT_PROXY))
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
+    if (address := split_address(text)) is None:
         raise InventoryError(f"device {device.name!r}: proxy {text!r} is not HOST:PORT", 'write proxy = "127.0.0.1:9091"')
-    return host, int(port)
+    return address
 
 
 class IOS(DeviceKind):

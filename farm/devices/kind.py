@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -26,7 +25,7 @@ from typing import Any, Callable, ClassVar
 import psutil
 
 from farm.errors import InventoryError
-from farm.records import Device, HostCPU, TrackerAddress
+from farm.records import Device, HostCPU, TrackerAddress, split_address
 from farm.rpc.processes import ManagedProcess
 
 Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
@@ -50,7 +49,7 @@ class Field:
             return "" if ok else "must be a list of strings"
         if not isinstance(value, str) or not value:
             return "must be a string"
-        if self.type == "address" and not re.fullmatch(r"[^\s:]+:\d{1,5}", value):
+        if self.type == "address" and split_address(value) is None:
             return "is not HOST:PORT"
         return ""
 
