@@ -9,8 +9,9 @@ from typing import Any
 import jinja2
 
 import farm
-from farm.results import run_rows
-from farm.review import PLOTTED_CELLS, figure_png, pyplot, stacked_png, sweep_review, worst_first
+from farm.results import Run, run_rows
+from farm.figures import figure_png, figure_pool, pyplot
+from farm.review import PLOTTED_CELLS, review_figures, stacked_png, sweep_review, worst_first
 from farm.stats import format_duration, median
 from farm.store import Store
 
@@ -29,18 +30,23 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env.filters["ms"] = format_duration
     env.filters["bytes"] = format_bytes
     curves = _copy_curves(store)
-    html = env.get_template("report.html").render(
-        title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}), db_path=str(store.path),
-        runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
-        distribution_png=_distribution_png(store, ok), phases_png=stacked_png(ok), cells_ok=len(ok),
-        plotted_cells=PLOTTED_CELLS, folded_rows=FOLDED_ROWS,
-        alerts=sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else [], sweep_id=sweep_id,
-        review=sweep_review(store, sweep_id) if sweep_id is not None else None,
-        variants=_variant_rows(latest),
-        copy_curves=curves, copy_sizes=sorted({n for c in curves for _, n in c["by_size"]}),
-        copy_curves_png=_copy_curves_png(curves) if curves else "",
-    )
+    figures = 3 + (review_figures(store, sweep_id) if sweep_id is not None else 0)
+    with figure_pool(figures) as pool:  # drawn in worker processes where that is safe, while this goes on
+        distribution = pool.submit(_distribution_png, _distribution_data(store, ok))
+        phases = pool.submit(stacked_png, ok)
+        copies = pool.submit(_copy_curves_png, curves) if curves else None
+        review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
+        html = env.get_template("report.html").render(
+            title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}),
+            db_path=str(store.path), runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
+            distribution_png=distribution.result(), phases_png=phases.result(), cells_ok=len(ok),
+            plotted_cells=PLOTTED_CELLS, folded_rows=FOLDED_ROWS,
+            alerts=sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else [], sweep_id=sweep_id,
+            review=review, variants=_variant_rows(latest),
+            copy_curves=curves, copy_sizes=sorted({n for c in curves for _, n in c["by_size"]}),
+            copy_curves_png=copies.result() if copies else "",
+        )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_suffix(".tmp")
@@ -104,16 +110,20 @@ def _variant_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for _, e in sorted(table.items()) if "fp16" in e or "int8" in e]
 
 
-def _distribution_png(store: Store, rows: list[dict[str, Any]], most: int = PLOTTED_CELLS) -> str:
-    """Every stored repeat per cell; with more than ``most`` cells, the ``most`` most variable (highest CV)."""
-    plt = pyplot()
+def _distribution_data(store: Store, rows: list[Run], most: int = PLOTTED_CELLS) -> list[tuple[str, list[float]]]:
+    """(label, every stored repeat in ms) per cell; with more than ``most`` cells, the ``most`` most variable
+    (highest CV)."""
     if len(rows) > most:
         rows = sorted(sorted(rows, key=lambda r: r["steady_cv"] or 0, reverse=True)[:most],
                       key=lambda r: (r["device"], r["model"], r["tuned"]))
     data = [(f"{r['device']}\n{r['model']}{' (tuned)' if r['tuned'] else ''}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
-    data = [(label, values) for label, values in data if values]
+    return [(label, values) for label, values in data if values]
+
+
+def _distribution_png(data: list[tuple[str, list[float]]]) -> str:
     if not data:
         return ""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(data)), 3.6))
     ax.boxplot([v for _, v in data], showfliers=False)
     for i, (_, values) in enumerate(data, start=1):

@@ -7,14 +7,14 @@ regress.detect the CLI uses, so the report and `farm regressions` agree. Figures
 
 from __future__ import annotations
 
-import base64
-import io
 import math
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import numpy as np
 
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
+from farm.figures import InlineExecutor, figure_png, pyplot
 from farm.records import Alert
 from farm.regress import METHOD, SeriesVerdict, detect, series_value
 from farm.results import run_rows
@@ -27,25 +27,6 @@ HEAT_LIMIT = 0.20  # colour scale of the heatmap saturates at ±20 %
 PLOTTED_CELLS = 40  # past this many cells a figure shows the ones that matter most, and says so
 LABELLED_CELLS = 300  # heatmap cells that get a printed value
 THERMAL_RISE_C = 5.0  # a cell that warmed the device this much is a thermal event
-
-
-def figure_png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def time_unit(values_s) -> tuple[float, str]:
@@ -61,12 +42,23 @@ def label(row: Run) -> str:
     return f"{row.model}{' (tuned)' if row.tuned else ''}"
 
 
-def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
+def review_figures(store: Store, sweep_id: int) -> int:
+    """How many figures ``sweep_review`` draws (for ``figures.figure_pool``)."""
+    return 2 * len(store.alerts(sweep_id)) + 2
+
+
+def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> dict[str, Any]:
+    """The review's data and figures. ``pool`` (``figures.figure_pool``) draws the figures while this goes on
+    computing; without one, each is drawn where it is needed."""
+    pool = pool or InlineExecutor()
     rows = run_rows(store)
     current = [r for r in rows if r.sweep_id == sweep_id]
     accepted = by_sweep(rows, keep_unstable_of=sweep_id)  # each series' accepted run per sweep, once
     verdicts = detect(rows, sweep_id, accepted=accepted)
     alerts = sorted(store.alerts(sweep_id), key=worst_first)
+    evidence = [alert_evidence(store, rows, a, accepted, pool) for a in alerts]
+    heatmap = pool.submit(heatmap_png, verdicts)
+    drift = drift_view(rows, pool)  # computed here while the figures above are drawn
     sweep = store.sweep(sweep_id) or {"spec": {}}
     reference = sweep["spec"].get("reference") or ""
     statuses = [a["status"] for a in alerts]
@@ -76,12 +68,12 @@ def sweep_review(store: Store, sweep_id: int) -> dict[str, Any]:
                                - {(r.device, r.model) for r in current if r.status == "ok"}),
         "unstable_cells": [(r.device, label(r)) for r in current if r.status == "ok" and r.unstable],
         "geomean": geomean_by_device(verdicts),
-        "evidence": [alert_evidence(store, rows, a, accepted) for a in alerts],
-        "heatmap_png": heatmap_png(verdicts),
+        "evidence": [resolved(e) for e in evidence],
+        "heatmap_png": heatmap.result(),
         "quality": quality_rows([r for r in current if r.status == "ok"]),
         "reference": reference,
         "reference_drift": [v for v in verdicts if v.model == reference and v.metric == "steady"],
-        "drift": drift_view(rows),
+        "drift": resolved(drift),
         "method": {**METHOD.to_json(), "drift": {"algorithm": "optimal partitioning (PELT's objective, solved exactly), L2 cost on log values",
                                                  "penalty": f"{PENALTY:g}·σ²·ln n", "min_nights_per_segment": MIN_SIZE,
                                                  "min_shift": MIN_CHANGE}},
@@ -116,8 +108,16 @@ def series_history(rows: list[Run], alert: Alert,
     return out
 
 
-def alert_evidence(store: Store, rows: list[Run], alert: Alert,
-                   accepted_by_series: dict | None = None) -> dict[str, Any]:
+def resolved(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` with each figure still being drawn (a Future) replaced by its PNG."""
+    return {k: v.result() if isinstance(v, Future) else v for k, v in item.items()}
+
+
+def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_series: dict | None = None,
+                   pool: Executor | None = None) -> dict[str, Any]:
+    """An alert's baseline and current intervals, its trend and its distribution; with ``pool``, the two figures
+    are Futures (``resolved``)."""
+    drawing = pool or InlineExecutor()
     history = series_history(rows, alert, accepted_by_series)
     base = alert.baseline
     baseline_runs = [run for sweep, _, run in history if sweep != alert.sweep_id][-base["n"]:]
@@ -129,8 +129,10 @@ def alert_evidence(store: Store, rows: list[Run], alert: Alert,
     else:
         old, new, current_ci = list(base["values"]), [alert.value], (None, None)
     z_limit = METHOD.thresholds[alert.metric].z
-    return {"id": alert.id, "baseline_ci": ci, "current_ci": current_ci,
-            "trend_png": trend_png(alert, history, z_limit), "distribution_png": distribution_png(alert, old, new)}
+    evidence = {"id": alert.id, "baseline_ci": ci, "current_ci": current_ci,
+                "trend_png": drawing.submit(trend_png, alert, history, z_limit),
+                "distribution_png": drawing.submit(distribution_png, alert, old, new)}
+    return evidence if pool else resolved(evidence)
 
 
 def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float) -> str:
@@ -148,7 +150,8 @@ def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: floa
     ax.set_xlabel("sweep")
     ax.set_ylabel(f"{alert.metric} ({unit})")
     ax.legend(fontsize=7, loc="best")
-    return figure_png(fig)
+    fig.subplots_adjust(left=0.14, right=0.98, bottom=0.18, top=0.96)
+    return figure_png(fig, tight=False)
 
 
 def distribution_png(alert: Alert, old: list[float], new: list[float]) -> str:
@@ -163,7 +166,8 @@ def distribution_png(alert: Alert, old: list[float], new: list[float]) -> str:
                 color="tab:green" if i == 1 else "tab:red")
     ax.set_xticks([1, 2], [f"baseline ({len(old)})", f"this sweep ({len(new)})"])
     ax.set_ylabel(f"{alert.metric} ({unit})")
-    return figure_png(fig)
+    fig.subplots_adjust(left=0.17, right=0.98, bottom=0.12, top=0.96)
+    return figure_png(fig, tight=False)
 
 
 def heatmap_png(verdicts: list[SeriesVerdict]) -> str:
@@ -249,11 +253,17 @@ def quality_rows(rows: list[Run]) -> list[dict[str, Any]]:
     return out
 
 
-def drift_view(rows: list[Run]) -> dict[str, Any]:
-    """Series whose steady history changed level, with one figure of them."""
-    series = drift_rows(rows, lambda r: r.steady_median_s)
+def drift_view(rows: list[Run], pool: Executor | None = None) -> dict[str, Any]:
+    """Series whose steady history changed level, with one figure of them (with ``pool``: a Future)."""
+    series = drift_rows(rows, _steady_median)
     shifted = [s for s in series if s["change_points"]]
-    return {"series": len(series), "shifted": shifted, "png": drift_png(shifted[:8]) if shifted else ""}
+    view = {"series": len(series), "shifted": shifted,
+            "png": (pool or InlineExecutor()).submit(drift_png, shifted[:8]) if shifted else ""}
+    return view if pool else resolved(view)
+
+
+def _steady_median(row: Run) -> float | None:
+    return row.steady_median_s
 
 
 def drift_png(shifted: list[dict[str, Any]]) -> str:

@@ -1,6 +1,9 @@
 """The HTML report, rendered from a real store and opened in real headless Chromium."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -63,3 +66,31 @@ def test_report_opens_in_chromium_and_shows_failed_check(farm_net, tmp_path):
     assert "failed at check" in text and "max err 1" in text  # the wrong reference is off by exactly 1.0
     assert "<b>GPU missing</b>" in text  # shown as text, not markup
     assert images and all(width > 0 for width in images)
+
+
+def test_figures_drawn_in_worker_processes_are_the_ones_drawn_here(tmp_path):
+    """A sweep report's figures go to forked workers in a process without TVM or other threads (``farm report``),
+    and are drawn here otherwise (``farm sweep``, pytest): the same bytes either way."""
+    script = tmp_path / "figures.py"
+    script.write_text(
+        "import sys\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from farm.figures import InlineExecutor, figure_pool\n"
+        "from farm.review import drift_png\n"
+        "shifted = [{'device': f'd{i}', 'model': 'm', 'tuned': False, 'sweeps': list(range(1, 11)),\n"
+        "            'values': [0.001 * (1 + (n > 5) * 0.1 * i) for n in range(1, 11)],\n"
+        "            'segments': [{'median': 0.001, 'first_sweep': 1, 'last_sweep': 5}]} for i in range(8)]\n"
+        "jobs = [shifted[:n] for n in range(1, 9)]\n"
+        "with figure_pool(len(jobs)) as pool:\n"
+        "    kind = type(pool).__name__\n"
+        "    forked = [f.result() for f in [pool.submit(drift_png, job) for job in jobs]]\n"
+        "here = [InlineExecutor().submit(drift_png, job).result() for job in jobs]\n"
+        "if sys.argv[1:] == ['tvm']:\n"
+        "    import tvm  # noqa: F401\n"
+        "    with figure_pool(len(jobs)) as pool:\n"
+        "        kind = type(pool).__name__\n"
+        "print(kind, forked == here, len(set(here)))\n")
+    forks = "ProcessPoolExecutor" if (os.cpu_count() or 1) > 1 else "InlineExecutor"  # one CPU: nothing to gain
+    for args, expected in (([], f"{forks} True 8"), (["tvm"], "InlineExecutor True 8")):
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+        assert done.stdout.strip() == expected, (args, done.stdout, done.stderr[-2000:])
