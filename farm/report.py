@@ -30,7 +30,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env.filters["ms"] = format_duration
     env.filters["bytes"] = format_bytes
     curves = _copy_curves(store)
-    figures = 3 + (review_figures(store, sweep_id) if sweep_id is not None else 0)
+    alerts = sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else []
+    figures = 3 + (review_figures(alerts) if sweep_id is not None else 0)
     with figure_pool(figures) as pool:  # drawn in worker processes where that is safe, while this goes on
         distribution = pool.submit(_distribution_png, _distribution_data(store, ok))
         phases = pool.submit(stacked_png, ok)
@@ -42,7 +43,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
             db_path=str(store.path), runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
             distribution_png=distribution.result(), phases_png=phases.result(), cells_ok=len(ok),
             plotted_cells=PLOTTED_CELLS, folded_rows=FOLDED_ROWS,
-            alerts=sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else [], sweep_id=sweep_id,
+            alerts=alerts, sweep_id=sweep_id,
             review=review, variants=_variant_rows(latest),
             copy_curves=curves, copy_sizes=sorted({n for c in curves for _, n in c["by_size"]}),
             copy_curves_png=copies.result() if copies else "",

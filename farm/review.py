@@ -42,9 +42,9 @@ def label(row: Run) -> str:
     return f"{row.model}{' (tuned)' if row.tuned else ''}"
 
 
-def review_figures(store: Store, sweep_id: int) -> int:
-    """How many figures ``sweep_review`` draws (for ``figures.figure_pool``)."""
-    return 2 * len(store.alerts(sweep_id)) + 2
+def review_figures(alerts: list[Alert]) -> int:
+    """How many figures ``sweep_review`` draws for a sweep with ``alerts`` (for ``figures.figure_pool``)."""
+    return 2 * len(alerts) + 2
 
 
 def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> dict[str, Any]:
@@ -90,15 +90,12 @@ def geomean_by_device(verdicts: list[SeriesVerdict]) -> list[dict[str, Any]]:
             for d, c in sorted(by_device.items())]
 
 
-def series_history(rows: list[Run], alert: Alert,
-                   accepted_by_series: dict | None = None) -> list[tuple[int, float, int]]:
-    """(sweep id, value, run id) of the alert's series (``series.by_sweep``, computed once by the caller when
-    given), one accepted value per sweep up to the alert's."""
+def series_history(rows: list[Run], alert: Alert, accepted_by_series: dict) -> list[tuple[int, float, int]]:
+    """(sweep id, value, run id) of the alert's series, one accepted value per sweep up to the alert's;
+    ``accepted_by_series``: ``series.by_sweep`` of ``rows``, computed once by the caller."""
     alerted = next((r for r in rows if r.run_id == alert.run_id), None)
     if alerted is None:
         return []
-    if accepted_by_series is None:
-        accepted_by_series = by_sweep(rows, keep_unstable_of=alert.sweep_id)
     accepted = accepted_by_series.get(series_key(alerted), {})
     out = []
     for sweep_id in sorted(s for s in accepted if s <= alert.sweep_id):
@@ -113,11 +110,10 @@ def resolved(item: dict[str, Any]) -> dict[str, Any]:
     return {k: v.result() if isinstance(v, Future) else v for k, v in item.items()}
 
 
-def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_series: dict | None = None,
-                   pool: Executor | None = None) -> dict[str, Any]:
-    """An alert's baseline and current intervals, its trend and its distribution; with ``pool``, the two figures
-    are Futures (``resolved``)."""
-    drawing = pool or InlineExecutor()
+def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_series: dict,
+                   pool: Executor) -> dict[str, Any]:
+    """An alert's baseline and current intervals, its trend and its distribution: the two figures are Futures of
+    ``pool`` (``resolved``)."""
     history = series_history(rows, alert, accepted_by_series)
     base = alert.baseline
     baseline_runs = [run for sweep, _, run in history if sweep != alert.sweep_id][-base["n"]:]
@@ -130,9 +126,9 @@ def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_seri
         old, new, current_ci = list(base["values"]), [alert.value], (None, None)
     z_limit = METHOD.thresholds[alert.metric].z
     evidence = {"id": alert.id, "baseline_ci": ci, "current_ci": current_ci,
-                "trend_png": drawing.submit(trend_png, alert, history, z_limit),
-                "distribution_png": drawing.submit(distribution_png, alert, old, new)}
-    return evidence if pool else resolved(evidence)
+                "trend_png": pool.submit(trend_png, alert, history, z_limit),
+                "distribution_png": pool.submit(distribution_png, alert, old, new)}
+    return evidence
 
 
 def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float) -> str:
@@ -253,13 +249,11 @@ def quality_rows(rows: list[Run]) -> list[dict[str, Any]]:
     return out
 
 
-def drift_view(rows: list[Run], pool: Executor | None = None) -> dict[str, Any]:
-    """Series whose steady history changed level, with one figure of them (with ``pool``: a Future)."""
+def drift_view(rows: list[Run], pool: Executor) -> dict[str, Any]:
+    """Series whose steady history changed level, with one figure of them (a Future of ``pool``, ``resolved``)."""
     series = drift_rows(rows, _steady_median)
     shifted = [s for s in series if s["change_points"]]
-    view = {"series": len(series), "shifted": shifted,
-            "png": (pool or InlineExecutor()).submit(drift_png, shifted[:8]) if shifted else ""}
-    return view if pool else resolved(view)
+    return {"series": len(series), "shifted": shifted, "png": pool.submit(drift_png, shifted[:8]) if shifted else ""}
 
 
 def _steady_median(row: Run) -> float | None:
