@@ -1,4 +1,5 @@
-"""Frozen records passed between farm's modules. Imports nothing from farm.
+"""Frozen records passed between farm's modules, and the target kinds farm knows. Imports nothing from farm
+but the error tree (``errors.py``).
 
 Named ``records`` rather than ``model`` so it is never confused with the ML models
 that ``models/`` loads.
@@ -11,8 +12,46 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-CPU_TARGETS = ("llvm", "c")  # target kinds whose code runs on the CPU (no GPU to fall back from)
+from farm.errors import InventoryError
+
+# The TVM target kinds farm compiles for and measures: the inventory accepts these, measure.py maps each to its
+# device type (a GPU kind's device type has the kind's name).
+CPU_TARGETS = ("llvm", "c")  # code runs on the CPU (no GPU to fall back from; what can be a host)
+GPU_TARGETS = ("cuda", "opencl", "metal", "vulkan", "rocm", "webgpu")
+TARGET_KINDS = CPU_TARGETS + GPU_TARGETS
+# TVM 0.27's target tags (tvm.target.list_tags(): 287) by family, each family's one kind, so a tag's kind is known
+# without importing TVM (compile.py resolves the tag itself with TVM). Families whose kind farm does not measure
+# (qcom/hexagon-*, aws/trn1/*) are left out; tests/test_inventory.py checks this table against TVM's tags.
+TAG_KINDS = {
+    "nvidia/": "cuda", "apple/": "metal", "qcom/adreno-opencl": "opencl", "qcom/adreno-vulkan": "vulkan",
+    "arm/": "llvm", "aws/cpu/": "llvm", "raspberry-pi/": "llvm", "riscv/": "llvm",
+}
 EXPORT_FORMATS = ("so", "tar", "system-lib")
+TARGET_HINT = (f'write target = {{ kind = "llvm" }} (one of {", ".join(TARGET_KINDS)}), or a TVM tag of '
+               f'{", ".join(family + "*" for family in TAG_KINDS)}, e.g. target = {{ tag = "nvidia/jetson-orin-nano" }}')
+
+
+def tag_kind(tag: str) -> str | None:
+    """The target kind of TVM target tag ``tag`` by its family (``TAG_KINDS``); None when farm knows no such family."""
+    return next((kind for family, kind in TAG_KINDS.items() if tag.startswith(family)), None)
+
+
+def target_kind(target: Mapping[str, Any]) -> str:
+    """A target table's kind: its ``kind``, or the kind of its ``tag`` (``{ tag = "nvidia/jetson-tx2" }`` → cuda).
+
+    Every target the inventory accepts has one; InventoryError for a table that has neither."""
+    if "kind" in target:
+        return str(target["kind"])
+    tag = target.get("tag")
+    if isinstance(tag, str) and (kind := tag_kind(tag)) is not None:
+        return kind
+    raise InventoryError(f"target {dict(target)!r} has no kind farm knows", TARGET_HINT)
+
+
+def describe_target(target: Mapping[str, Any]) -> str:
+    """A target as a person reads it: its kind, and its tag when it has one (``cuda (nvidia/jetson-tx2)``)."""
+    kind = target_kind(target)
+    return f"{kind} ({target['tag']})" if target.get("tag") else kind
 
 
 class Record(Mapping):
@@ -209,6 +248,9 @@ class CheckResult:
     detail: str = ""
 
 
+OFFLINE_ATTEMPT = 0  # a sweep cell stored failed because no server of its key was registered: not a measured attempt
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     """What a sweep measures. Stored with the sweep, so ``--resume`` needs nothing else."""
@@ -234,8 +276,14 @@ class SweepSpec:
         return [(device, model) for device in self.devices for model in self.cell_models()]
 
     def cell_done(self, attempts: list[tuple[int, str]]) -> bool:
-        """A cell is done when one attempt was ok or its retries are spent; ``attempts``: (run id, status)."""
-        return any(status == "ok" for _, status in attempts) or len(attempts) > self.retries
+        """A cell is done when one attempt was ok or its retries are spent; ``attempts``: (attempt, status)."""
+        return any(status == "ok" for _, status in attempts) or self.attempts_spent(attempts) > self.retries
+
+    @staticmethod
+    def attempts_spent(attempts: list[tuple[int, str]]) -> int:
+        """The measured attempts among a cell's stored ones: a cell stored while its device was offline
+        (attempt ``OFFLINE_ATTEMPT``) spent none of its retries."""
+        return sum(1 for attempt, _ in attempts if attempt != OFFLINE_ATTEMPT)
 
     def by_cell(self, attempts: dict[tuple[str, str], list]) -> dict[tuple[str, str], list]:
         """A sweep's stored attempts (``Store.sweep_attempts``: by device and stored model name) by cell as the spec

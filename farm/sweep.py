@@ -23,14 +23,15 @@ from typing import Callable
 
 import numpy as np
 
-from farm.compile import compile_model, effective_target, fallback_device, tuning_key
+from farm.compile import compile_model, effective_target, fallback_device, toolchain_for, tuning_key
 from farm.devices.health import cool_down, health_after
-from farm.errors import FarmError, StoreError, first_line
+from farm.errors import FarmError, StoreError, TrackerError, first_line
 from farm.measure import bench_artifact, measure_copy_curve
 from farm.models import (VARIANT_TOLERANCE, load_model_variant, load_reference_file, load_test_data, make_inputs,
                          reference_outputs, shipped_test_data)
-from farm.records import (CPU_TARGETS, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
+from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
                            SweepSpec, TrackerAddress, TuningSet)
+from farm.rpc.tracker import query_summary
 from farm.store import Store
 
 log = logging.getLogger(__name__)
@@ -126,51 +127,121 @@ def measure_cell(
     return bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
 
 
+@dataclass(frozen=True)
+class CellContext:
+    """What every cell of one ``farm bench`` or one sweep shares: where it measures, how, and where it stores.
+    The one input of ``run_cell`` besides the device, the model, its artifact and the store."""
+
+    tracker: TrackerAddress
+    cache_dir: Path
+    config: BenchConfig
+    tuned: bool = True  # compile with the store's tuning records (the fallback's compile too)
+    reference_file: str | None = None
+    retries: int = 0  # a dropped session (RETRYABLE_STEPS) is measured again this many times
+    sweep_id: int | None = None
+    progress: Progress | None = None
+
+    def say(self, device: Device, model: ModelSource):
+        return _say(self.progress, device, model)
+
+
 def bench_cell(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
     config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
     first: bool = True,
 ) -> CellResult:
-    """Compile (cached; with the store's tuning records unless ``tuned`` is False), cool down (not before a
-    device's ``first`` cell, though temperature/battery gates apply always), measure and store one cell.
-    When a GPU fails it and the device names a fallback, the model is measured on the device's CPU too."""
-    if progress:
-        progress(device.name, model.name, "compile", model.name)
+    """Compile (cached; with the store's tuning records unless ``tuned`` is False), then ``run_cell``: the single
+    cell of ``farm bench`` goes through the same pipeline as a sweep's cells."""
+    ctx = CellContext(tracker, cache_dir, config, tuned, reference_file, progress=progress)
+    return run_cell(ctx, store, device, model, compile_or_error(ctx, store, device, model), first)
+
+
+def compile_or_error(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> Artifact | FarmError:
+    """The cell's artifact, or the error that stopped its compile (one compile at a time: ``COMPILE_LOCK``)."""
+    if ctx.progress:
+        ctx.progress(device.name, model.name, "compile", model.name)
     try:
-        artifact = compile_cell(device, model, store, cache_dir, tuned)
+        with COMPILE_LOCK:
+            return compile_cell(device, model, store, ctx.cache_dir, ctx.tuned)
     except FarmError as exc:
-        result = compile_failure(device, model, config, exc)
-        cell = CellResult(store.record_result(result, device, model, None), result, None)
-    else:
-        waited = cool_down(device, first, _say(progress, device, model))
-        result = with_health(measure_cell(tracker, device, model, artifact, config, reference_file, progress), waited, device)
-        cell = CellResult(store.record_result(result, device, model, artifact), result, artifact)
-    if not needs_fallback(device, result):
+        return exc
+
+
+def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource, artifact: Artifact | FarmError,
+             first: bool, attempt: int = 1, stored: Callable[[CellResult], None] | None = None) -> CellResult:
+    """One cell after its compile, for ``farm bench`` and for a sweep's workers alike.
+
+    1. A compile failure is stored at once: nothing runs on the device, so no cooldown and no health gate.
+    2. Else cool down (not before the device's ``first`` cell; the temperature/battery gates apply always),
+       measure, check, store; a dropped session is measured again while ``ctx.retries`` allow. An exception farm
+       does not expect is stored as a failed cell (step "farm"), never lost.
+    3. On a GPU that failed it, with ``fallback = "cpu"``, the model on the device's CPU, unless that cannot help
+       (the CPU build needs the toolchain whose absence failed the GPU build: the stored reason says so).
+
+    Each stored attempt goes to ``stored``; the last one is returned, with its fallback. A ``StoreError`` is raised."""
+    while True:
+        if isinstance(artifact, FarmError):
+            result = compile_failure(device, model, ctx.config, artifact)
+        else:
+            try:
+                waited = cool_down(device, first, ctx.say(device, model))
+                first = False
+                result = with_health(measure_cell(ctx.tracker, device, model, artifact, ctx.config, ctx.reference_file,
+                                                  ctx.progress), waited, device)
+            except Exception as exc:  # never a lost cell: stored as failed, the device's next cells go on
+                log.exception("%s × %s: unexpected error while measuring", device.name, model.name)
+                result = crashed_cell(device, model, ctx.config, exc)
+        no_fallback = fallback_blocked(device, result)
+        if no_fallback:
+            result = dataclasses.replace(result, reason=f"{result.reason}; {no_fallback}")
+        stored_artifact = None if isinstance(artifact, FarmError) else artifact
+        cell = CellResult(store.record_result(result, device, model, stored_artifact, ctx.sweep_id, attempt), result,
+                          stored_artifact)
+        if stored:
+            stored(cell)
+        if result.status == "ok" or result.failed_step not in RETRYABLE_STEPS or attempt > ctx.retries:
+            break
+        attempt += 1
+        if ctx.progress:
+            ctx.progress(device.name, model.name, "retry", result.reason)
+    if not needs_fallback(device, result) or no_fallback:
         return cell
-    return dataclasses.replace(cell, fallback=fallback_cell(tracker, device, model, store, cache_dir, config, cell.run_id,
-                                                            reference_file, progress, tuned))
+    fallback = fallback_cell(ctx, store, device, model, cell.run_id)
+    if stored:
+        stored(fallback)
+    return dataclasses.replace(cell, fallback=fallback)
 
 
-def fallback_cell(
-    tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path, config: BenchConfig,
-    gpu_run_id: int, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
-    sweep_id: int | None = None,
-) -> CellResult:
+def fallback_blocked(device: Device, result: BenchResult) -> str:
+    """Why the device's CPU fallback cannot help this failed result ('' when it can, or none is due): its GPU build
+    failed for want of a toolchain, and the CPU build needs the same one."""
+    if not needs_fallback(device, result) or result.failed_step != "compile":
+        return ""
+    cpu = fallback_device(device)
+    try:
+        toolchain_for(cpu, effective_target(cpu))
+    except FarmError as exc:
+        return f"no CPU fallback: the CPU build needs the same toolchain ({exc.message})"
+    return ""
+
+
+def fallback_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource, gpu_run_id: int) -> CellResult:
     """The model on the device's CPU (``NAME@cpu``) after its GPU failed run ``gpu_run_id``: compiled (one compile
     at a time: sweep workers call this too), cooled down like any next cell, measured, stored as that run's fallback."""
     cpu = fallback_device(device)
-    if progress:
-        progress(device.name, model.name, "fallback", f"GPU run {gpu_run_id} failed: measuring on the CPU")
-    try:
-        with COMPILE_LOCK:
-            artifact: Artifact | None = compile_cell(cpu, model, store, cache_dir, tuned)
-    except FarmError as exc:
-        artifact, result = None, compile_failure(cpu, model, config, exc)
+    if ctx.progress:
+        ctx.progress(device.name, model.name, "fallback", f"GPU run {gpu_run_id} failed: measuring on the CPU")
+    artifact = compile_or_error(ctx, store, cpu, model)
+    if isinstance(artifact, FarmError):
+        result = compile_failure(cpu, model, ctx.config, artifact)
+        stored_artifact = None
     else:
-        waited = cool_down(cpu, False, _say(progress, cpu, model))
-        result = with_health(measure_cell(tracker, cpu, model, artifact, config, reference_file, progress), waited, cpu)
+        waited = cool_down(cpu, False, ctx.say(cpu, model))
+        result = with_health(measure_cell(ctx.tracker, cpu, model, artifact, ctx.config, ctx.reference_file,
+                                          ctx.progress), waited, cpu)
+        stored_artifact = artifact
     result = dataclasses.replace(result, fallback_of=gpu_run_id)
-    return CellResult(store.record_result(result, cpu, model, artifact, sweep_id), result, artifact)
+    return CellResult(store.record_result(result, cpu, model, stored_artifact, ctx.sweep_id), result, stored_artifact)
 
 
 def cell_eta(count: int, total: int, elapsed_s: float) -> str:
@@ -237,11 +308,33 @@ def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, s
     return [cell for cell in spec.cells() if not spec.cell_done(done.get(cell, []))]
 
 
+def offline_keys(tracker: TrackerAddress, keys: set[str]) -> set[str]:
+    """Which of ``keys`` have no server registered with the tracker now (busy ones are registered). One summary;
+    a tracker that does not answer one says nothing here: each cell then fails at its session, as it would."""
+    try:
+        summary = query_summary(tracker)
+    except TrackerError as exc:
+        log.warning("%s; every device's cells will ask for a session", exc.message)
+        return set()
+    return {key for key in keys if key not in summary.keys or summary.keys[key].servers == 0}
+
+
+def offline_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> CellResult:
+    """A cell of a device with no server on the tracker: stored failed at step "offline" at once, as attempt 0
+    (``OFFLINE_ATTEMPT``: it spends none of the cell's retries, and ``farm sweep --resume`` measures it)."""
+    result = _unmeasured(device, model, ctx.config, "offline",
+                         f"no server with key {device.key!r} is registered with the tracker at {ctx.tracker}",
+                         f"bring it up (farm serve --device {device.name}), then farm sweep --resume {ctx.sweep_id}",
+                         "not reached: device offline")
+    return CellResult(store.record_result(result, device, model, None, ctx.sweep_id, OFFLINE_ATTEMPT), result, None)
+
+
 def run_sweep(
     tracker: TrackerAddress, devices: dict[str, Device], spec: SweepSpec, db_path: str | Path, cache_dir: Path,
     progress: Progress | None = None, sweep_id: int | None = None,
 ) -> SweepOutcome:
-    """Run (or, with ``sweep_id``, resume) a sweep: one worker per device, compile pipelined with measurement."""
+    """Run (or, with ``sweep_id``, resume) a sweep: one worker per device, compile pipelined with measurement.
+    A device with no server on the tracker when the sweep starts has its cells stored "offline" at once."""
     start = time.monotonic()
     unknown = [d for d in spec.devices if d not in devices]
     if unknown:
@@ -255,15 +348,21 @@ def run_sweep(
             done: dict = {}
         else:
             done = store.sweep_attempts(sweep_id)
+        ctx = CellContext(tracker, cache_dir, spec.config, spec.tuned, retries=spec.retries, sweep_id=sweep_id,
+                          progress=progress)
         todo = missing_cells(spec, spec.by_cell(done))
         outcome = SweepOutcome(sweep_id, "running",
                                skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
+        offline = offline_keys(tracker, {devices[d].key for d, _ in todo})
+        for device_name, model_name in [cell for cell in todo if devices[cell[0]].key in offline]:
+            if progress:
+                progress(device_name, model_name, "offline", f"no server for key {devices[device_name].key!r}")
+            outcome.cells.append(offline_cell(ctx, store, devices[device_name], models[model_name]))
+        todo = [cell for cell in todo if devices[cell[0]].key not in offline]
         queues: dict[str, queue.Queue] = {name: queue.Queue() for name in spec.devices}
-        lock = threading.Lock()
-        totals = {name: sum(1 for d, _ in todo if d == name) for name in spec.devices}
         workers = [threading.Thread(target=_device_worker, name=f"sweep-{name}", daemon=True,
-                                    args=(tracker, devices[name], queues[name], spec, db_path, sweep_id, done,
-                                          outcome, lock, progress, totals[name], cache_dir))
+                                    args=(ctx, devices[name], queues[name], SweepWorker(spec, db_path, done, outcome,
+                                                                                        sum(d == name for d, _ in todo))))
                    for name in spec.devices]
         for worker in workers:
             worker.start()
@@ -271,14 +370,7 @@ def run_sweep(
             # compile in sweep order; each device's queue gets its cells as soon as they are built
             for device_name, model_name in todo:
                 device, model = devices[device_name], models[model_name]
-                if progress:
-                    progress(device_name, model_name, "compile", "")
-                try:
-                    with COMPILE_LOCK:
-                        artifact: Artifact | FarmError = compile_cell(device, model, store, cache_dir, spec.tuned)
-                except FarmError as exc:
-                    artifact = exc
-                queues[device_name].put((model, artifact))
+                queues[device_name].put((model, compile_or_error(ctx, store, device, model)))
         finally:
             for q in queues.values():
                 q.put(None)
@@ -294,62 +386,48 @@ def run_sweep(
     return outcome
 
 
-def _device_worker(tracker, device: Device, cells: queue.Queue, *args) -> None:
+@dataclass
+class SweepWorker:
+    """What one device's worker shares with its sweep: the spec, the database, the attempts stored before (resume),
+    the outcome its cells are added to (under ``lock``), and its cell count for the ETA."""
+
+    spec: SweepSpec
+    db_path: str | Path
+    done: dict
+    outcome: SweepOutcome
+    total: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, cell: CellResult) -> None:
+        with self.lock:
+            self.outcome.cells.append(cell)
+
+
+def _device_worker(ctx: CellContext, device: Device, cells: queue.Queue, worker: SweepWorker) -> None:
     """A sweep's thread for one device (``_measure_cells``); if it ends early, what it did not store is left for
     ``farm sweep --resume`` and the sweep is recorded "incomplete", not "done"."""
     try:
-        _measure_cells(tracker, device, cells, *args)
+        _measure_cells(ctx, device, cells, worker)
     except Exception as exc:
         log.exception("the sweep's worker for %s stopped: %s; its remaining cells are left for --resume",
                       device.name, first_line(exc))
 
 
-def _measure_cells(tracker, device: Device, cells: queue.Queue, spec: SweepSpec, db_path: str | Path, sweep_id: int,
-                   done: dict, outcome: SweepOutcome, lock: threading.Lock, progress: Progress | None,
-                   total: int, cache_dir: Path) -> None:
-    """Measure one device's cells in order: cooldown, measure, retry a dropped session once, store."""
-    with Store(db_path) as store:
+def _measure_cells(ctx: CellContext, device: Device, cells: queue.Queue, worker: SweepWorker) -> None:
+    """Run one device's cells in order through ``run_cell``; then, on a GPU, its copy curve."""
+    with Store(worker.db_path) as store:
         first = True
         started, count = time.monotonic(), 0
         while (item := cells.get()) is not None:
             model, artifact = item
             count += 1
-            if progress:
-                progress(device.name, model.name, "cell", cell_eta(count, total, time.monotonic() - started))
-            previous = len(done.get((device.name, model.name), []))
-            for attempt in range(previous + 1, spec.retries + 2):
-                stored_artifact = None if isinstance(artifact, FarmError) else artifact
-                try:
-                    waited = cool_down(device, first, _say(progress, device, model))
-                    first = False
-                    if isinstance(artifact, FarmError):
-                        result = compile_failure(device, model, spec.config, artifact)
-                    else:
-                        result = with_health(measure_cell(tracker, device, model, artifact, spec.config,
-                                                          progress=progress), waited, device)
-                except Exception as exc:  # never a lost cell: stored as failed, the device's next cells go on
-                    log.exception("%s × %s: unexpected error while measuring", device.name, model.name)
-                    result = crashed_cell(device, model, spec.config, exc)
-                try:
-                    run_id = store.record_result(result, device, model, stored_artifact, sweep_id, attempt)
-                except StoreError as exc:  # never lose the sweep over one write; the cell stays missing
-                    log.error("%s", exc.message)
-                    break
-                with lock:
-                    outcome.cells.append(CellResult(run_id, result, stored_artifact))
-                retry = result.status != "ok" and result.failed_step in RETRYABLE_STEPS
-                if not retry or attempt > spec.retries:
-                    if needs_fallback(device, result):
-                        try:
-                            cell = fallback_cell(tracker, device, model, store, cache_dir, spec.config, run_id,
-                                                 progress=progress, tuned=spec.tuned, sweep_id=sweep_id)
-                        except StoreError as exc:
-                            log.error("%s", exc.message)
-                        else:
-                            with lock:
-                                outcome.cells.append(cell)
-                    break
-                if progress:
-                    progress(device.name, model.name, "retry", result.reason)
+            if ctx.progress:
+                ctx.progress(device.name, model.name, "cell", cell_eta(count, worker.total, time.monotonic() - started))
+            previous = worker.spec.attempts_spent(worker.done.get((device.name, model.name), []))
+            try:
+                run_cell(ctx, store, device, model, artifact, first, previous + 1, stored=worker.add)
+            except StoreError as exc:  # never lose the sweep over one write; the cell stays missing
+                log.error("%s", exc.message)
+            first = first and isinstance(artifact, FarmError)
         if is_gpu(device):
-            record_copy_curve(tracker, device, spec.config, store, sweep_id, progress)
+            record_copy_curve(ctx.tracker, device, ctx.config, store, ctx.sweep_id, ctx.progress)

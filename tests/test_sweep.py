@@ -80,14 +80,69 @@ def test_missing_cells_skips_ok_and_exhausted_cells():
 
 def test_sweep_keeps_going_when_one_device_is_missing(farm_net, inventory_file, farm_env):
     proc = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--device", "ghost",
-                    "--model", "mlp", "--model", "convnet", "--repeat", "3", "--min-repeat-ms", "5", "--timeout", "1",
+                    "--model", "mlp", "--model", "convnet", "--repeat", "3", "--min-repeat-ms", "5", "--timeout", "30",
                     "--no-report", "--json", env=farm_env)
     assert proc.returncode == 0, proc.stderr
-    cells = {(c["device"], c["model"]): c for c in json.loads(proc.stdout)["cells"]}
+    out = json.loads(proc.stdout)
+    cells = {(c["device"], c["model"]): c for c in out["cells"]}
     assert {k for k, c in cells.items() if c["status"] == "ok"} == {("cpu-a", "mlp"), ("cpu-a", "convnet")}
-    assert all(c["failed_step"] == "session" for (d, _), c in cells.items() if d == "ghost")
+    # ghost has no server on the tracker: each of its cells is stored offline at once (no 30 s wait), spending no retry
+    assert [c["failed_step"] for (d, _), c in sorted(cells.items()) if d == "ghost"] == ["offline", "offline"]
+    assert "no server with key 'test-nobody-serves-this'" in cells[("ghost", "mlp")]["reason"]
     attempts = json.loads(run_farm("results", "--device", "ghost", "--json", env=farm_env).stdout)
-    assert sorted(r["attempt"] for r in attempts) == [1, 1, 2, 2]  # the dropped session was retried once per cell
+    assert sorted(r["attempt"] for r in attempts) == [0, 0]
+    with Store(farm_env["FARM_DB"]) as store:
+        spec = SweepSpec.from_json(store.sweep(out["sweep_id"])["spec"])
+        assert missing_cells(spec, spec.by_cell(store.sweep_attempts(out["sweep_id"]))) == [
+            ("ghost", "mlp"), ("ghost", "convnet")]  # --resume measures them
+
+
+def test_a_busy_device_keeps_the_bounded_wait_and_its_retry(farm_net, tmp_path):
+    from farm.rpc.session import request_session
+    from farm.sweep import run_sweep
+
+    inv = parse_inventory(farm_net.inventory_text())
+    held = request_session(inv.tracker, "test-b", timeout_s=30, session_timeout_s=120)  # cpu-b is registered, busy
+    try:
+        spec = SweepSpec(("cpu-b",), ("mlp",), None, BenchConfig(repeat=3, min_repeat_ms=5, timeout_s=1))
+        outcome = run_sweep(inv.tracker, inv.devices, spec, tmp_path / "r.db", tmp_path / "cache")
+    finally:
+        del held
+    rows = run_rows(Store(tmp_path / "r.db"))
+    assert outcome.status == "done"
+    assert sorted((r.attempt, r.failed_step) for r in rows) == [(1, "session"), (2, "session")]  # waited, retried once
+    assert rows[0].reason == "no free device for key 'test-b' after 1 s"
+
+
+def test_a_failed_compile_is_stored_at_once_and_alike_by_bench_and_sweep(farm_net, tmp_path, monkeypatch):
+    """One cell pipeline: the same failing compile through farm bench's path and a sweep's worker gives the same
+    stored row, and neither waits on the cooldown or the health gates (nothing ran on the device)."""
+    import farm.sweep as sweep_module
+
+    gates = []
+    real_cool_down = sweep_module.cool_down
+    monkeypatch.setattr(sweep_module, "cool_down", lambda *a, **k: gates.append(a[0].name) or real_cool_down(*a, **k))
+    inv = parse_inventory(farm_net.inventory_text('''
+[devices.broken]
+kind = "remote"
+key = "test-a"
+target = { kind = "llvm" }
+cc = "/nonexistent/g++"
+cooldown_s = 600
+max_temp_c = 1
+max_cooldown_s = 600
+'''))
+    model = load_model("mlp")
+    with Store(tmp_path / "r.db") as store:
+        cell = bench_cell(inv.tracker, inv.devices["broken"], model, store, tmp_path / "cache", FAST, first=False)
+    outcome = sweep_module.run_sweep(inv.tracker, inv.devices, SweepSpec(("broken",), ("mlp",), None, FAST),
+                                     tmp_path / "r.db", tmp_path / "cache")
+    benched, swept = sorted(run_rows(Store(tmp_path / "r.db")), key=lambda r: r.run_id)
+    assert cell.result.failed_step == "compile" and "/nonexistent/g++" in cell.result.hint
+    assert outcome.status == "done" and swept.sweep_id == outcome.sweep_id and benched.sweep_id is None
+    assert (benched.status, benched.failed_step, benched.reason) == (swept.status, swept.failed_step, swept.reason)
+    assert (swept.status, swept.failed_step, swept.attempt) == ("failed", "compile", 1)
+    assert gates == []  # no cooldown, no gate: a compile failure touches no device
 
 
 def _sweep_cells(db_path, sweep_id):
@@ -209,3 +264,23 @@ def test_a_worker_that_dies_leaves_the_sweep_incomplete_and_resumable(farm_net, 
     assert resumed.status == "done" and resumed.skipped == 1
     with Store(tmp_path / "r.db") as store:
         assert sorted((r.device, r.status) for r in run_rows(store)) == [("cpu-a", "ok"), ("cpu-b", "ok")]
+
+
+def test_resume_only_what_never_finished_and_say_so_in_plain_words(inventory_file, farm_env):
+    args = ("--devices", str(inventory_file), "sweep", "--resume")
+    with Store(farm_env["FARM_DB"]):
+        pass  # a results database with no sweep in it (what farm demo or farm bench leave)
+    proc = run_farm(*args, env=farm_env)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0] == f"error: there is no sweep to resume in {farm_env['FARM_DB']}: " \
+                                          "no farm sweep has run with this database"
+    assert proc.stderr.splitlines()[1].startswith("hint: start one with farm sweep")
+    quiet = run_farm(*args, "--if-incomplete", env=farm_env)
+    assert quiet.returncode == 0 and "no sweep to resume" in quiet.stderr
+    with Store(farm_env["FARM_DB"]) as store:
+        done = store.start_sweep(SweepSpec(("cpu-a",), ("mlp",), None, FAST).to_json())
+        store.finish_sweep(done, "done")
+    finished = run_farm(*args, "--if-incomplete", env=farm_env)
+    assert finished.returncode == 0 and f"sweep {done} is done: nothing to resume" in finished.stderr
+    alone = run_farm("--devices", str(inventory_file), "sweep", "--if-incomplete", env=farm_env)
+    assert alone.returncode == 1 and "error: --if-incomplete goes with --resume" in alone.stderr

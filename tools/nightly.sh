@@ -37,11 +37,9 @@ models=${FARM_NIGHTLY_MODELS:-"mlp convnet mobile-block"}
 model_args=()
 for m in $models; do model_args+=(--model "$m"); done
 
-# A sweep killed mid-way (reboot, OOM) is finished first, then tonight's runs.
-if "$farm" results --json 2>/dev/null | grep -q '"sweep_id"'; then
-  "$farm" sweep --resume --no-report >>"$log" 2>&1 || true
-fi
 "$farm" tracker start >>"$log" 2>&1
-"$farm" serve >>"$log" 2>&1 || echo "some devices did not come up; the sweep records them as failed" >>"$log"
+"$farm" serve >>"$log" 2>&1 || echo "some devices did not come up; the sweep stores their cells as offline" >>"$log"
+# A sweep killed mid-way (reboot, OOM) is finished first, then tonight's runs.
+"$farm" sweep --resume --if-incomplete --no-report >>"$log" 2>&1 || true
 "$farm" sweep "${model_args[@]}" --confirm --json >".farm/nightly-$(date +%Y%m%d).json" 2>>"$log"
 echo "nightly done: $(grep -o '"report": "[^"]*"' ".farm/nightly-$(date +%Y%m%d).json")" >>"$log"

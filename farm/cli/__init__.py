@@ -174,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
             "  farm sweep                                   # every device × the built-in models\n"
             "  farm sweep --device x86-local --model convnet --model my.onnx\n"
             "  farm sweep --file nightly.toml               # devices = [...], models = [...], [bench] repeat = 30\n"
-            "  farm sweep --resume                          # the latest sweep (or --resume ID)")
+            "  farm sweep --resume                          # the latest sweep (or --resume ID)\n"
+            "  farm sweep --resume --if-incomplete          # only if it never finished (cron: after a reboot)\n\n"
+            "A device with no server on the tracker when the sweep starts has its cells stored 'offline' at\n"
+            "once (no wait, no retry spent); farm sweep --resume ID measures them once it is up.")
     p.add_argument("--device", action="append", help="a device (repeatable; default: every inventory device)")
     p.add_argument("--model", action="append", help="a model (repeatable; default: the built-in zoo)")
     p.add_argument("--file", help="sweep file (TOML: devices, models, variants, reference, [bench], [shapes.MODEL])")
@@ -184,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a variant axis (repeatable; default fp32); int8 is calibrated with min-max")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
     p.add_argument("--resume", nargs="?", const="latest", type=sweep_or_latest, help="finish a crashed sweep (default: the latest)")
+    p.add_argument("--if-incomplete", action="store_true",
+                   help="with --resume: do nothing (exit 0) unless that sweep never finished or is incomplete")
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--confirm", action="store_true", help="confirm regression candidates by interleaved reruns")

@@ -15,19 +15,37 @@ from farm.stats import median
 from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config, require_db
 
 
+UNFINISHED = ("running", "incomplete")  # a sweep's status when it was killed, or a worker ended early
+
+
 def cmd_sweep(args) -> int:
     from farm.models import BUILTINS
-    from farm.store import Store
+    from farm.store import Store, exists
     from farm.sweep import SweepSpec, run_sweep
 
     inventory = load_inventory_of(args)
     sweep_id = None
+    if args.if_incomplete and args.resume is None:
+        raise FarmError("--if-incomplete goes with --resume", "farm sweep --resume --if-incomplete")
     if args.resume is not None:
+        if args.if_incomplete and not exists(args.db):
+            print(f"no sweep to resume: {args.db} does not exist yet", file=sys.stderr)
+            return 0
         require_db(args.db)
         with Store(args.db) as store:
             sweep = store.sweep(None if args.resume == "latest" else args.resume)
+        if sweep is None and args.if_incomplete:
+            print(f"no sweep to resume in {args.db}", file=sys.stderr)
+            return 0
+        if sweep is None and args.resume == "latest":
+            raise FarmError(f"there is no sweep to resume in {args.db}: no farm sweep has run with this database",
+                            "start one with farm sweep (runs of farm bench and farm demo are not sweeps)")
         if sweep is None:
-            raise FarmError(f"no sweep {args.resume} in {args.db}", "see farm results --json for sweep ids")
+            raise FarmError(f"there is no sweep {args.resume} in {args.db}",
+                            "farm results --json shows the sweep_id of each stored run; farm sweep --resume takes the latest")
+        if args.if_incomplete and sweep["status"] not in UNFINISHED:
+            print(f"sweep {sweep['id']} is {sweep['status']}: nothing to resume", file=sys.stderr)
+            return 0
         spec, sweep_id = SweepSpec.from_json(sweep["spec"]), sweep["id"]
     else:
         file_spec = _sweep_file(args.file) if args.file else {}
