@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,10 +22,10 @@ import tvm
 from tvm import relax
 from tvm.target import codegen
 
-from farm.devices import kind_of
+from farm.devices import kind_of, kinds
 from farm.errors import BuildError, first_line
 from farm.models import onnx_proto
-from farm.records import Artifact, Device, HostCPU, ModelSource, TuningSet
+from farm.records import Artifact, Device, HostCPU, ModelSource, TuningSet, target_kind
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,8 @@ def host_cpu() -> str | None:
     return cpu if cpu and codegen.llvm_is_valid_cpu(cpu, triple) else None
 
 
-def _resolve_tag(target: dict[str, Any]) -> dict[str, Any]:
+def _tag_export(target: dict[str, Any]) -> dict[str, Any]:
+    """What TVM's tag ``target["tag"]`` stands for, as TVM exports it."""
     tag = target["tag"]
     tags = tvm.target.list_tags()
     if tag not in tags:
@@ -62,7 +62,21 @@ def _resolve_tag(target: dict[str, Any]) -> dict[str, Any]:
     if set(target) - {"tag"}:
         raise BuildError(f"target tag {tag!r} takes no other fields ({', '.join(sorted(set(target) - {'tag'}))})",
                          "write the full target table instead, or set host = { ... } on the device")
-    exported = json.loads(str(tags[tag]))
+    return json.loads(str(tags[tag]))
+
+
+def _resolve_host_tag(host: dict[str, Any]) -> dict[str, Any]:
+    """A host given by tag (``host = { tag = "arm/rasp4b" }``) as the table it stands for (kind, triple, CPU,
+    features), so the toolchain follows its triple."""
+    exported = _tag_export(host)
+    if host["tag"] in ANDROID_CPU_TAGS:
+        return {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": exported.get("mattr", ["+neon"])}
+    return {k: exported[k] for k in ("kind", "mtriple", "mcpu", "mattr") if k in exported}
+
+
+def _resolve_tag(target: dict[str, Any]) -> dict[str, Any]:
+    tag = target["tag"]
+    exported = _tag_export(target)
     if tag in ANDROID_CPU_TAGS:
         return {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": exported.get("mattr", ["+neon"])}
     resolved = {"tag": tag, "kind": exported["kind"]}
@@ -78,6 +92,8 @@ def effective_target(device: Device) -> dict[str, Any]:
     """The target farm compiles for: tags resolved, then the device kind's rules (host CPU for devices on
     this host, hosts of GPU targets, the device's own ``host``)."""
     target = _resolve_tag(device.target) if "tag" in device.target else dict(device.target)
+    if device.host is not None and "tag" in device.host:
+        device = dataclasses.replace(device, host=_resolve_host_tag(device.host))
     return kind_of(device).effective_target(device, target, HostCPU(host_cpu(), os.cpu_count() or 1))
 
 
@@ -105,12 +121,15 @@ def make_target(target: dict[str, Any]) -> tvm.target.Target:
 
 
 def _triple(target: dict[str, Any]) -> str | None:
-    host = target.get("host") or (target if target["kind"] == "llvm" else {})
+    host = target.get("host") or (target if target_kind(target) == "llvm" else {})
     return host.get("mtriple")
 
 
 def toolchain_for(device: Device, target: dict[str, Any]) -> str:
-    """The compiler that links the exported library: '' = TVM's default host cc, or none needed (tar)."""
+    """The compiler that links the exported library: '' = TVM's default host cc, or none needed (tar).
+
+    The device's ``cc``, else TVM's cc on x86, else the toolchain of the platform a kind owns
+    (``DeviceKind.export_toolchain``: Android's NDK, Xcode), else a cross g++ by triple."""
     if device.export != "so":
         return ""  # tar and system-lib exports are object files: linked later, into the app or on the device
     if "cc" in device.options:
@@ -118,22 +137,10 @@ def toolchain_for(device: Device, target: dict[str, Any]) -> str:
     triple = _triple(target)
     if triple is None or triple.startswith("x86_64"):
         return ""
-    if "apple" in triple or "darwin" in triple or "ios" in triple:
-        if sys.platform != "darwin":
-            raise BuildError(
-                f"device {device.name!r}: a dynamic library for {triple} needs macOS with Xcode",
-                'iOS cannot load dynamic libraries anyway: use export = "system-lib" (objects to link into the app)',
-            )
-        return "xcode"
-    if "android" in triple:
-        ndk = os.environ.get("TVM_NDK_CC")
-        if not ndk:
-            raise BuildError(
-                f"device {device.name!r} targets {triple} and no Android NDK compiler is configured",
-                "install the Android NDK and set TVM_NDK_CC to its clang++ (e.g. aarch64-linux-android28-clang++), "
-                "or set cc in devices.toml",
-            )
-        return ndk
+    own = kind_of(device)
+    for kind in (own, *(k for k in kinds().values() if k is not own)):  # a platform's toolchain is its kind's
+        if (toolchain := kind.export_toolchain(device, triple)) is not None:
+            return toolchain
     for prefix, cc in CROSS_CC.items():
         if triple.startswith(prefix.split("-")[0]) and "linux" in triple:
             if shutil.which(cc) is None:

@@ -14,9 +14,9 @@ from typing import Any
 
 from farm.devices import kinds
 from farm.errors import InventoryError
-from farm.records import CPU_TARGETS, EXPORT_FORMATS, Device, Inventory, TrackerAddress
+from farm.records import (CPU_TARGETS, EXPORT_FORMATS, TAG_KINDS, TARGET_KINDS, Device, Inventory, TrackerAddress,
+                           tag_kind, target_kind)
 
-TARGET_KINDS = ("llvm", "c", "cuda", "opencl", "metal", "vulkan", "rocm", "webgpu")
 DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
 
 COMMON_FIELDS = {
@@ -155,8 +155,8 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         raise fail("key", f"{key!r} is not a valid tracker key", "use letters, digits, '-', '_' or '.'")
     target = _parse_target(raw.get("target"), fail, "target")
     host = _parse_target(raw["host"], fail, "host") if "host" in raw else None
-    if host is not None and host.get("kind") not in ("llvm", "c"):
-        raise fail("host", f"kind {host['kind']!r} cannot be a host", 'use host = { kind = "llvm", mtriple = "..." }')
+    if host is not None and target_kind(host) not in CPU_TARGETS:
+        raise fail("host", f"kind {target_kind(host)!r} cannot be a host", 'use host = { kind = "llvm", mtriple = "..." }')
     export = raw.get("export", "so")
     if export not in EXPORT_FORMATS:
         raise fail("export", f"{export!r} is unknown", f"write export = one of {', '.join(EXPORT_FORMATS)}")
@@ -180,7 +180,7 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         if raw["fallback"] not in FALLBACKS:
             raise fail("fallback", f"{raw['fallback']!r} is unknown",
                        'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
-        if target.get("kind") in CPU_TARGETS:
+        if target_kind(target) in CPU_TARGETS:
             raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
     options = {k: raw[k] for k in raw if k in plugin.fields or k in ("cc", "runner_timeout_s", "fallback", *GATE_FIELDS)}
     return Device(
@@ -203,10 +203,14 @@ def _parse_target(raw: Any, fail, field: str) -> dict[str, Any]:
     if "tag" in raw and "kind" not in raw:
         if not isinstance(raw["tag"], str) or "/" not in raw["tag"]:
             raise fail(f"{field}.tag", f"{raw['tag']!r} is not a TVM target tag", 'write e.g. target = { tag = "nvidia/jetson-orin-nano" }')
+        if tag_kind(raw["tag"]) is None:
+            families = ", ".join(family + "*" for family in TAG_KINDS)
+            raise fail(f"{field}.tag", f"{raw['tag']!r} is not a tag of a target kind farm measures",
+                       f"farm reads TVM's tags of {families}; or write {field} as a table: {field} = {{ kind = \"llvm\", ... }}")
         return dict(raw)
-    target_kind = raw.get("kind")
-    if target_kind not in TARGET_KINDS:
-        raise fail(f"{field}.kind", f"{target_kind!r} is not a TVM target kind", f"use one of {', '.join(TARGET_KINDS)}")
+    given = raw.get("kind")
+    if given not in TARGET_KINDS:
+        raise fail(f"{field}.kind", f"{given!r} is not a TVM target kind", f"use one of {', '.join(TARGET_KINDS)}")
     for option, value in raw.items():
         if not _is_target_value(value):
             raise fail(f"{field}.{option}", "must be a string, number, boolean or list of them", "check the value")

@@ -36,13 +36,13 @@ from farm.devices import kind_of
 from farm.errors import FarmError, first_line
 from farm.records import (Artifact, BenchConfig, BenchResult, CheckResult, CopyCurve, CopyPoint, CopyTiming,
                            Device, TrackerAddress)
+from farm.records import CPU_TARGETS, TARGET_KINDS, target_kind
 from farm.rpc.session import request_session
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str], None]
-DEVICE_TYPE = {"llvm": "cpu", "c": "cpu", "opencl": "opencl", "cuda": "cuda", "metal": "metal",
-               "vulkan": "vulkan", "rocm": "rocm", "webgpu": "webgpu"}
+DEVICE_TYPE = {target: "cpu" if target in CPU_TARGETS else target for target in TARGET_KINDS}  # a GPU kind's type: its name
 # What TVM's time_evaluator measures per device type: OpenCL sums kernel events (no launch overhead, no gaps)
 STEADY_CLOCK = {"cpu": "wall", "opencl": "kernel"}
 # Device types whose TVM timer sees only kernels: copies (blocking: clFinish) are timed with the CPU's clock
@@ -91,7 +91,7 @@ def bench_artifact(
 
         step = "load"
         say(step, remote_name)
-        device_type = DEVICE_TYPE[artifact.target["kind"]]
+        device_type = DEVICE_TYPE[target_kind(artifact.target)]
         helpers = _server_helpers(session)
         context["kernel_cache"] = "cpu code" if device_type == "cpu" else \
             f"cleared ({helpers['farm.ClearKernelCache']()})" if "farm.ClearKernelCache" in helpers else "not controlled"
@@ -117,7 +117,7 @@ def bench_artifact(
 
         step = "steady"
         vm.set_input("main", *args)
-        number = config.number or _calibrate(
+        number = config.number or calibrate_number(
             lambda n, r: vm.time_evaluator("invoke_stateful", dev, number=n, repeat=r)("main").results,
             config.min_repeat_ms)
         say(step, f"{config.repeat} repeats × {number} calls ({fields['steady_clock']} time)")
@@ -126,7 +126,7 @@ def bench_artifact(
         fields["steady_samples_s"] = tuple(float(v) for v in timer("main").results)
         if device_type != "cpu" and "farm.WallTimeEvaluator" in helpers:
             wall = _wall_timer(helpers["farm.WallTimeEvaluator"], vm, dev)
-            number = config.number or _calibrate(wall, config.min_repeat_ms)
+            number = config.number or calibrate_number(wall, config.min_repeat_ms)
             say(step, f"{config.repeat} repeats × {number} calls (wall time: call + sync)")
             fields["steady_wall_number"] = number
             fields["steady_wall_samples_s"] = tuple(float(v) for v in wall(number, config.repeat))
@@ -136,7 +136,7 @@ def bench_artifact(
         fields["copies"] = tuple(_time_copy(session, i, out, config) for i, out in enumerate(outputs))
 
         step = "check"
-        fields["check"] = _check(outputs, reference, config, reference_name)
+        fields["check"] = check_outputs(outputs, reference, config, reference_name)
         say(step, fields["check"].status)
         if fields["check"].status == "failed":
             raise StepFailed("check", f"outputs differ from {reference_name}: {fields['check'].detail}",
@@ -214,7 +214,7 @@ def _unpack(session, result) -> list:
     return [get_item(result, i) for i in range(size)]
 
 
-def _calibrate(run: Callable[[int, int], tuple[float, ...]], min_repeat_ms: float) -> int:
+def calibrate_number(run: Callable[[int, int], tuple[float, ...]], min_repeat_ms: float) -> int:
     """Choose ``number`` so one repeat lasts at least ``min_repeat_ms`` (TVM's own growth is not reported)."""
     if min_repeat_ms <= 0:
         return 1
@@ -231,7 +231,7 @@ def _time_copy(session, index: int, output, config: BenchConfig) -> CopyTiming:
     dtype = str(output.dtype)
     host = tvm.runtime.empty(shape, dtype, session.cpu(0))
     run = _copy_timer(session, output, host, output.device)
-    number = _calibrate(run, max(config.min_repeat_ms / 5, 1.0))
+    number = calibrate_number(run, max(config.min_repeat_ms / 5, 1.0))
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     return CopyTiming(index, nbytes, shape, dtype, number, tuple(float(v) for v in run(number, config.copy_repeat)))
 
@@ -284,7 +284,7 @@ def measure_copy_curve(
             on_host = tvm.runtime.empty((nbytes,), "uint8", host)
             for direction, source, dest in (("d2h", on_device, on_host), ("h2d", on_host, on_device)):
                 run = _copy_timer(session, source, dest, dev)
-                number = config.number or _calibrate(run, max(config.min_repeat_ms / 5, 1.0))
+                number = config.number or calibrate_number(run, max(config.min_repeat_ms / 5, 1.0))
                 points.append(CopyPoint(direction, nbytes, number, tuple(float(v) for v in run(number, config.copy_repeat))))
             del on_device, on_host
     except FarmError as exc:
@@ -317,7 +317,7 @@ def failure_reason(exc: BaseException) -> str:
     return " | ".join([head, *driver]) if driver else head
 
 
-def _check(outputs: list, reference: list[np.ndarray] | None, config: BenchConfig, reference_name: str) -> CheckResult:
+def check_outputs(outputs: list, reference: list[np.ndarray] | None, config: BenchConfig, reference_name: str) -> CheckResult:
     if reference is None:
         return CheckResult("skipped", reference=reference_name, detail="no reference outputs")
     if len(reference) != len(outputs):
@@ -326,7 +326,7 @@ def _check(outputs: list, reference: list[np.ndarray] | None, config: BenchConfi
     worst = 0.0
     bad = []
     for i, (out, ref) in enumerate(zip(outputs, reference)):
-        got = out.numpy()
+        got = out.numpy() if hasattr(out, "numpy") else np.asarray(out)  # TVM tensors, or a runtime's arrays
         if got.shape != ref.shape:
             return CheckResult("failed", reference=reference_name, rtol=config.rtol, atol=config.atol,
                                detail=f"output {i} has shape {got.shape}, reference {ref.shape}")
@@ -415,13 +415,13 @@ def _interleaved_round(tracker: TrackerAddress, device: Device, artifacts: tuple
         timers = []
         for name, artifact in zip(names, artifacts):
             session.upload(artifact.path, name)
-            dev = session.device(DEVICE_TYPE[artifact.target["kind"]], 0)
+            dev = session.device(DEVICE_TYPE[target_kind(artifact.target)], 0)
             vm = relax.VirtualMachine(session.load_module(name), dev)
             vm.set_input("main", *[tvm.runtime.tensor(value, dev) for value in inputs.values()])
             timers.append((vm, dev))
         if number is None:  # calibrated once, on the new artifact: every round runs the same number of calls
             new_vm, new_dev = timers[1]
-            number = _calibrate(
+            number = calibrate_number(
                 lambda k, r: new_vm.time_evaluator("invoke_stateful", new_dev, number=k, repeat=r)("main").results,
                 config.min_repeat_ms)
         evaluators = [vm.time_evaluator("invoke_stateful", dev, number=number, repeat=1) for vm, dev in timers]

@@ -326,6 +326,8 @@ class BenchResult:
     steady_wall_number: int | None = None
     steady_wall_samples_s: tuple[float, ...] = ()  # GPUs: per-call wall time on the device, call + sync
     fallback_of: int | None = None  # the failed GPU run this CPU run stands in for
+    runtime: str = "tvm"  # tvm, or the reference runtime timed beside it: onnxruntime | litert | torch (no artifact)
+    runtime_version: str = ""  # the reference runtime's version (TVM's is in the context)
     copies: tuple[CopyTiming, ...] = ()
     check: CheckResult = CheckResult("skipped", detail="not reached")
     config: BenchConfig = BenchConfig()

@@ -37,7 +37,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.compile import effective_target, make_target, toolchain_for, tuning_key, tuning_module
 from farm.errors import BuildError, DeviceUnavailable, FarmError, ModelError, TrackerError, first_line
-from farm.records import Device, ModelSource, TrackerAddress, TuningSet
+from farm.records import Device, ModelSource, TrackerAddress, TuningSet, target_kind
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.store import Store
@@ -170,7 +170,7 @@ def tune_model(
     if status is None or status.servers == 0:
         raise DeviceUnavailable(f"no server is registered under key {device.key!r} at {tracker}",
                                 "bring the device up first: farm serve, then farm devices")
-    if "num-cores" not in target and (target.get("host") or target)["kind"] == "llvm" and target["kind"] == "llvm":
+    if "num-cores" not in target and target_kind(target.get("host") or target) == "llvm" and target_kind(target) == "llvm":
         raise FarmError(f"device {device.name!r}: MetaSchedule needs the target's core count",
                         f"add num-cores = N to the target of {device.name!r} in devices.toml")
     tvm_target = make_target(target)

@@ -1,6 +1,9 @@
+import shutil
+from pathlib import Path
+
 import pytest
 
-from farm.errors import InventoryError
+from farm.errors import BuildError, InventoryError
 from farm.inventory import find_device, load_inventory, parse_inventory
 
 GOOD = """
@@ -34,8 +37,6 @@ def test_parse_inventory_reads_issue_example():
 
 
 def test_repo_devices_toml_is_valid():
-    from pathlib import Path
-
     inv = load_inventory(Path(__file__).parent.parent / "devices.toml")
     assert "x86-local" in inv.devices
 
@@ -123,3 +124,103 @@ def test_store_table_names_the_shared_database():
     with pytest.raises(InventoryError, match=r"\[store\] takes one field") as err:
         parse_inventory('[store]\nurl = "x"\n')
     assert "FARM_DB override" in err.value.hint
+
+
+# -- targets given by TVM tag: one reader of a target's kind (records.target_kind) ---------------------------
+
+REPO_DEVICES = Path(__file__).parent.parent / "devices.toml"
+TAGGED = '[devices.t]\nkind = "linux"\nkey = "t"\ntarget = {{ tag = "{tag}" }}\n{extra}'
+
+
+def test_repo_devices_toml_loads_and_each_tag_target_resolves_to_its_kind():
+    from farm.records import describe_target, target_kind
+
+    inv = load_inventory(REPO_DEVICES)
+    tagged = {name: d.target["tag"] for name, d in inv.devices.items() if "tag" in d.target}
+    assert tagged == {"tx2": "nvidia/jetson-tx2"}
+    assert target_kind(inv.devices["tx2"].target) == "cuda"
+    assert describe_target(inv.devices["tx2"].target) == "cuda (nvidia/jetson-tx2)"
+    assert {name: describe_target(d.target) for name, d in inv.devices.items() if name != "tx2"} == {
+        "x86-local": "llvm", "x86-remote": "llvm", "arm64-qemu": "llvm", "pocl-gpu": "opencl", "mate10": "opencl",
+        "iphone": "metal"}
+
+
+def test_the_tag_table_gives_each_tvm_tag_the_kind_tvm_gives_it():
+    """records.TAG_KINDS (no TVM) against TVM 0.27's own tags: every tag farm reads has TVM's kind, and every TVM
+    tag of a kind farm measures is read."""
+    import json
+
+    import tvm
+
+    from farm.records import TARGET_KINDS, tag_kind
+
+    tags = {tag: json.loads(str(exported))["kind"] for tag, exported in tvm.target.list_tags().items()}
+    assert len(tags) > 250
+    assert {tag: tag_kind(tag) for tag in tags if tag_kind(tag) is not None and tag_kind(tag) != tags[tag]} == {}
+    assert sorted(tag for tag, kind in tags.items() if kind in TARGET_KINDS and tag_kind(tag) is None) == []
+    assert {kind for tag, kind in tags.items() if tag_kind(tag) is None} == {"hexagon", "trn"}  # not measured
+
+
+def test_a_target_without_a_kind_farm_knows_is_an_inventory_error():
+    from farm.records import target_kind
+
+    assert target_kind({"tag": "qcom/adreno-vulkan-texture"}) == "vulkan" and target_kind({"kind": "c"}) == "c"
+    with pytest.raises(InventoryError, match="has no kind farm knows") as caught:
+        target_kind({"tag": "qcom/hexagon-v68"})
+    assert "nvidia/*" in caught.value.hint
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(TAGGED.format(tag="qcom/hexagon-v68", extra=""), "lab.toml")
+    assert caught.value.message == "lab.toml:1: device 't': target.tag 'qcom/hexagon-v68' is not a tag of a target kind farm measures"
+    assert "nvidia/*" in caught.value.hint and 'target = { kind = "llvm", ... }' in caught.value.hint
+
+
+def test_the_fallback_check_applies_to_a_tag_target():
+    """inventory.py's fallback rule reads the tag's kind: a CPU tag has nothing to fall back to."""
+    with pytest.raises(InventoryError, match="fallback needs a GPU target"):
+        parse_inventory(TAGGED.format(tag="arm/rasp4b", extra='fallback = "cpu"'))
+    gpu = parse_inventory(TAGGED.format(tag="nvidia/jetson-orin-nano", extra='fallback = "cpu"')).devices["t"]
+    assert gpu.options["fallback"] == "cpu"
+
+
+def test_a_host_given_by_tag_must_be_a_cpu_and_compiles_for_its_triple():
+    """inventory.py's host rule reads the tag's kind (a tag host was a KeyError); compile.py resolves it."""
+    with pytest.raises(InventoryError, match="host kind 'cuda' cannot be a host"):
+        parse_inventory(TAGGED.format(tag="nvidia/jetson-tx2", extra='host = { tag = "nvidia/jetson-nano" }'))
+    text = '[devices.t]\nkind = "linux"\nkey = "t"\ntarget = { kind = "opencl" }\nhost = { tag = "arm/rasp4b" }\n'
+    device = parse_inventory(text).devices["t"]
+    from farm.compile import effective_target, toolchain_for
+
+    target = effective_target(device)
+    assert target["host"] == {"kind": "llvm", "mtriple": "armv8l-linux-gnueabihf", "mcpu": "cortex-a72", "mattr": ["+neon"]}
+    if shutil.which("arm-linux-gnueabihf-g++"):
+        assert toolchain_for(device, target) == "arm-linux-gnueabihf-g++"
+    else:  # the host's triple chose the cross compiler, which this machine lacks
+        with pytest.raises(BuildError, match="cross compiler arm-linux-gnueabihf-g\\+\\+ for armv8l-linux-gnueabihf"):
+            toolchain_for(device, target)
+
+
+def test_the_kinds_read_a_tag_targets_kind():
+    """kind.py (ThisHost), emulated.py and opencl.py read the kind of a target given by tag."""
+    from farm.devices import kinds
+    from farm.records import HostCPU
+
+    host = HostCPU("skylake", 8)
+    board = parse_inventory('[devices.b]\nkind = "qemu"\nkey = "b"\ntarget = { tag = "arm/rasp4b" }').devices["b"]
+    assert kinds()["qemu"].effective_target(board, dict(board.target), host)["num-cores"] == 8
+    local = parse_inventory('[devices.l]\nkind = "local"\nkey = "l"\ntarget = { tag = "aws/cpu/c5.large" }').devices["l"]
+    assert kinds()["local"].effective_target(local, dict(local.target), host)["num-cores"] == 8
+    adreno = parse_inventory('[devices.g]\nkind = "opencl"\nkey = "g"\ntarget = { tag = "qcom/adreno-opencl" }').devices["g"]
+    assert kinds()["opencl"].effective_target(adreno, dict(adreno.target), host)["host"] == {"kind": "llvm", "mcpu": "skylake"}
+    with pytest.raises(InventoryError, match="target kind 'cuda' is not OpenCL"):
+        parse_inventory('[devices.g]\nkind = "opencl"\nkey = "g"\ntarget = { tag = "nvidia/jetson-tx2" }')
+
+
+def test_compile_reads_a_tag_targets_kind_for_its_triple():
+    """compile._triple: a GPU tag's host decides the toolchain (the tx2 of the repo's devices.toml)."""
+    from farm.compile import effective_target, toolchain_for
+
+    tx2 = load_inventory(REPO_DEVICES).devices["tx2"]
+    target = effective_target(tx2)
+    assert (target["tag"], target["kind"], target["host"]["mtriple"]) == ("nvidia/jetson-tx2", "cuda", "aarch64-linux-gnu")
+    if shutil.which("aarch64-linux-gnu-g++"):
+        assert toolchain_for(tx2, target) == "aarch64-linux-gnu-g++"

@@ -9,7 +9,7 @@ from farm.devices import kind_of, kinds
 from farm.devices.kind import DeviceKind, ThisHost
 from farm.errors import InventoryError
 from farm.inventory import COMMON_FIELDS, parse_inventory
-from farm.records import HostCPU
+from farm.records import Device, HostCPU, target_kind
 from tests.conftest import run_farm
 
 KINDS = sorted(kinds())
@@ -42,7 +42,8 @@ def test_each_kind_implements_the_whole_interface(name):
         assert "host" in kind.measurement_context(device)
     assert isinstance(kind.read_health(device), dict)
     target = kind.effective_target(device, dict(device.target), HostCPU("skylake", 8))
-    assert target["kind"] == device.target["kind"]
+    assert target_kind(target) == target_kind(device.target)
+    assert kind.export_toolchain(device, "aarch64-linux-gnu") is None, "no kind owns plain Linux: farm's cross g++"
     offered = kind.demo_entry()
     if offered:
         assert parse_inventory(offered).devices, "what `farm demo` adds must be a valid entry"
@@ -117,3 +118,38 @@ def test_farm_devices_kinds_lists_each_kind_with_its_fields(tmp_path):
     for name, row in listed.items():
         assert set(row["fields"]) == set(kinds()[name].fields)
         assert parse_inventory(row["example"].replace("NAME", "d")).devices["d"].kind == name
+
+
+def test_export_toolchains_are_the_platform_kinds_whatever_kind_serves_the_device(monkeypatch):
+    """compile.toolchain_for asks the kinds (android: the NDK, ios: Xcode) instead of knowing their names; a phone's
+    triple gets the phone's toolchain on any kind of device, with the same errors as before the move."""
+    import sys
+
+    from farm.compile import toolchain_for
+    from farm.errors import BuildError
+
+    android_triple = {"kind": "llvm", "mtriple": "aarch64-linux-android"}
+    monkeypatch.delenv("TVM_NDK_CC", raising=False)
+    for name in ("android", "remote", "linux"):
+        device = Device("p", name, "p", android_triple)
+        with pytest.raises(BuildError) as caught:
+            toolchain_for(device, android_triple)
+        assert caught.value.message == "device 'p' targets aarch64-linux-android and no Android NDK compiler is configured"
+        assert caught.value.hint == ("install the Android NDK and set TVM_NDK_CC to its clang++ (e.g. "
+                                     "aarch64-linux-android28-clang++), or set cc in devices.toml")
+    monkeypatch.setenv("TVM_NDK_CC", "/ndk/aarch64-linux-android28-clang++")
+    assert toolchain_for(Device("p", "remote", "p", android_triple), android_triple) == "/ndk/aarch64-linux-android28-clang++"
+    assert toolchain_for(Device("p", "android", "p", android_triple, options={"cc": "my-cc"}), android_triple) == "my-cc"
+
+    apple = {"kind": "metal", "host": {"kind": "llvm", "mtriple": "arm64-apple-darwin"}}
+    for name in ("ios", "remote"):
+        device = Device("i", name, "i", apple)
+        if sys.platform == "darwin":
+            assert toolchain_for(device, apple) == "xcode"
+            continue
+        with pytest.raises(BuildError) as caught:
+            toolchain_for(device, apple)
+        assert caught.value.message == "device 'i': a dynamic library for arm64-apple-darwin needs macOS with Xcode"
+        assert caught.value.hint == ('iOS cannot load dynamic libraries anyway: use export = "system-lib" '
+                                     "(objects to link into the app)")
+    assert toolchain_for(Device("i", "ios", "i", apple, export="system-lib"), apple) == ""

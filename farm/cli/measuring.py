@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from farm.errors import FarmError
-from farm.stats import median
+from farm.stats import median, versus_text
 
 from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_with_variant, load_inventory_of, bench_config, require_db, tuning_sets
 
@@ -77,7 +77,8 @@ def cmd_bench(args) -> int:
     config = bench_config(args)
     with Store(args.db) as store:
         cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", config,
-                          reference_file=args.reference, progress=progress_printer(args.progress), tuned=not args.untuned)
+                          reference_file=args.reference, progress=progress_printer(args.progress), tuned=not args.untuned,
+                          reference_runtime=not args.tvm_only)
     data = bench_json(cell, device)
     if args.json:
         emit_json(data)
@@ -85,6 +86,8 @@ def cmd_bench(args) -> int:
         print_bench(cell)
         if cell.fallback is not None:
             print_bench(cell.fallback)
+        print(versus_line(cell.fallback if cell.fallback is not None and cell.result.status != "ok" else cell,
+                          cell.reference, device))
     r = cell.result
     if r.status != "ok":
         print(f"error: {r.reason}", file=sys.stderr)
@@ -94,6 +97,33 @@ def cmd_bench(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def versus_line(cell, reference, device) -> str:
+    """'TVM 8.1 ms · onnxruntime 2.6 ms (TVM 3.1× slower)', or why there is no reference figure."""
+    tvm_s = median(cell.result.steady_samples_s) if cell.result.status == "ok" else None
+    tvm = f"TVM {duration(tvm_s)}" if tvm_s else f"TVM {cell.result.status}"
+    if reference is None:
+        return f"{tvm} · no reference runtime on this device ({device.kind} device {device.name!r})"
+    r = reference.result
+    if r.status != "ok":
+        return f"{tvm} · {r.runtime} {r.status}" + (f" at {r.failed_step}: {r.reason}" if r.failed_step else f": {r.reason}")
+    ref_s = median(r.steady_samples_s)
+    versus = versus_text(tvm_s, ref_s, r.runtime)
+    return f"{tvm} · {r.runtime} {duration(ref_s)}" + (f" ({versus})" if versus else "") + f"   [{r.runtime} {r.runtime_version}, run {reference.run_id}]"
+
+
+def reference_json(reference) -> dict | None:
+    """The reference runtime's run as `farm bench --json` prints it (None where no reference runtime runs)."""
+    if reference is None:
+        return None
+    r = reference.result
+    return {"run_id": reference.run_id, "runtime": r.runtime, "runtime_version": r.runtime_version, "status": r.status,
+            "reason": r.reason, "failed_step": r.failed_step, "load_s": r.load_s, "first_run_s": r.first_run_s,
+            "steady_median_s": median(r.steady_samples_s), "steady_number": r.steady_number,
+            "steady_samples_s": list(r.steady_samples_s), "steady_clock": r.steady_clock,
+            "how_timed": r.context.get("how_timed"), "settings": r.context.get("runtime_settings"),
+            "check": asdict(r.check)}
 
 
 def bench_json(cell, device) -> dict:
@@ -121,6 +151,11 @@ def bench_json(cell, device) -> dict:
         data["steady_kernel_median_s"] = data["steady_median_s"]
     if cell.fallback is not None:
         data["fallback"] = bench_json(cell.fallback, device)
+    if cell.reference is not None or cell.fallback is None and r.fallback_of is None:
+        data["reference"] = reference_json(cell.reference)
+        ok = cell.reference is not None and cell.reference.result.status == "ok"
+        data["versus_reference"] = versus_text(data["steady_median_s"], data["reference"]["steady_median_s"] if ok else None,
+                                               cell.reference.result.runtime if ok else "")
     return data
 
 
@@ -145,12 +180,13 @@ def cmd_copies(args) -> int:
     from farm.compile import effective_target
     from farm.inventory import find_device
     from farm.measure import COPY_CURVE_BYTES, measure_copy_curve
+    from farm.records import target_kind
     from farm.store import Store
 
     inventory = load_inventory_of(args)
     device = find_device(inventory, args.device)
     sizes = tuple(args.size) if args.size else COPY_CURVE_BYTES
-    curve = measure_copy_curve(inventory.tracker, device, effective_target(device)["kind"], bench_config(args), sizes,
+    curve = measure_copy_curve(inventory.tracker, device, target_kind(effective_target(device)), bench_config(args), sizes,
                                progress=progress_printer(args.progress))
     with Store(args.db) as store:
         curve_id = store.record_copy_curve(curve)

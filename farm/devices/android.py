@@ -13,7 +13,8 @@
    and record its PID with a ``python -m farm.devices.adb_shell`` prefix, so ``farm down``, the watchdog
    (``farm serve --watch``) and ``is_running`` act on the phone.
 
-The default bundle is farm's aarch64 build against glibc (``devices/emulated.py``): it runs
+The default bundle is farm's aarch64 build against glibc (``devices/board.py``, with TVM's OpenCL runtime:
+``opencl_runtime.board_with_opencl``): it runs
 on the stand-in phone under qemu (``launcher``) and on aarch64 Linux. A real Android phone
 needs a bionic build of the TVM runtime and server: set ``server_bundle`` to that folder
 (README: "Android phones"). Fields: ``serial``, ``server_port`` (both required), ``adb``
@@ -34,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from farm.devices.board import SERVER, ensure_board
 from farm.devices.kind import DeviceKind, Fail, Field
-from farm.errors import DeviceError, InventoryError
+from farm.devices.opencl_runtime import board_with_opencl
+from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
 from farm.rpc.processes import ManagedProcess
 
-SERVER = "farm-rpc-server"
 NEEDS_SERIAL = 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001'
 DEFAULT_DIR = "/data/local/tmp/farm"
 OPENCL_PATHS = ("/vendor/lib64/libOpenCL.so", "/system/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so")
@@ -182,9 +184,6 @@ def bundle_folder(device: Device) -> Path:
             raise InventoryError(f"device {device.name!r}: server_bundle {folder} has no {SERVER}",
                                  "point server_bundle at a folder holding the phone's RPC server and its libraries")
         return folder
-    from farm.devices.emulated import ensure_board
-    from farm.devices.opencl_runtime import board_with_opencl
-
     return board_with_opencl(ensure_board().server.parent)
 
 
@@ -267,6 +266,19 @@ class Android(DeviceKind):
                 raise InventoryError(
                     f"{path}: devices {other!r} and {device.name!r} share server_port {device.options['server_port']}",
                     "give each phone a server_port of its own: farm forwards that port on this host to the phone")
+
+    def export_toolchain(self, device: Device, triple: str) -> str | None:
+        """Android triples link with the NDK's clang++ (``TVM_NDK_CC``), on any kind of device."""
+        if "android" not in triple:
+            return None
+        ndk = os.environ.get("TVM_NDK_CC")
+        if not ndk:
+            raise BuildError(
+                f"device {device.name!r} targets {triple} and no Android NDK compiler is configured",
+                "install the Android NDK and set TVM_NDK_CC to its clang++ (e.g. aarch64-linux-android28-clang++), "
+                "or set cc in devices.toml",
+            )
+        return ndk
 
     def unready(self, device: Device) -> str:
         return "" if "serial" in device.options else NEEDS_SERIAL

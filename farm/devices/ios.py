@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from farm.devices.kind import DeviceKind, Field
-from farm.errors import DeviceError, InventoryError
+from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
 from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
 
@@ -36,6 +36,17 @@ class IOS(DeviceKind):
     fields = {"proxy": Field("address", f'proxy = "{DEFAULT_PROXY}"', f"where the RPC proxy listens (default {DEFAULT_PROXY})")}
     registers_at_start = False  # the proxy registers the key once the phone's app connects
     example = 'key = "iphone"\ntarget = { kind = "metal" }\nhost = { kind = "llvm", mtriple = "arm64-apple-ios" }\nexport = "system-lib"'
+
+    def export_toolchain(self, device: Device, triple: str) -> str | None:
+        """Apple triples link a dylib with Xcode, which only macOS has (and iOS loads none: system-lib)."""
+        if not ("apple" in triple or "darwin" in triple or "ios" in triple):
+            return None
+        if sys.platform != "darwin":
+            raise BuildError(
+                f"device {device.name!r}: a dynamic library for {triple} needs macOS with Xcode",
+                'iOS cannot load dynamic libraries anyway: use export = "system-lib" (objects to link into the app)',
+            )
+        return "xcode"
 
     def started_note(self, record: ManagedProcess) -> str:
         return (f"{record.name}: RPC proxy listening on port {record.port}; in the iOS RPC app set that proxy address "

@@ -7,7 +7,7 @@ plug-ins by ``tool_name`` the same way). farm asks the kind and never branches o
     inventory.py   fields, validate, validate_fleet, always_emulated, example
     farm serve     bring_up (the records it returns say how to stop what it started), unready, prerequisites
     health.py      read_health
-    compile.py     effective_target
+    compile.py     effective_target, export_toolchain
     measure.py     measurement_context
     cli, demo      summary, serve_help, fields (--help texts), demo_entry
 
@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar
 import psutil
 
 from farm.errors import InventoryError
-from farm.records import Device, HostCPU, TrackerAddress, split_address
+from farm.records import Device, HostCPU, TrackerAddress, split_address, target_kind
 from farm.rpc.processes import ManagedProcess
 
 Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
@@ -66,6 +66,9 @@ class DeviceKind:
     example: ClassVar[str] = ""  # a minimal valid inventory entry (the lines under [devices.NAME])
     always_emulated: ClassVar[bool] = False  # runs under an emulator: `emulated` defaults to true and cannot be false
     registers_at_start: ClassVar[bool] = True  # `farm serve` waits for its key (False: it registers later, e.g. an app)
+    # its code runs on this host's CPU, so a reference runtime (onnxruntime, LiteRT, torch) timed here is the device's
+    # own figure; elsewhere farm says "no reference runtime on this device" (farm/reference.py)
+    reference_runs_here: ClassVar[bool] = False
 
     def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
         """Check one entry's own fields (``raw`` is the whole table); raise ``fail(...)`` on the first problem.
@@ -106,6 +109,13 @@ class DeviceKind:
             target["host"] = dict(device.host)
         return target
 
+    def export_toolchain(self, device: Device, triple: str) -> str | None:
+        """The compiler that links ``device``'s shared library (``export = "so"``) for LLVM triple ``triple``, when
+        that triple names the platform this kind owns (Android's NDK, Xcode): asked of the device's kind first, then
+        of every kind, so a phone's triple gets the phone's toolchain whatever kind of server runs it. None: not this
+        kind's platform (farm's cross compilers by triple decide). Raise BuildError when the toolchain is missing here."""
+        return None
+
     def measurement_context(self, device: Device) -> dict[str, Any]:
         """What this kind adds to a measurement's context (merged over the common one)."""
         return {}
@@ -118,8 +128,10 @@ class DeviceKind:
 class ThisHost(DeviceKind):
     """A base for kinds whose code runs on this host: its CPU, sensors and load describe the device."""
 
+    reference_runs_here = True  # this host's CPU (for a GPU kind: the CPU that hosts it)
+
     def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
-        if target["kind"] == "llvm":
+        if target_kind(target) == "llvm":
             if "mtriple" not in target and "mcpu" not in target and host.cpu:
                 target["mcpu"] = host.cpu
             target.setdefault("num-cores", host.cores)  # this host's cores run the code (MetaSchedule needs it)

@@ -15,8 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from farm.devices.board import SERVER, SOURCE
 from farm.devices.cache import building, cache_root, tvm_versions
-from farm.devices.emulated import MARKER, SOURCE
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, spawn
@@ -39,12 +39,12 @@ def ensure_native_server() -> Path:
     tvm_version, ffi_version = tvm_versions()
     tag = f"{tvm_version}-{ffi_version}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
     folder = cache_root() / f"native-host-{tag}"
-    server = folder / MARKER
+    server = folder / SERVER
     if server.exists():
         return server
     with building(folder, "native-") as work:
         build = subprocess.run(
-            [HOST_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / MARKER),
+            [HOST_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / SERVER),
              f"-L{tvm_lib}", f"-L{ffi_lib}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
              f"-Wl,-rpath,{tvm_lib}:{ffi_lib}"],
             capture_output=True, text=True)
@@ -64,4 +64,4 @@ def start_native_server(server: Path, tracker: TrackerAddress, name: str, key: s
     port = free_port()
     log_path = state_dir / f"server-{name}.log"
     proc = spawn(native_command(server, tracker, key, port), log_path)
-    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time(), MARKER)
+    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time(), SERVER)

@@ -14,7 +14,7 @@ from typing import Any
 
 from farm.devices.kind import Fail, Field, ThisHost
 from farm.devices.opencl_runtime import ensure_runtime, missing
-from farm.records import Device, HostCPU, TrackerAddress
+from farm.records import Device, HostCPU, TrackerAddress, target_kind
 from farm.rpc.processes import ManagedProcess, start_server
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ class OpenCL(ThisHost):
     example = 'key = "pocl"\ntarget = { kind = "opencl" }'
 
     def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
-        if target.get("kind") != "opencl":
-            raise fail("target", f"kind {target.get('kind')!r} is not OpenCL",
+        if target_kind(target) != "opencl":
+            raise fail("target", f"kind {target_kind(target)!r} is not OpenCL",
                        'an opencl device runs OpenCL kernels: write target = { kind = "opencl" } (device = "mali" etc. allowed)')
         super().validate(raw, target, fail)
 
@@ -57,7 +57,7 @@ class OpenCL(ThisHost):
 
     def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
         target = super().effective_target(device, target, host)
-        if device.host is None and target["kind"] != "llvm":  # this host runs the host code
+        if device.host is None and target_kind(target) != "llvm":  # this host runs the host code
             target["host"] = {"kind": "llvm", **({"mcpu": host.cpu} if host.cpu else {})}
         return target
 

@@ -7,7 +7,7 @@ source digest, recipe, architecture) into ``$FARM_CACHE`` (default ``~/.cache/fa
 
 - for this host, linked with ``-lOpenCL`` (the ICD loader: the driver is found at run time);
 - for aarch64 (phones, boards), with TVM's ``opencl_wrapper`` instead, which dlopens the phone's
-  ``libOpenCL.so`` at run time, against the aarch64 wheel's libraries the emulated board uses.
+  ``libOpenCL.so`` at run time, against the aarch64 wheel's libraries of the board build (``board.py``).
 
 The sources come from ``TVM_SOURCE_DIR``, else ``../shared/tvm-src`` beside this checkout; no copy of
 TVM's sources is part of farm. ``python -m farm.devices.opencl_runtime`` builds it (tools/setup.sh).
@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from farm.devices.board import CROSS_CXX, ensure_board
 from farm.devices.cache import building, cache_root, tvm_versions
 from farm.errors import DeviceError
 
@@ -61,7 +62,7 @@ def _wheel_dir(package: str) -> Path:
 
 
 def check_prerequisites(cross: bool = False) -> None:
-    compiler = "aarch64-linux-gnu-g++" if cross else "g++"
+    compiler = CROSS_CXX if cross else "g++"
     missing = [] if shutil.which(compiler) else [compiler]
     if not CL_HEADER.exists():
         missing.append(f"{CL_HEADER} (opencl-headers)")
@@ -108,8 +109,6 @@ def _build(work: Path, cross: bool) -> None:
     runtime = tree / "src" / "backend" / "opencl" / "runtime"
     sources = [runtime / "opencl_device_api.cc", runtime / "opencl_module.cc"]
     if cross:
-        from farm.devices.emulated import CROSS_CXX, ensure_board
-
         board = ensure_board()
         compiler, lib_dir = CROSS_CXX, board.server.parent
         headers = work / "cl-headers"
