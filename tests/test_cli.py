@@ -120,7 +120,7 @@ def test_a_phone_server_farm_cannot_reach_is_kept_neither_restarted_nor_forgotte
 
     from farm.devices import watch
     from farm.inventory import load_inventory
-    from farm.rpc.processes import ManagedProcess, process_state, save_records
+    from farm.rpc.processes import ManagedProcess, process_state, update_records
 
     adb_port = free_port()  # nothing listens: the adb server is gone
     inventory = write_inventory(tmp_path / "devices.toml", f"""
@@ -136,7 +136,7 @@ target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
     remote = json.dumps([sys.executable, "-m", "farm.devices.adb_shell", "127.0.0.1", str(adb_port), "stand-in:5555"])
     record = ManagedProcess("server", "phone", "gone-phone", 4242, 9000, "stand-in:5555:/data/server.log", time.time(),
                             "farm-rpc-server", remote)
-    save_records(home, [record])
+    update_records(home, lambda current: [record])
     assert process_state(record) == "unknown"
 
     events: list[str] = []

@@ -28,7 +28,7 @@ def cmd_tracker(args) -> int:
             print(f"tracker already running (pid {running[0].pid}, port {running[0].port})")
             return 0
         record = processes.start_tracker(address.host, address.port, state)
-        processes.save_records(state, [r for r in records if r.role != "tracker"] + [record])
+        processes.update_records(state, lambda current: [r for r in current if r not in mine] + [record])
         if args.json:
             emit_json(asdict(record))
         else:
@@ -36,7 +36,7 @@ def cmd_tracker(args) -> int:
         return 0
     if args.action == "stop":
         stopped = [r.pid for r in mine if processes.stop_process(r)]
-        processes.save_records(state, [r for r in records if r.role != "tracker"])
+        processes.update_records(state, lambda current: [r for r in current if r not in mine])
         print(f"tracker stopped (pid {stopped[0]})" if stopped else "no tracker started by farm is running")
         return 0
     summary = query_summary(TrackerAddress("127.0.0.1" if address.host == "0.0.0.0" else address.host, address.port))
@@ -77,8 +77,15 @@ def cmd_serve(args) -> int:
         tracker = TrackerAddress(*split_address(args.tracker))  # argparse's `address` type checked it
     query_summary(tracker)  # fail early and clearly when there is no tracker
     names = args.device or [n for n, d in inventory.devices.items() if can_bring_up(d)]
-    records = processes.load_records(state)
-    running = {r.name for r in records if r.role == "server" and processes.is_running(r)}
+    # the registry is read here and changed after the bring-ups, under its lock, as it is then: others' records
+    # (a watchdog's restart, another `farm serve`) stay; only the ones found gone here are dropped, never the
+    # "unknown" ones (a host that did not answer): `farm down` tries those again
+    states = {r: processes.process_state(r) for r in processes.load_records(state)}
+    running = {r.name for r, s in states.items() if r.role == "server" and s != "gone"}
+    for r, s in states.items():
+        if r.role == "server" and s == "unknown" and r.name in names:
+            print(f"{r.name}: could not check server pid {r.pid} (its host did not answer); not starting another",
+                  file=sys.stderr)
     started = []
     from farm.inventory import find_device
 
@@ -91,8 +98,8 @@ def cmd_serve(args) -> int:
             started.extend(bring_up(device, tracker, state))
         except FarmError as exc:  # one device's failure does not stop the others
             failures.append((name, exc))
-    records = [r for r in records if processes.is_running(r)] + started
-    processes.save_records(state, records)
+    gone = {r for r, s in states.items() if s == "gone"}
+    records = processes.update_records(state, lambda current: [r for r in current if r not in gone] + started)
     waiting = {r.key: 1 for r in started if kind_of(inventory.devices[r.name]).registers_at_start}
     wait_for_servers(tracker, waiting, timeout_s=args.wait)
     for r in started:
@@ -132,14 +139,14 @@ def _watch(devices, tracker, state: Path, interval_s: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     me = processes.ManagedProcess("watchdog", "watchdog", "", os.getpid(), 0, "", processes.own_start_time(), "--watch")
-    processes.save_records(state, processes.load_records(state) + [me])
+    processes.update_records(state, lambda current: current + [me])
     print(f"watching {len(devices)} device(s) every {interval_s:g} s; `farm down` or Ctrl-C ends the watch",
           file=sys.stderr, flush=True)
     try:
         watch(devices, tracker, state, interval_s, stop,
               on_event=lambda text: print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True))
     finally:
-        processes.save_records(state, [r for r in processes.load_records(state) if r.pid != me.pid])
+        processes.update_records(state, lambda current: [r for r in current if r != me])
 
 
 def cmd_phones(args) -> int:
@@ -171,20 +178,22 @@ def stop_roles(state: Path, roles: tuple[str, ...]) -> tuple[list, list]:
     """Stop the recorded processes of each role in turn, the watchdog first so it restarts nothing. Records are read
     again before each role: a watchdog that was restarting a server when told to stop records that server as it
     ends. Returns (the records that were running and are stopped, [(record, error)] for those that could not be);
-    the records of ``roles`` are dropped from the state file but for the failed ones, kept for another try."""
+    the records it handled are dropped from the state file but for the failed ones, kept for another try. Records
+    added meanwhile by another command (a `farm serve` that ran at the same time) are kept: what was started after
+    the stop is still recorded, for the next `farm down`."""
     from farm.errors import DeviceError
     from farm.rpc import processes
 
-    stopped, failed = [], []
+    stopped, failed, handled = [], [], set()
     for role in roles:
         for record in [r for r in processes.load_records(state) if r.role == role]:
             try:
                 if processes.stop_process(record, WATCHDOG_GRACE_S if role == "watchdog" else 3.0):
                     stopped.append(record)
+                handled.add(record)
             except DeviceError as exc:
                 failed.append((record, exc))
-    keep = {r for r, _ in failed}
-    processes.save_records(state, [r for r in processes.load_records(state) if r.role not in roles or r in keep])
+    processes.update_records(state, lambda current: [r for r in current if r not in handled])
     return stopped, failed
 
 
@@ -212,6 +221,7 @@ def cmd_down(args) -> int:
 
 
 def cmd_devices(args) -> int:
+    from farm.records import describe_target
     from farm.rpc.tracker import KeyStatus, query_summary
 
     if args.kinds:
@@ -222,7 +232,7 @@ def cmd_devices(args) -> int:
     for name, device in inventory.devices.items():
         status = summary.keys.get(device.key, KeyStatus(device.key, 0, 0, 0))
         state = "online" if status.free else ("busy" if status.servers else "missing")
-        rows.append({"device": name, "kind": device.kind, "key": device.key, "target": device.target["kind"],
+        rows.append({"device": name, "kind": device.kind, "key": device.key, "target": describe_target(device.target),
                      "export": device.export, "emulated": device.emulated, "state": state,
                      "servers": status.servers, "free": status.free, "pending": status.pending})
     known = {d.key for d in inventory.devices.values()}

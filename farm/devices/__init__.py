@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 from farm.devices.kind import DeviceKind
-from farm.errors import FarmError, InventoryError
+from farm.errors import DeviceError, FarmError, InventoryError
 from farm.records import Device, TrackerAddress
-from farm.rpc.processes import ManagedProcess, load_records, process_state, save_records
+from farm.rpc.processes import ManagedProcess, load_records, process_state, stop_process, update_records
 
 
 @functools.cache
@@ -61,7 +61,8 @@ def watch(devices: dict[str, Device], tracker: TrackerAddress, state_dir: Path, 
     """Restart the servers farm started for ``devices`` whenever one dies, until ``stop`` is set.
 
     Reads the pid records afresh each round (so `farm down` or another `farm serve` is seen) and
-    returns how many restarts it made."""
+    returns how many restarts it made. A restart replaces the dead server's record under the registry's lock,
+    if that record is still there; if it was dropped meanwhile (`farm down`), the restart is stopped again."""
     restarts = 0
     while not stop.is_set():
         records = load_records(state_dir)
@@ -76,14 +77,44 @@ def watch(devices: dict[str, Device], tracker: TrackerAddress, state_dir: Path, 
         for record in dead:
             if stop.is_set():
                 break
+            if record not in load_records(state_dir):  # dropped since (`farm down`): nothing to restart
+                continue
             try:
                 fresh = bring_up(devices[record.name], tracker, state_dir)
             except FarmError as exc:
                 on_event(f"{record.name}: server pid {record.pid} is gone; restart failed: {exc.message} ({exc.hint})")
                 continue
-            restarts += 1
-            current = [r for r in load_records(state_dir) if r != record]
-            save_records(state_dir, current + fresh)
-            on_event(f"{record.name}: server pid {record.pid} was gone; restarted as pid {fresh[0].pid}")
+            outcome = _replace_record(state_dir, record, fresh)
+            if outcome == "replaced":
+                restarts += 1
+                on_event(f"{record.name}: server pid {record.pid} was gone; restarted as pid {fresh[0].pid}")
+            else:
+                on_event(f"{record.name}: server pid {record.pid} was gone and its record was dropped meanwhile "
+                         f"(`farm down`); its restart, pid {fresh[0].pid}, is {outcome}")
         stop.wait(interval_s)
     return restarts
+
+
+def _replace_record(state_dir: Path, old: ManagedProcess, fresh: list[ManagedProcess]) -> str:
+    """Put ``fresh`` in ``old``'s place ("replaced"); when ``old`` is no longer recorded, stop ``fresh`` instead
+    ("stopped"), recording what could not be stopped for `farm down` to try again ("recorded, not stopped")."""
+    replaced = False
+
+    def change(current: list[ManagedProcess]) -> list[ManagedProcess]:
+        nonlocal replaced
+        replaced = old in current
+        return [r for r in current if r != old] + fresh if replaced else current
+
+    update_records(state_dir, change)
+    if replaced:
+        return "replaced"
+    unstopped = []
+    for record in fresh:
+        try:
+            stop_process(record)
+        except DeviceError:
+            unstopped.append(record)
+    if unstopped:
+        update_records(state_dir, lambda current: current + unstopped)
+        return "recorded, not stopped"
+    return "stopped"

@@ -1,0 +1,248 @@
+"""The process registry ($FARM_HOME/processes.json) under farm commands that run at once.
+
+A record lost to a concurrent rewrite is a server `farm down` never stops; a registry farm cannot read is refused,
+never read as empty (that too would forget every server in it). The concurrency test runs with a delay between
+each command's read and write of the registry (``FARM_TEST_REGISTRY_DELAY_S``), so it cannot pass by luck.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+from farm.errors import FarmError
+from farm.records import TrackerAddress
+from farm.rpc.processes import ManagedProcess, free_port, start_tracker, stop_process
+from tests.conftest import run_farm, write_inventory
+
+DELAY_ENV = "FARM_TEST_REGISTRY_DELAY_S"  # processes.REGISTRY_DELAY_ENV, spelled out: this test also runs on code
+# from before the hook, where the delay was put into load_records by hand to show the records it lost
+ROUNDS = 20
+DELAY_S = 0.2  # between a command's read and its write: far longer than a write, so unlocked writers overlap
+
+
+def local_devices(*names: str) -> str:
+    return "".join(f'\n[devices.{n}]\nkind = "local"\nkey = "reg-{n}"\ntarget = {{ kind = "llvm" }}\n' for n in names)
+
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory) -> TrackerAddress:
+    """A private tracker, not in any registry the tests touch (so `farm down` leaves it)."""
+    port = free_port()
+    record = start_tracker("127.0.0.1", port, tmp_path_factory.mktemp("tracker"))
+    try:
+        yield TrackerAddress("127.0.0.1", port)
+    finally:
+        stop_process(record)
+
+
+def server_groups(tracker: TrackerAddress) -> set[int]:
+    """The process groups of farm's servers registering with ``tracker`` (a server and its forked workers share one;
+    farm starts each server as its group's leader, so the group is the pid farm records)."""
+    groups = set()
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and "farm.rpc.server" in cmdline and str(tracker) in cmdline:
+                groups.add(os.getpgid(proc.pid))
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return groups
+
+
+def recorded_servers(home: Path) -> set[int]:
+    path = home / "processes.json"
+    return {r["pid"] for r in json.loads(path.read_text()) if r["role"] == "server"} if path.exists() else set()
+
+
+def still_serving(pid: int, tracker: TrackerAddress) -> bool:
+    """Whether ``pid`` runs one of farm's servers for ``tracker`` still (not a zombie, not a reused pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and str(tracker) in proc.cmdline()
+    except psutil.Error:
+        return False
+
+
+# the watchdog: farm's `watch` loop in a process of its own, over device w only. It is not recorded as `farm serve
+# --watch` would record it, so the loops' `farm down` leaves it watching (and restarting w) the whole time
+WATCHDOG = """
+import signal, sys, threading
+from pathlib import Path
+from farm.devices import watch
+from farm.inventory import load_inventory
+inventory = load_inventory(sys.argv[1])
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+print("watching", flush=True)
+restarts = watch({"w": inventory.devices["w"]}, inventory.tracker, Path(sys.argv[2]), 0.2, stop,
+                 on_event=lambda text: print(text, flush=True))
+print(f"restarts {restarts}", flush=True)
+"""
+
+
+def test_watchdog_serve_and_down_at_once_lose_no_server(tracker, tmp_path, farm_env):
+    """A watchdog restarts w while two loops run `farm serve` then `farm down` 20 times each, from processes of
+    their own (one serves a and w, so the watchdog has a w to watch after each down; the other serves b). Every
+    server still running at the end is recorded, and the last `farm down` leaves none running."""
+    inventory = write_inventory(tmp_path / "devices.toml", local_devices("w", "a", "b"), tracker.port)
+    home = Path(farm_env["FARM_HOME"])
+    env = {**farm_env, "FARM_DEVICES": str(inventory), DELAY_ENV: str(DELAY_S)}
+    watch_log = tmp_path / "watch.log"
+    watchdog = None
+    seen: set[int] = set()  # every server pid the test saw, recorded or running
+
+    def serve(*devices: str) -> None:
+        # --wait 0: the registry, not registration, is under test (a server takes seconds to import TVM and register);
+        # its record is written before the wait, which then fails with exit 1 and this line alone
+        proc = run_farm("serve", *[f"--device={d}" for d in devices], "--wait", "0", env=env, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 0 or (proc.returncode == 1 and len(lines) == 2
+                                        and lines[0].startswith("error: servers for ")
+                                        and "did not register" in lines[0]), proc.stderr
+
+    def down() -> None:
+        proc = run_farm("down", "--json", env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        seen.update(r["pid"] for r in json.loads(proc.stdout)["stopped"] if r["role"] == "server")
+
+    def loop(*devices: str) -> None:
+        for _ in range(ROUNDS):
+            serve(*devices)
+            seen.update(recorded_servers(home))
+            down()
+
+    try:
+        serve("w")
+        with open(watch_log, "wb") as log:
+            watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(inventory), str(home)], stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                                        start_new_session=True)
+        with ThreadPoolExecutor(2) as pool:
+            for done in [pool.submit(loop, "a", "w"), pool.submit(loop, "b")]:
+                done.result()
+        watchdog.send_signal(signal.SIGTERM)  # it ends after the restart it may be making, recorded
+        assert watchdog.wait(timeout=60) == 0, watch_log.read_text()
+        running, recorded = server_groups(tracker), recorded_servers(home)
+        seen |= running | recorded
+        down()
+        left = server_groups(tracker)
+        events = watch_log.read_text()
+        counts = (f"{len(running)} server(s) running after the loops, {len(running - recorded)} of them unrecorded; "
+                  f"{len(left)} left running after the last `farm down`; {len(seen)} servers seen; watchdog: "
+                  f"{events.count('; restarted as pid')} restart(s) recorded, {events.count('its restart, pid')} "
+                  "stopped as `farm down` had dropped their record")
+        print(counts)
+        assert not running - recorded and not left, counts
+        assert not [pid for pid in seen if still_serving(pid, tracker)], counts
+    finally:
+        if watchdog is not None and watchdog.poll() is None:
+            os.killpg(watchdog.pid, signal.SIGKILL)
+            watchdog.wait()
+        for group in server_groups(tracker):  # what a failed run left: servers of this test's private tracker
+            os.killpg(group, signal.SIGKILL)
+
+
+def test_concurrent_updates_keep_every_record(tmp_path):
+    """Four processes each add 25 records through update_records, with a delay between read and write: all 100 are
+    there, and no temporary file is left beside the registry."""
+    add = (
+        "import sys\nfrom pathlib import Path\nfrom farm.rpc.processes import ManagedProcess, update_records\n"
+        "for n in range(25):\n"
+        "    record = ManagedProcess('server', f'{sys.argv[2]}-{n}', 'k', 1000 + n, 0, '', 0.0)\n"
+        "    update_records(Path(sys.argv[1]), lambda current: current + [record])\n")
+    procs = [subprocess.Popen([sys.executable, "-c", add, str(tmp_path), f"p{i}"],
+                              env={**os.environ, DELAY_ENV: "0.002"}) for i in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    from farm.rpc.processes import load_records
+
+    assert sorted(r.name for r in load_records(tmp_path)) == sorted(f"p{i}-{n}" for i in range(4) for n in range(25))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["processes.json", "processes.lock"]
+
+
+RECORD = {"role": "server", "name": "cpu-a", "key": "k", "pid": 4242, "port": 9000, "log_path": "/x.log",
+          "started_at": 1.0, "marker": "farm.rpc.server", "remote": ""}
+
+CORRUPT = {
+    "truncated": (json.dumps([RECORD])[:-20], "it is not valid JSON (Unterminated string"),
+    "not a list": (json.dumps({"servers": [RECORD]}), "it holds a JSON dict, not a list of records"),
+    "not an object": (json.dumps([RECORD, 7]), "record 1 is a JSON int, not an object"),
+    "missing pid": (json.dumps([{k: v for k, v in RECORD.items() if k != "pid"}]), "record 0 lacks pid"),
+    "pid a string": (json.dumps([{**RECORD, "pid": "4242"}]), "record 0 has wrongly typed pid"),
+    "unknown field": (json.dumps([{**RECORD, "host": "x"}]), "record 0 has unknown fields host"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_a_corrupt_registry_is_refused_not_read_as_empty(case, tmp_path):
+    from farm.rpc.processes import load_records, update_records
+
+    text, what = CORRUPT[case]
+    path = tmp_path / "processes.json"
+    path.write_text(text)
+    for attempt in (lambda: load_records(tmp_path), lambda: update_records(tmp_path, lambda current: [])):
+        with pytest.raises(FarmError) as caught:
+            attempt()
+        assert caught.value.message.startswith(f"{path} is not a valid process registry: {what}")
+        assert "ps -eo pid,pgid,cmd" in caught.value.hint and "kill -- -PGID" in caught.value.hint
+        assert (case == "missing pid") != ("the pids it lists (4242)" in caught.value.hint)
+    assert path.read_text() == text  # nothing written over it
+
+
+def test_a_missing_registry_is_empty(tmp_path):
+    from farm.rpc.processes import load_records, update_records
+
+    assert load_records(tmp_path / "never") == []
+    record = ManagedProcess(**RECORD)
+    assert update_records(tmp_path / "new", lambda current: current + [record]) == [record]
+    assert load_records(tmp_path / "new") == [record]
+
+
+def test_farm_down_on_a_corrupt_registry_stops_nothing_and_says_so(tmp_path, farm_env):
+    home = Path(farm_env["FARM_HOME"])
+    home.mkdir()
+    path = home / "processes.json"
+    path.write_text('[{"role": "server", "name": "cpu-a", "pid": 4242,')
+    down = run_farm("down", env=farm_env)
+    assert down.returncode == 1
+    lines = down.stderr.strip().splitlines()
+    assert len(lines) == 2, down.stderr
+    assert lines[0].startswith(f"error: {path} is not a valid process registry: it is not valid JSON")
+    assert lines[1].startswith("hint: farm will not guess which processes it started, so it stops nothing; "
+                               "the pids it lists (4242) lead its own process group")
+    assert path.read_text() == '[{"role": "server", "name": "cpu-a", "pid": 4242,'
+
+
+def test_serve_keeps_a_server_whose_host_did_not_answer(tracker, tmp_path, farm_env):
+    """A phone's server whose adb server is gone (state unknown) is neither forgotten nor started twice by
+    `farm serve`: processes.py promises nobody restarts or forgets it."""
+    adb_port = free_port()  # nothing listens there
+    inventory = write_inventory(tmp_path / "devices.toml", f"""
+[devices.phone]
+kind = "android"
+key = "reg-phone"
+serial = "stand-in:5555"
+adb = "127.0.0.1:{adb_port}"
+server_port = {free_port()}
+target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
+""", tracker.port)
+    home = Path(farm_env["FARM_HOME"])
+    home.mkdir()
+    remote = json.dumps([sys.executable, "-m", "farm.devices.adb_shell", "127.0.0.1", str(adb_port), "stand-in:5555"])
+    record = {**RECORD, "name": "phone", "key": "reg-phone", "marker": "farm-rpc-server", "remote": remote,
+              "started_at": time.time()}
+    (home / "processes.json").write_text(json.dumps([record]))
+    serve = run_farm("--devices", str(inventory), "serve", "--device", "phone", "--json", env=farm_env)
+    assert serve.returncode == 0, serve.stderr
+    assert "phone: could not check server pid 4242 (its host did not answer); not starting another" in serve.stderr
+    assert json.loads((home / "processes.json").read_text()) == [record]
+
