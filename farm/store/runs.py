@@ -1,0 +1,208 @@
+"""Runs: one bench result with its raw samples, copies, check and summaries, written in one transaction;
+the reads of runs by filter; copy curves.
+
+Each sample series' summary (``stats.summarize_rows``) is written with its samples, so that reading
+50,000 runs never reads their 1.5 M samples; the summaries are derived data, recomputed from the
+samples when farm's rule changes (``_summarize_stored``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from typing import Any
+
+from farm.records import Artifact, BenchResult, CopyCurve, Device, ModelSource
+from farm.stats import Summary, summarize_groups
+from farm.store.backends import Backend, now
+
+# the columns of ``summaries`` after its key: stats.Summary's fields, by name
+SUMMARY_COLUMNS = ", ".join(f.name for f in fields(Summary))
+
+
+def insert_summaries(db: Backend, keys: list[tuple[int, str, int]], sizes: list[int], values: list[float]) -> None:
+    """Summarize each (run id, metric, series) key's ``sizes[i]`` values, taken in order from ``values``."""
+    rows = summarize_groups(sizes, values)
+    db.executemany(f"INSERT INTO summaries (run_id, metric, series, {SUMMARY_COLUMNS})"
+                   f" VALUES ({','.join('?' * (3 + len(fields(Summary))))})",
+                   [(*k, *r[:-1], int(r[-1])) for k, r in zip(keys, rows)])
+
+
+def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_id: int | None,
+               limit: int | None, status: str | None = None) -> tuple[str, list[Any]]:
+    """A subquery selecting run ids, and its parameters."""
+    where, params = [], []
+    if status is not None:
+        where.append("r.status = ?")
+        params.append(status)
+    if sweep_id is not None:
+        where.append("r.sweep_id = ?")
+        params.append(sweep_id)
+    if device:
+        where.append("r.device = ?")
+        params.append(device)
+    if model:
+        where.append("r.model = ?")
+        params.append(model)
+    if latest_only:
+        where.append("r.id = (SELECT MAX(id) FROM runs r2 WHERE r2.device = r.device AND r2.model = r.model"
+                     " AND r2.tuned = r.tuned)")
+    sql = "SELECT r.id FROM runs r" + (" WHERE " + " AND ".join(where) if where else "")
+    if limit is not None:
+        sql, params = sql + " ORDER BY r.id DESC LIMIT ?", [*params, int(limit)]
+    return sql, params
+
+
+class RunsMixin:
+    """The ``Store``'s runs, samples, summaries, copies and copy curves."""
+
+    _db: Backend
+
+    # -- writes -------------------------------------------------------------------------
+
+    def record_result(self, result: BenchResult, device: Device, model: ModelSource, artifact: Artifact | None,
+                      sweep_id: int | None = None, attempt: int = 1) -> int:
+        """Store one bench result with its samples, copies and check, atomically. Returns the run id."""
+        stamp = now()
+        with self._db.transaction() as db:
+            db.execute(
+                """INSERT INTO devices VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET
+                   key=excluded.key, kind=excluded.kind, target=excluded.target, emulated=excluded.emulated,
+                   tags=excluded.tags, context=excluded.context, last_seen=excluded.last_seen""",
+                (device.name, device.key, device.kind, json.dumps(device.target), int(device.emulated),
+                 json.dumps(list(device.tags)), json.dumps(result.context.get("host", {})), stamp, stamp))
+            db.execute("INSERT INTO models VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
+                       (model.digest, model.name, model.origin,
+                        json.dumps([asdict(s) for s in model.inputs]), stamp))
+            if artifact is not None:
+                db.execute(
+                    """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,
+                       tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING""",
+                    (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
+                     artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
+                     artifact.build_s, stamp, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks))
+            config = result.config
+            run_id = db.insert_id(
+                """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
+                   failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
+                   min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
+                   load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
+                 result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
+                 result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
+                 int(device.emulated), result.context.get("farm_version", ""),
+                 result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
+                 int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt, result.load_warm_s,
+                 result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of))
+            db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
+                           [(run_id, "steady", 0, i, v, result.steady_number or 0)
+                            for i, v in enumerate(result.steady_samples_s)]
+                           + [(run_id, "steady_wall", 0, i, v, result.steady_wall_number or 0)
+                              for i, v in enumerate(result.steady_wall_samples_s)])
+            for copy in result.copies:
+                db.execute("INSERT INTO copies VALUES (?,?,?,?,?,?)",
+                           (run_id, copy.output_index, copy.nbytes, json.dumps(list(copy.shape)), copy.dtype, copy.number))
+                db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
+                               [(run_id, "copy", copy.output_index, i, v, copy.number)
+                                for i, v in enumerate(copy.samples_s)])
+            series = [((run_id, "steady", 0), result.steady_samples_s),
+                      ((run_id, "steady_wall", 0), result.steady_wall_samples_s),
+                      *(((run_id, "copy", c.output_index), c.samples_s) for c in result.copies)]
+            series = [(k, list(v)) for k, v in series if len(v)]
+            insert_summaries(db, [k for k, _ in series], [len(v) for _, v in series], [x for _, v in series for x in v])
+            check = result.check
+            db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
+                       (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
+        return run_id
+
+    def record_copy_curve(self, curve: CopyCurve, sweep_id: int | None = None) -> int:
+        """Store one copy curve with every raw sample, atomically. Returns its id."""
+        with self._db.transaction() as db:
+            curve_id = db.insert_id(
+                """INSERT INTO copy_curves (started_at, device, key, device_type, status, reason, sweep_id, context)
+                   VALUES (?,?,?,?,?,?,?,?)""",
+                (curve.started_at, curve.device, curve.key, curve.device_type, curve.status, curve.reason,
+                 sweep_id, json.dumps(curve.context)))
+            db.executemany("INSERT INTO copy_curve_samples VALUES (?,?,?,?,?,?)",
+                           [(curve_id, p.direction, p.nbytes, i, v, p.number)
+                            for p in curve.points for i, v in enumerate(p.samples_s)])
+        return curve_id
+
+    def _summarize_stored(self, db: Backend, runs_per_chunk: int = 20_000) -> None:
+        """(Re)compute every stored run's summaries from its samples, a chunk of runs at a time (memory stays
+        flat whatever the database's size): schema 8's migration, and any change of ``stats.SUMMARY_RULE``."""
+        db.execute("DELETE FROM summaries")
+        key = "run_id, metric, series"
+        last = -1
+        while True:
+            row = db.execute("SELECT MAX(id) FROM (SELECT id FROM runs WHERE id > ? ORDER BY id LIMIT ?) chunk",
+                             (last, runs_per_chunk)).fetchone()
+            if row is None or row[0] is None:
+                return
+            first, last = last, int(row[0])
+            span = (first, last)
+            groups = [tuple(g) for g in db.execute(f"SELECT {key}, COUNT(*) FROM samples WHERE run_id > ? AND run_id <= ?"
+                                                   f" GROUP BY {key} ORDER BY {key}", span)]
+            values = [v[0] for v in db.execute(f"SELECT value_s FROM samples WHERE run_id > ? AND run_id <= ?"
+                                               f" ORDER BY {key}, idx", span)]
+            insert_summaries(db, [g[:3] for g in groups], [g[3] for g in groups], values)
+
+    # -- reads --------------------------------------------------------------------------
+
+    def runs(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+             sweep_id: int | None = None, limit: int | None = None,
+             status: str | None = None) -> list[dict[str, Any]]:
+        """Runs joined with their check, newest first (the newest ``limit`` only, when given)."""
+        where, params = run_filter(device, model, latest_only, sweep_id, limit, status)
+        sql = f"""SELECT r.*, c.status AS check_status, c.max_abs_err, c.rtol, c.atol, c.reference, c.detail AS check_detail,
+                        a.tuned_tasks, a.total_tasks
+                 FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key
+                 WHERE r.id IN ({where}) ORDER BY r.id DESC"""
+        return self._db.dicts(sql, params)
+
+    def run_summaries(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+                      sweep_id: int | None = None, limit: int | None = None,
+                      status: str | None = None) -> dict[tuple[int, str, int], Summary]:
+        """(run id, metric, series) -> its stored summary, for the runs ``runs`` selects with the same arguments."""
+        where, params = run_filter(device, model, latest_only, sweep_id, limit, status)
+        rows = self._db.tuples(f"SELECT run_id, metric, series, {SUMMARY_COLUMNS} FROM summaries WHERE run_id IN ({where})",
+                               params)
+        return {(r[0], r[1], r[2]): Summary(*r[3:-1], bool(r[-1])) for r in rows}
+
+    def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+                   sweep_id: int | None = None, limit: int | None = None,
+                   status: str | None = None) -> dict[int, list[dict[str, Any]]]:
+        """run id -> its outputs' copies (index, bytes, shape, dtype, number), for the runs ``runs`` selects."""
+        where, params = run_filter(device, model, latest_only, sweep_id, limit, status)
+        copies: dict[int, list[dict[str, Any]]] = {}
+        for row in self._db.execute(f"SELECT * FROM copies WHERE run_id IN ({where}) ORDER BY run_id, output_index",
+                                    params):
+            copies.setdefault(row["run_id"], []).append(dict(row))
+        return copies
+
+    def samples(self, run_id: int, metric: str = "steady", series: int = 0) -> list[float]:
+        rows = self._db.execute(
+            "SELECT value_s FROM samples WHERE run_id=? AND metric=? AND series=? ORDER BY idx", (run_id, metric, series))
+        return [row[0] for row in rows]
+
+    def copy_curves(self, device: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
+        """Copy curves, newest first, each with ``points``: {direction, nbytes, number, samples_s}."""
+        sql, params = "SELECT * FROM copy_curves c", []
+        if device:
+            sql, params = sql + " WHERE c.device = ?", [device]
+        if latest_only:
+            sql += (" WHERE" if not device else " AND") + \
+                " c.id = (SELECT MAX(id) FROM copy_curves c2 WHERE c2.device = c.device)"
+        curves = [dict(row) for row in self._db.execute(sql + " ORDER BY c.id DESC", params)]
+        for curve in curves:
+            curve["context"] = json.loads(curve["context"])
+            points: dict[tuple[str, int], dict[str, Any]] = {}
+            for row in self._db.execute("SELECT * FROM copy_curve_samples WHERE curve_id=? ORDER BY direction, nbytes, idx",
+                                        (curve["id"],)):
+                point = points.setdefault((row["direction"], row["nbytes"]), {
+                    "direction": row["direction"], "nbytes": row["nbytes"], "number": row["number"], "samples_s": []})
+                point["samples_s"].append(row["value_s"])
+            curve["points"] = list(points.values())
+        return curves

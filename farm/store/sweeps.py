@@ -1,0 +1,73 @@
+"""Sweeps and their alerts: a sweep's spec and status, its cells' attempts, and the regression verdicts
+(``regress.SeriesVerdict``) stored with the method that reached them and their confirmation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from farm.records import Alert
+from farm.store.backends import Backend, now
+
+
+class SweepsMixin:
+    """The ``Store``'s sweeps and alerts."""
+
+    _db: Backend
+
+    def start_sweep(self, spec: dict[str, Any]) -> int:
+        with self._db.transaction() as db:
+            return db.insert_id("INSERT INTO sweeps (started_at, status, spec) VALUES (?, 'running', ?)",
+                                (now(), json.dumps(spec)))
+
+    def finish_sweep(self, sweep_id: int, status: str) -> None:
+        with self._db.transaction() as db:
+            db.execute("UPDATE sweeps SET finished_at=?, status=? WHERE id=?", (now(), status, sweep_id))
+
+    def sweep(self, sweep_id: int | None = None) -> dict[str, Any] | None:
+        """One sweep (the latest when ``sweep_id`` is None), with its spec parsed."""
+        if sweep_id is None:
+            row = self._db.execute("SELECT * FROM sweeps ORDER BY id DESC LIMIT 1").fetchone()
+        else:
+            row = self._db.execute("SELECT * FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
+        return None if row is None else {**dict(row), "spec": json.loads(row["spec"])}
+
+    def sweep_attempts(self, sweep_id: int) -> dict[tuple[str, str], list[tuple[int, str]]]:
+        """(device, model) -> [(attempt, status), ...] of a sweep's stored runs."""
+        cells: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for row in self._db.execute("SELECT device, model, attempt, status FROM runs WHERE sweep_id=? ORDER BY id",
+                                    (sweep_id,)):
+            cells.setdefault((row["device"], row["model"]), []).append((row["attempt"], row["status"]))
+        return cells
+
+    def save_alert(self, verdict: Mapping[str, Any], method: dict[str, Any], status: str | None = None,
+                   confirmation: dict[str, Any] | None = None) -> int:
+        """Insert or update the alert of one series in one sweep; returns its id.
+
+        Detecting again without confirming keeps an earlier confirmation and its status."""
+        stamp = now()
+        with self._db.transaction() as db:
+            db.execute(
+                """INSERT INTO alerts (created_at, updated_at, sweep_id, device, model, tuned, metric, run_id,
+                   baseline_run_id, status, value, z, change, baseline, method, confirmation)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   ON CONFLICT (sweep_id, device, model, tuned, metric) DO UPDATE SET updated_at=excluded.updated_at,
+                   status=CASE WHEN excluded.confirmation = '{}' THEN alerts.status ELSE excluded.status END,
+                   confirmation=CASE WHEN excluded.confirmation = '{}' THEN alerts.confirmation
+                                     ELSE excluded.confirmation END""",
+                (stamp, stamp, verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
+                 verdict["metric"], verdict["run_id"], verdict["baseline_run_id"], status or verdict["status"],
+                 verdict["value"], verdict["z"], verdict["change"], json.dumps(verdict["baseline"]),
+                 json.dumps(method), json.dumps(confirmation or {})))
+            row = db.execute("SELECT id FROM alerts WHERE sweep_id=? AND device=? AND model=? AND tuned=? AND metric=?",
+                             (verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
+                              verdict["metric"])).fetchone()
+        return int(row[0])
+
+    def alerts(self, sweep_id: int | None = None) -> list[Alert]:
+        sql, params = "SELECT * FROM alerts", []
+        if sweep_id is not None:
+            sql, params = sql + " WHERE sweep_id=?", [sweep_id]
+        return [Alert(**{**r, "tuned": bool(r["tuned"]), "baseline": json.loads(r["baseline"]),
+                         "method": json.loads(r["method"]), "confirmation": json.loads(r["confirmation"])})
+                for r in self._db.dicts(sql + " ORDER BY id", params)]

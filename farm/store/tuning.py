@@ -1,0 +1,66 @@
+"""Tuning: MetaSchedule sessions and their records, kept in the store so that any host can tune and
+compile with them.
+
+MetaSchedule's JSON database is two files: workload lines, and record lines ``[workload_index, body]``.
+The store keys workloads by the sha of their line and records by the sha of ``[workload_sha, body]``, so
+files from anywhere merge cleanly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from farm.records import Device, ModelSource
+from farm.store.backends import Backend, now
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class TuningMixin:
+    """The ``Store``'s tuning sessions and tuning records."""
+
+    _db: Backend
+
+    def start_tune_session(self, device: Device, model: ModelSource, tuning_key: str, target: dict,
+                           tvm_version: str, trials: int) -> int:
+        with self._db.transaction() as db:
+            return db.insert_id(
+                """INSERT INTO tune_sessions (started_at, device, key, model, model_digest, tuning_key, target,
+                   tvm_version, trials_requested, status) VALUES (?,?,?,?,?,?,?,?,?,'running')""",
+                (now(), device.name, device.key, model.name, model.digest, tuning_key, json.dumps(target),
+                 tvm_version, trials))
+
+    def finish_tune_session(self, session_id: int, status: str, reason: str, trials_done: int) -> None:
+        with self._db.transaction() as db:
+            db.execute("UPDATE tune_sessions SET finished_at=?, status=?, reason=?, trials_done=? WHERE id=?",
+                       (now(), status, reason, trials_done, session_id))
+
+    def add_tuning_lines(self, tuning_key: str, workloads: list[str], records: list[tuple[int, str, float | None]],
+                         session_id: int | None = None) -> int:
+        """Merge database lines; ``records`` are (workload index, body json, best run seconds). Returns new records."""
+        stamp = now()
+        workload_shas = [_sha(line) for line in workloads]
+        added = 0
+        with self._db.transaction() as db:
+            db.executemany("INSERT INTO tune_workloads (tuning_key, sha, line, added_at) VALUES (?,?,?,?) "
+                           "ON CONFLICT DO NOTHING",
+                           [(tuning_key, s, line, stamp) for s, line in zip(workload_shas, workloads)])
+            for index, body, run_s in records:
+                wsha = workload_shas[index]
+                cursor = db.execute("INSERT INTO tune_records (tuning_key, sha, workload_sha, body, run_s, "
+                                    "session_id, added_at) VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                                    (tuning_key, _sha(wsha + body), wsha, body, run_s, session_id, stamp))
+                added += cursor.rowcount
+        return added
+
+    def tuning_lines(self, tuning_key: str) -> tuple[list[str], list[str]]:
+        """The JSON database files' lines for ``tuning_key``: (workload lines, record lines)."""
+        workloads = self._db.execute(
+            "SELECT sha, line FROM tune_workloads WHERE tuning_key=? ORDER BY rowid", (tuning_key,)).fetchall()
+        index = {row["sha"]: i for i, row in enumerate(workloads)}
+        records = self._db.execute(
+            "SELECT workload_sha, body FROM tune_records WHERE tuning_key=? ORDER BY rowid", (tuning_key,)).fetchall()
+        return [row["line"] for row in workloads], [f"[{index[r['workload_sha']]}, {r['body']}]" for r in records]
