@@ -36,6 +36,8 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
         store.save_alert(verdict, METHOD.to_json())
         if not (confirm_candidates and verdict["status"] == "candidate" and verdict["metric"] == "steady"):
             continue
+        if verdict["runtime"] != "tvm":  # a reference runtime's series has no artifacts to rerun: the control, left
+            continue                     # as the candidate it is (it says whether the device or the model moved)
         status, detail = _confirm_one(store, tracker, devices or {}, verdict, config, progress)
         store.save_alert(verdict, METHOD.to_json(), status, detail)
     return store.alerts(sweep["id"]), sweep["id"]

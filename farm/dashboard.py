@@ -17,7 +17,7 @@ import tornado.web
 
 from farm.errors import FarmError, StoreError
 from farm.records import Inventory, SweepSpec
-from farm.rpc.tracker import query_summary
+from farm.rpc.tracker import key_state, query_summary
 from farm.results import run_rows
 from farm.stats import hottest
 from farm.store import Store, exists
@@ -129,7 +129,7 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
         probe = probes.get(name)
         state["devices"].append({
             "device": name, "kind": device.kind, "key": device.key,
-            "state": "unknown" if summary is None else ("online" if free else ("busy" if servers else "missing")),
+            "state": "unknown" if summary is None else key_state(status),
             "servers": servers, "free": free,
             "last_probe": time.strftime("%H:%M:%S", time.localtime(probe["at"])) if probe else None,
             "probe_state": probe["state"] if probe else None, "temperature_c": temperatures.get(name),

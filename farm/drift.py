@@ -4,7 +4,7 @@ Nightly z-scores compare one night with a baseline and miss a series that creeps
 never trips a 2 % threshold, yet a quarter later the model is 12 % slower. The drift view
 segments each series' whole history instead: the segmentation that minimizes the L2 cost on log
 values (so a shift is relative) plus a penalty ``PENALTY × σ² × ln n`` per change point, σ the
-night-to-night noise estimated from the series itself (MAD of successive differences), at least
+night-to-night noise estimated from the series itself (``stats.robust_sd`` of successive differences), at least
 ``MIN_SIZE`` nights per segment. Shifts smaller than ``MIN_CHANGE`` are merged away. No TVM, no database.
 
 That objective is PELT's; ``segment_l2`` solves it exactly by dynamic programming over every split
@@ -21,8 +21,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from farm.series import by_sweep
+from farm.stats import median, robust_sd
 
 MIN_SIZE = 3
+MIN_NIGHTS = 2 * MIN_SIZE  # a series shorter than two segments is not segmented
 MIN_CHANGE = 0.02
 PENALTY = 5.0  # on 400 generated 30-night series: 1.3 % of flat 3 %-noise series, 99 % of 10 % steps found
 NOISE_FLOOR = 0.002  # σ of log values below which nights count as identical (0.2 %)
@@ -51,10 +53,11 @@ class Drift:
 
 
 def noise_of(log_values: np.ndarray) -> float:
-    diffs = np.diff(log_values)
-    if diffs.size == 0:
+    """σ of night-to-night noise: the robust spread of successive differences (blind to the level shifts being
+    looked for), at least ``NOISE_FLOOR``."""
+    if len(log_values) < 2:
         return NOISE_FLOOR
-    return max(float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / np.sqrt(2)), NOISE_FLOOR)
+    return max(robust_sd(log_values, of_differences=True), NOISE_FLOOR)
 
 
 def segment_l2(values: np.ndarray, penalty: float, min_size: int) -> list[int]:
@@ -90,18 +93,18 @@ def find_drift(values: Sequence[float], min_size: int = MIN_SIZE, min_change: fl
     sigma = noise_of(logs)
     ends = segment_l2(logs, penalty * sigma ** 2 * np.log(raw.size), min_size)
     bounds = [0, *ends]
-    segments = [Segment(a, b, float(np.median(raw[a:b]))) for a, b in zip(bounds, bounds[1:])]
+    segments = [Segment(a, b, median(raw[a:b])) for a, b in zip(bounds, bounds[1:])]
     merged = [segments[0]]
     for segment in segments[1:]:  # a shift below min_change is no shift: join the segments
         last = merged[-1]
         if abs(segment.median / last.median - 1.0) < min_change:
-            merged[-1] = Segment(last.start, segment.end, float(np.median(raw[last.start:segment.end])))
+            merged[-1] = Segment(last.start, segment.end, median(raw[last.start:segment.end]))
         else:
             merged.append(segment)
     return Drift(tuple(merged), sigma)
 
 
-def drift_rows(rows: list[dict[str, Any]], metric_value, min_nights: int = 2 * MIN_SIZE) -> list[dict[str, Any]]:
+def drift_rows(rows: list[dict[str, Any]], metric_value, min_nights: int = MIN_NIGHTS) -> list[dict[str, Any]]:
     """Per series (``series.by_sweep``: device, model, tuned and their target/TVM/pipeline context) with enough
     sweeps: its segments and total change.
 

@@ -38,6 +38,7 @@ from farm.records import (Artifact, BenchConfig, BenchResult, CheckResult, CopyC
                            Device, TrackerAddress)
 from farm.records import CPU_TARGETS, TARGET_KINDS, target_kind
 from farm.rpc.session import request_session
+from farm.stats import median
 
 log = logging.getLogger(__name__)
 
@@ -400,8 +401,8 @@ def interleaved_rounds(
             raise MeasurementError(f"interleaved rerun on {device.name!r} failed in round {round_index + 1}: "
                                    f"{first_line(exc)}",
                                    "check the device (farm devices) and that both artifacts still exist") from exc
-        old_rounds.append(float(np.median(old_s)))
-        new_rounds.append(float(np.median(new_s)))
+        old_rounds.append(median(old_s))
+        new_rounds.append(median(new_s))
     return old_rounds, new_rounds
 
 

@@ -91,6 +91,7 @@ class Alert(Record):
     device: str
     model: str
     tuned: bool
+    runtime: str  # tvm, or the reference runtime whose series it judges (onnxruntime …)
     metric: str
     run_id: int
     baseline_run_id: int | None

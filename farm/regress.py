@@ -2,7 +2,7 @@
 
 A *series* is one model on one device, tuned or not, one metric. Its *baseline* is the last
 N accepted nightly medians (accepted: status ok and not unstable); centre = their median,
-spread = 1.4826·MAD, floored at a fraction of the centre.
+spread = 1.4826·MAD (``stats.robust_sd``), floored at a fraction of the centre.
 
 A night is a *candidate* when both its robust z and its relative change pass the metric's
 thresholds. A nightly z alone cannot tell a 10 % step from 3 % night-to-night noise, so the
@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from farm.records import Record
-from farm.series import SeriesKey, by_sweep, series_key
+from farm.series import SeriesKey, by_sweep
+from farm.stats import median, robust_sd
 
 if TYPE_CHECKING:
     from farm.runs import Run
 
 METRICS = ("steady", "load", "first_run", "copy")
+CONFIRM_ROUNDS = (8, 16)  # confirmation: 8 rounds (the fewest at which p < 0.01 can be reached), then 16 if inconclusive
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,8 @@ def baseline_of(history: Sequence[float], method: Method = METHOD) -> Baseline |
     values = np.asarray(list(history)[-method.baseline_n:], dtype=np.float64)
     if values.size < method.baseline_min:
         return None
-    centre = float(np.median(values))
-    spread = max(float(1.4826 * np.median(np.abs(values - centre))), method.spread_floor * centre)
+    centre = median(values)
+    spread = max(robust_sd(values), method.spread_floor * centre)
     return Baseline(int(values.size), centre, spread, tuple(float(v) for v in values))
 
 
@@ -130,7 +132,7 @@ def compare_samples(old: Sequence[float], new: Sequence[float], method: Method =
 
     mw = float(scipy_stats.mannwhitneyu(new_a, old_a, alternative="two-sided").pvalue)
     ks = float(scipy_stats.ks_2samp(new_a, old_a).pvalue)
-    m_old, m_new = float(np.median(old_a)), float(np.median(new_a))
+    m_old, m_new = median(old_a), median(new_a)
     change = (m_new - m_old) / m_old
     if mw < method.p_confirm and ks < method.p_confirm:
         verdict = "slower" if change > 0 else "faster"
@@ -163,6 +165,7 @@ class SeriesVerdict(Record):
     metric: str
     sweep_id: int
     run_id: int
+    runtime: str  # tvm, or the reference runtime whose series this is (onnxruntime …): its own series, no artifact
     artifact_key: str
     model_digest: str
     baseline_run_id: int | None
@@ -176,22 +179,22 @@ class SeriesVerdict(Record):
 
 def detect(runs: list["Run"], sweep_id: int, method: Method = METHOD,
            accepted: dict[SeriesKey, dict[int, "Run"]] | None = None) -> list[SeriesVerdict]:
-    """Verdicts for every series of ``sweep_id`` against the earlier sweeps' accepted values (``series.by_sweep``:
-    same device, model, tuned, target, TVM and pipeline version).
+    """Verdicts for every series of ``sweep_id`` against the earlier sweeps' accepted values.
 
-    ``runs``: results.run_rows of all sweeps, any order. Only the final attempt of a cell counts. ``accepted``:
-    ``by_sweep(runs)`` when the caller has it (only the sweeps before ``sweep_id`` are read from it)."""
+    Both the judged run and the history are ``series.by_sweep``'s, with ``keep_unstable_of=sweep_id``: a
+    series' run of the sweep is its last ok one (unstable too: it is judged "unstable", never silently
+    dropped), each earlier sweep's its last ok, stable one; same device, model, tuned, target, TVM and
+    pipeline version. ``runs``: results.run_rows of all sweeps, any order. ``accepted``: that ``by_sweep``
+    when the caller has it (review shares it with its evidence)."""
     if accepted is None:
-        accepted = by_sweep(runs)
-    current: dict[SeriesKey, Run] = {}
-    for run in sorted(runs, key=lambda r: r.run_id):
-        if run.sweep_id == sweep_id and run.status == "ok":
-            current[series_key(run)] = run
+        accepted = by_sweep(runs, keep_unstable_of=sweep_id)
     verdicts = []
-    for key, now in sorted(current.items(), key=lambda item: item[0]):
+    for key, by_sweep_id in sorted(accepted.items(), key=lambda item: item[0]):
+        now = by_sweep_id.get(sweep_id)
+        if now is None:
+            continue
         device, model, tuned, _ = key
-        earlier = accepted.get(key, {})
-        history_runs = [earlier[s] for s in sorted(earlier) if s < sweep_id]
+        history_runs = [by_sweep_id[s] for s in sorted(by_sweep_id) if s < sweep_id]
         last = history_runs[-1] if history_runs else None
         for metric in METRICS:
             value = series_value(metric, now)
@@ -201,6 +204,7 @@ def detect(runs: list["Run"], sweep_id: int, method: Method = METHOD,
             verdict = judge(value, history, metric, unstable=now.unstable and metric == "steady", method=method)
             verdicts.append(SeriesVerdict(
                 device=device, model=model, tuned=tuned, metric=metric, sweep_id=sweep_id, run_id=now.run_id,
+                runtime=now.runtime,
                 artifact_key=now.artifact_key, model_digest=now.model_digest,
                 baseline_run_id=last.run_id if last else None, baseline_artifact_key=last.artifact_key if last else None,
                 status=verdict.status, value=verdict.value, z=verdict.z, change=verdict.change,
@@ -241,10 +245,10 @@ def compare_rounds(old: Sequence[float], new: Sequence[float], method: Method = 
         verdict = "same"
     else:
         verdict = "inconclusive"
-    return RoundComparison(int(old_a.size), float(np.median(old_a)), float(np.median(new_a)), change, p, verdict)
+    return RoundComparison(int(old_a.size), median(old_a), median(new_a), change, p, verdict)
 
 
-def confirm(sample_rounds, rounds: Sequence[int] = (8, 16), method: Method = METHOD) -> tuple[str, RoundComparison | None]:
+def confirm(sample_rounds, rounds: Sequence[int] = CONFIRM_ROUNDS, method: Method = METHOD) -> tuple[str, RoundComparison | None]:
     """Confirm a candidate: ``sample_rounds(n)`` reruns old and new artifacts for ``n`` more rounds (a fresh load
     of both each round) and returns their per-round figures. Inconclusive after the first rounds → more rounds;
     still inconclusive → "unknown".

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -9,10 +10,10 @@ from typing import Any
 import jinja2
 
 import farm
-from farm.results import Run, run_rows
+from farm.results import Run, Versus, run_rows, versus_reference
 from farm.figures import figure_png, figure_pool, pyplot
 from farm.review import PLOTTED_CELLS, review_figures, stacked_png, sweep_review, worst_first
-from farm.stats import format_duration, median
+from farm.stats import format_duration, median, model_label
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
@@ -20,7 +21,7 @@ FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it
 
 def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None) -> Path:
     """Write the report for the latest run of every device × model (and the sweep's alerts); returns its path."""
-    latest = run_rows(store, latest_only=True)
+    latest, versus = versus_reference(run_rows(store, latest_only=True))
     latest.sort(key=lambda r: (r["device"], r["model"], r["tuned"]))
     failures = run_rows(store, status="failed")
     ok = [r for r in latest if r["status"] == "ok"]
@@ -29,13 +30,16 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     )
     env.filters["ms"] = format_duration
     env.filters["bytes"] = format_bytes
+    env.filters["model_label"] = model_label  # {{ a.model|model_label(a.tuned) }}
     curves = _copy_curves(store)
     alerts = sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else []
-    figures = 3 + (review_figures(alerts) if sweep_id is not None else 0)
+    figures = 4 + (review_figures(alerts) if sweep_id is not None else 0)
     with figure_pool(figures) as pool:  # drawn in worker processes where that is safe, while this goes on
         distribution = pool.submit(_distribution_png, _distribution_data(store, ok))
         phases = pool.submit(stacked_png, ok)
         copies = pool.submit(_copy_curves_png, curves) if curves else None
+        compared = [v for v in versus.values() if v.ratio is not None]
+        versus_png = pool.submit(_versus_png, _versus_data(compared)) if compared else None
         review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
         html = env.get_template("report.html").render(
             title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -47,6 +51,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
             review=review, variants=_variant_rows(latest),
             copy_curves=curves, copy_sizes=sorted({n for c in curves for _, n in c["by_size"]}),
             copy_curves_png=copies.result() if copies else "",
+            versus=versus, versus_rows=[versus[r.run_id] for r in latest], versus_png=versus_png.result() if versus_png else "",
         )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +122,7 @@ def _distribution_data(store: Store, rows: list[Run], most: int = PLOTTED_CELLS)
     if len(rows) > most:
         rows = sorted(sorted(rows, key=lambda r: r["steady_cv"] or 0, reverse=True)[:most],
                       key=lambda r: (r["device"], r["model"], r["tuned"]))
-    data = [(f"{r['device']}\n{r['model']}{' (tuned)' if r['tuned'] else ''}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
+    data = [(f"{r['device']}\n{model_label(r['model'], r['tuned'])}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
     return [(label, values) for label, values in data if values]
 
 
@@ -132,4 +137,31 @@ def _distribution_png(data: list[tuple[str, list[float]]]) -> str:
     ax.set_xticks(range(1, len(data) + 1), [label for label, _ in data], fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("steady latency per call (ms)")
+    return figure_png(fig)
+
+
+def _versus_data(rows: list[Versus], most: int = PLOTTED_CELLS) -> list[tuple[str, float, float, str]]:
+    """(cell label, TVM ms, reference ms, runtime) per compared cell; the ``most`` furthest from their reference."""
+    rows = sorted(rows, key=lambda v: -abs(math.log(v.ratio or 1.0)))[:most]
+    return sorted(((f"{v.tvm.device} · {model_label(v.tvm.model, v.tvm.tuned)}", v.tvm.steady_median_s * 1000,
+                    v.reference.steady_median_s * 1000, v.reference.runtime) for v in rows  # type: ignore[union-attr]
+                   ), key=lambda row: row[0])
+
+
+def _versus_png(data: list[tuple[str, float, float, str]]) -> str:
+    """TVM against the reference runtime per device × model: paired horizontal bars, log time axis."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.45 * len(data)))
+    ys = range(len(data))
+    ax.barh([y + 0.2 for y in ys], [tvm for _, tvm, _, _ in data], height=0.4, label="TVM", color="tab:blue")
+    ax.barh([y - 0.2 for y in ys], [ref for _, _, ref, _ in data], height=0.4, color="tab:orange",
+            label=" / ".join(sorted({runtime for *_, runtime in data})) + " (reference)")
+    for y, (_, tvm, ref, _) in zip(ys, data):
+        ax.text(max(tvm, ref) * 1.1, y, f"{tvm / ref:.2g}×", va="center", fontsize=7)
+    ax.set_yticks(list(ys), [label for label, *_ in data], fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("steady latency per call (ms, log scale)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
     return figure_png(fig)

@@ -9,11 +9,15 @@ from ``run_rows``; ``series`` groups them, ``regress`` judges them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+
+from farm.records import Record
 from farm.runs import Run
 from farm.series import context_of
+from farm.stats import versus_text
 from farm.store import Store
 
-__all__ = ["COLUMNS", "Run", "run_rows", "rows_frame"]
+__all__ = ["COLUMNS", "Run", "Versus", "run_rows", "rows_frame", "versus_reference"]
 
 COLUMNS = [
     "run_id", "started_at", "device", "key", "model", "status", "failed_step", "reason",
@@ -24,7 +28,7 @@ COLUMNS = [
     "copy_s", "copy_bytes", "copy_share", "fallback_of",
     "check", "max_abs_err", "emulated", "tuned", "tuned_tasks", "total_tasks", "sweep_id", "attempt",
     "artifact_key", "tvm_version",
-    "farm_version",
+    "farm_version", "runtime", "runtime_version",
 ]
 
 
@@ -42,9 +46,11 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
         run_id = run["id"]
         copies = copies_of.get(run_id, [])
         context = json.loads(run["context"])
-        seen = (run["tvm_version"], context.get("pipeline_version"), repr(context.get("target")))
+        seen = (run["tvm_version"], context.get("pipeline_version"), repr(context.get("target")), run["runtime"],
+                run["runtime_version"])
         if (series_context := contexts.get(seen)) is None:
-            series_context = contexts[seen] = context_of(context, run["tvm_version"])
+            series_context = contexts[seen] = context_of(context, run["tvm_version"], run["runtime"],
+                                                         run["runtime_version"])
         rows.append(Run(
             run_id=run_id, started_at=run["started_at"], device=run["device"], key=run["key"], model=run["model"],
             model_digest=run["model_digest"], status=run["status"], failed_step=run["failed_step"],
@@ -55,7 +61,8 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
             check=run["check_status"] or "skipped", max_abs_err=run["max_abs_err"], emulated=bool(run["emulated"]),
             tuned=bool(run["tuned"]), tuned_tasks=run["tuned_tasks"] or 0, total_tasks=run["total_tasks"] or 0,
             sweep_id=run["sweep_id"], attempt=run["attempt"], artifact_key=run["artifact_key"],
-            tvm_version=run["tvm_version"], farm_version=run["farm_version"], context=context,
+            tvm_version=run["tvm_version"], farm_version=run["farm_version"], runtime=run["runtime"],
+            runtime_version=run["runtime_version"], context=context,
             series_context=series_context,
             steady=summaries.get((run_id, "steady", 0)), steady_wall=summaries.get((run_id, "steady_wall", 0)),
             copy_s=tuple(s.median if (s := summaries.get((run_id, "copy", c["output_index"]))) else None
@@ -72,3 +79,53 @@ def rows_frame(rows: list[Run]):
     columns["copy_s"] = [";".join("" if v is None else f"{v:.9g}" for v in row.copy_s) for row in rows]
     columns["copy_bytes"] = [";".join(str(v) for v in row.copy_bytes) for row in rows]
     return pd.DataFrame(columns, columns=COLUMNS)
+
+
+@dataclass(frozen=True, slots=True)
+class Versus(Record):
+    """A TVM run beside its device × model's latest reference-runtime run (onnxruntime …), or why it has none."""
+
+    tvm: Run
+    reference: Run | None
+    note: str  # why there is no reference figure ('' when there is one)
+
+    VIEWS = ("ratio", "text")
+
+    @property
+    def ratio(self) -> float | None:
+        """TVM's steady median / the reference's (> 1: TVM slower)."""
+        ok = self.reference is not None and self.reference.status == "ok" and self.tvm.status == "ok"
+        if not ok or not self.tvm.steady_median_s or not self.reference.steady_median_s:  # type: ignore[union-attr]
+            return None
+        return self.tvm.steady_median_s / self.reference.steady_median_s  # type: ignore[union-attr]
+
+    @property
+    def text(self) -> str:
+        if self.ratio is None:
+            return self.note
+        return versus_text(self.tvm.steady_median_s, self.reference.steady_median_s,  # type: ignore[union-attr]
+                           self.reference.runtime)  # type: ignore[union-attr]
+
+
+def versus_reference(runs: list[Run]) -> tuple[list[Run], dict[int, Versus]]:
+    """TVM's runs among ``runs`` (latest per cell), and for each (by run id) its device × model's latest reference
+    run. Without one, the note says why: the device runs none (the run's context says so), it failed, or it was not
+    measured with this run (older runs, ``--tvm-only``)."""
+    references: dict[tuple[str, str], Run] = {}
+    for run in sorted((r for r in runs if r.is_reference), key=lambda r: r.run_id):
+        references[(run.device, run.model)] = run
+    tvm = [r for r in runs if not r.is_reference]
+    versus = {}
+    for run in tvm:
+        reference = references.get((run.device, run.model))
+        said = run.context.get("reference_runtime", "")
+        if reference is not None and reference.status != "ok":
+            note = f"{reference.runtime} failed at {reference.failed_step}: {reference.reason}"
+        elif reference is None and said.startswith("no reference"):
+            note = said
+        elif reference is None:
+            note = "no reference runtime measured"
+        else:
+            note = ""
+        versus[run.run_id] = Versus(run, reference, note)
+    return tvm, versus

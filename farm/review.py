@@ -20,7 +20,7 @@ from farm.regress import METHOD, SeriesVerdict, detect, series_value
 from farm.results import run_rows
 from farm.runs import Run
 from farm.series import by_sweep, series_key
-from farm.stats import bootstrap_median_ci, hottest
+from farm.stats import bootstrap_median_ci, hottest, model_label, time_unit
 from farm.store import Store
 
 HEAT_LIMIT = 0.20  # colour scale of the heatmap saturates at ±20 %
@@ -29,17 +29,8 @@ LABELLED_CELLS = 300  # heatmap cells that get a printed value
 THERMAL_RISE_C = 5.0  # a cell that warmed the device this much is a thermal event
 
 
-def time_unit(values_s) -> tuple[float, str]:
-    """(scale, unit) that shows seconds ``values_s`` as readable numbers."""
-    top = max((abs(v) for v in values_s), default=0.0)
-    for scale, unit in ((1.0, "s"), (1e3, "ms"), (1e6, "µs")):
-        if top * scale >= 1.0:
-            return scale, unit
-    return 1e9, "ns"
-
-
 def label(row: Run) -> str:
-    return f"{row.model}{' (tuned)' if row.tuned else ''}"
+    return model_label(row.model, row.tuned, row.runtime)
 
 
 def review_figures(alerts: list[Alert]) -> int:
@@ -135,16 +126,17 @@ def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: floa
     plt = pyplot()
     base = alert.baseline
     fig, ax = plt.subplots(figsize=(5.2, 2.6))
-    scale, unit = time_unit([v for _, v, _ in history] + [alert.value, base["centre"]])
+    unit = time_unit([v for _, v, _ in history] + [alert.value, base["centre"]])
     xs = [s for s, _, _ in history]
-    ys = [v * scale for _, v, _ in history]
+    ys = [v / unit.seconds for _, v, _ in history]
     ax.plot(xs, ys, "o-", color="tab:blue", markersize=3, linewidth=1, label="nightly value")
-    low, high = (base["centre"] - z_limit * base["spread"]) * scale, (base["centre"] + z_limit * base["spread"]) * scale
+    low = (base["centre"] - z_limit * base["spread"]) / unit.seconds
+    high = (base["centre"] + z_limit * base["spread"]) / unit.seconds
     ax.axhspan(low, high, color="tab:green", alpha=0.15, label=f"baseline ± {z_limit:g}·spread")
-    ax.axhline(base["centre"] * scale, color="tab:green", linewidth=1)
-    ax.plot([alert.sweep_id], [alert.value * scale], "o", color="tab:red", markersize=7, label="this sweep")
+    ax.axhline(base["centre"] / unit.seconds, color="tab:green", linewidth=1)
+    ax.plot([alert.sweep_id], [alert.value / unit.seconds], "o", color="tab:red", markersize=7, label="this sweep")
     ax.set_xlabel("sweep")
-    ax.set_ylabel(f"{alert.metric} ({unit})")
+    ax.set_ylabel(f"{alert.metric} ({unit.name})")
     ax.legend(fontsize=7, loc="best")
     fig.subplots_adjust(left=0.14, right=0.98, bottom=0.18, top=0.96)
     return figure_png(fig, tight=False)
@@ -153,15 +145,15 @@ def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: floa
 def distribution_png(alert: Alert, old: list[float], new: list[float]) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.2, 2.6))
-    scale, unit = time_unit(list(old) + list(new))
-    data = [[v * scale for v in old], [v * scale for v in new]]
+    unit = time_unit(list(old) + list(new))
+    data = [[v / unit.seconds for v in old], [v / unit.seconds for v in new]]
     ax.boxplot(data, showfliers=False)
     rng = np.random.default_rng(0)
     for i, values in enumerate(data, start=1):
         ax.plot(i + rng.uniform(-0.12, 0.12, len(values)), values, "o", alpha=0.35, markersize=3,
                 color="tab:green" if i == 1 else "tab:red")
     ax.set_xticks([1, 2], [f"baseline ({len(old)})", f"this sweep ({len(new)})"])
-    ax.set_ylabel(f"{alert.metric} ({unit})")
+    ax.set_ylabel(f"{alert.metric} ({unit.name})")
     fig.subplots_adjust(left=0.17, right=0.98, bottom=0.12, top=0.96)
     return figure_png(fig, tight=False)
 
@@ -265,7 +257,7 @@ def drift_png(shifted: list[dict[str, Any]]) -> str:
     fig, ax = plt.subplots(figsize=(6.5, 3))
     for s in shifted:
         line, = ax.plot(s["sweeps"], [v * 1000 for v in s["values"]], "o-", markersize=2, linewidth=0.8,
-                        label=f"{s['device']} · {s['model']}{' (tuned)' if s['tuned'] else ''}")
+                        label=f"{s['device']} · {model_label(s['model'], s['tuned'])}")
         for seg in s["segments"]:
             ax.hlines(seg["median"] * 1000, seg["first_sweep"], seg["last_sweep"], colors=line.get_color(), linewidth=2.5)
     ax.set_xlabel("sweep")

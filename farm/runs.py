@@ -48,6 +48,8 @@ class Run(Record):
     artifact_key: str
     tvm_version: str
     farm_version: str
+    runtime: str  # tvm, or a reference runtime timed beside it (onnxruntime | litert | torch): no artifact
+    runtime_version: str
     context: dict[str, Any]
     series_context: str  # what must not change inside a baseline (series.context_of)
     steady: Summary | None
@@ -79,6 +81,11 @@ class Run(Record):
         if not per_run or not self.copy_s or None in self.copy_s:
             return None
         return sum(self.copy_s) / per_run  # type: ignore[arg-type]
+
+    @property
+    def is_reference(self) -> bool:
+        """A run of the reference runtime (onnxruntime …), not of TVM: the control beside TVM's runs."""
+        return self.runtime != "tvm"
 
     @property
     def copy_pairs(self) -> list[tuple[int, float | None]]:

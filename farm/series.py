@@ -2,7 +2,7 @@
 one rule for the value each sweep contributes to it. No TVM, no database.
 
 A series also carries the context that must not change inside a baseline: the target, the TVM
-version and farm's pipeline version. A run compiled for another target or by another TVM starts a
+version and farm's pipeline version (for a reference runtime's runs: that runtime and its version). A run compiled for another target or by another TVM starts a
 new series (pyperf refuses to compare runs whose metadata differ for the same reason): a TVM
 upgrade is a new baseline, never a regression or an improvement.
 
@@ -21,9 +21,13 @@ if TYPE_CHECKING:
 SeriesKey = tuple[str, str, bool, str]  # device, model, tuned, context (JSON: target, tvm, pipeline)
 
 
-def context_of(context: dict[str, Any], tvm_version: str | None) -> str:
-    """What must be equal for two runs to share a baseline (target, TVM version, farm's pipeline version), as
-    one comparable string: ``Run.series_context``."""
+def context_of(context: dict[str, Any], tvm_version: str | None, runtime: str = "tvm", runtime_version: str = "") -> str:
+    """What must be equal for two runs to share a baseline, as one comparable string: ``Run.series_context``.
+    TVM's runs: the target, TVM version and farm's pipeline version. A reference runtime's runs (onnxruntime …):
+    that runtime and its version, never TVM's: they are the control that tells whether the device or the model
+    changed when TVM did."""
+    if runtime != "tvm":
+        return json.dumps({"runtime": runtime, "version": runtime_version}, sort_keys=True)
     return json.dumps({"target": context.get("target"), "tvm": tvm_version,
                        "pipeline": context.get("pipeline_version")}, sort_keys=True)
 

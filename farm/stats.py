@@ -1,20 +1,23 @@
 """Robust statistics over raw samples. No TVM, no database.
 
 Every steady-state sample farm stores is already a mean over ``number`` calls
-(that is what ``time_evaluator`` returns); these functions summarize the repeats. ``hottest`` is
-the one rule for a health reading's temperature (the gates, the report's data quality, the dashboard).
+(that is what ``time_evaluator`` returns); these functions summarize the repeats. Every median and
+robust spread in farm comes from here (``median``, ``robust_sd``): baselines, drift, confirmation rounds.
+``hottest`` is the one rule for a health reading's temperature (the gates, the report's data quality, the
+dashboard); ``time_unit`` and ``model_label`` the one way durations and tuned series are shown.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 UNSTABLE_CV = 0.10
 UNSTABLE_MAX_OVER_MEDIAN = 1.5
+MAD_TO_SD = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of normal data times this is its standard deviation
 # names the arithmetic of ``summarize_rows``; the store keeps it beside the summaries it wrote and
 # recomputes them when it changes (change it with any change to that arithmetic or the defaults below)
 SUMMARY_RULE = "1 median+p10/p90 linear, cv ddof=1, unstable cv>=0.10|max>=1.5*median, bootstrap 95% 2000 seed 0"
@@ -41,6 +44,21 @@ def median(samples) -> float | None:
     count); None when there are no samples."""
     values = np.sort(np.asarray(samples, dtype=np.float64))
     return float(_sorted_percentile(values[None, :], 50.0)[0]) if values.size else None
+
+
+def robust_sd(values, of_differences: bool = False) -> float:
+    """A standard deviation that outliers do not move: 1.4826 · MAD (the median absolute deviation from the
+    median), which equals σ for normal data. ``of_differences``: the σ of the noise around a level that may
+    shift, from the MAD of successive differences ÷ √2 (a difference of two independent draws has √2·σ), so a
+    step or a trend in ``values`` does not count as noise. Regression baselines take the first, drift's
+    night-to-night noise the second. NaN when there is nothing to measure."""
+    values = np.asarray(values, dtype=np.float64)
+    if of_differences:
+        values = np.diff(values)
+    if values.size == 0:
+        return float("nan")
+    spread = MAD_TO_SD * np.median(np.abs(values - np.median(values)))
+    return float(spread / np.sqrt(2) if of_differences else spread)
 
 
 def summarize(samples: list[float] | tuple[float, ...], seed: int = 0, resamples: int = 2000) -> Summary | None:
@@ -76,7 +94,7 @@ def summarize_rows(matrix: np.ndarray, seed: int = 0, resamples: int = 2000) -> 
         "n": np.full(count, size), "median": median, "mean": mean,
         "p10": _sorted_percentile(values, 10.0), "p90": _sorted_percentile(values, 90.0),
         "min": values[:, 0], "max": top, "cv": cv,
-        "mad": 1.4826 * np.median(np.abs(values - median[:, None]), axis=1),
+        "mad": MAD_TO_SD * np.median(np.abs(values - median[:, None]), axis=1),
         "ci_low": low, "ci_high": high, "unstable": unstable,
     }
 
@@ -167,14 +185,48 @@ def _middle_pairs(size: int, seed: int, resamples: int) -> tuple[np.ndarray, np.
     return pairs[:, 0], pairs[:, 1], weights
 
 
+class TimeUnit(NamedTuple):
+    name: str  # s, ms, µs, ns
+    seconds: float  # its length: 1e-3 for ms
+
+
+TIME_UNITS = (TimeUnit("s", 1.0), TimeUnit("ms", 1e-3), TimeUnit("µs", 1e-6), TimeUnit("ns", 1e-9))
+
+
+def time_unit(values_s) -> TimeUnit:
+    """The unit that shows seconds ``values_s`` as readable numbers: the largest unit the largest of them
+    (by magnitude) reaches, nanoseconds below a microsecond. The one choice of unit: printed durations
+    (``format_duration``) and figure axes (the review's)."""
+    top = max((abs(v) for v in values_s), default=0.0)
+    return next((unit for unit in TIME_UNITS if top >= unit.seconds), TIME_UNITS[-1])
+
+
 def format_duration(seconds: float | None) -> str:
     """Seconds with a readable unit: 1.24 ms, 11.8 µs, 2.31 s ('' for None)."""
     if seconds is None:
         return ""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
+    unit = time_unit([seconds])
+    return f"{seconds / unit.seconds:.3g} {unit.name}"
+
+
+def model_label(model: str, tuned: bool, runtime: str = "tvm") -> str:
+    """A model as tables and figures name it: 'mlp', 'mlp (tuned)' when tuning records were compiled in, or
+    'mlp [onnxruntime]' for a reference runtime's series. The one label of a series' model: the report (a Jinja
+    filter), the review's figures, `farm drift`."""
+    if runtime != "tvm":
+        return f"{model} [{runtime}]"
+    return f"{model} (tuned)" if tuned else model
+
+
+def versus_text(tvm_s: float | None, reference_s: float | None, runtime: str) -> str:
+    """TVM's steady figure against a reference runtime's, in words: 'TVM 3.1× slower' / 'TVM 1.4× faster'
+    ('' when either is missing). The one wording of the comparison: farm bench, the report, the CLI."""
+    if not tvm_s or not reference_s:
+        return ""
+    ratio = tvm_s / reference_s
+    if 0.995 <= ratio <= 1.005:
+        return f"TVM as fast as {runtime}"
+    return f"TVM {ratio:.3g}× slower" if ratio > 1 else f"TVM {1 / ratio:.3g}× faster"
 
 
 def hottest(health: dict[str, Any]) -> float | None:

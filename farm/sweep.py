@@ -27,10 +27,12 @@ from farm.compile import compile_model, effective_target, fallback_device, toolc
 from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, StoreError, TrackerError, first_line
 from farm.measure import bench_artifact, measure_copy_curve
+from farm.models.runtimes import runtime_name
 from farm.models import (VARIANT_TOLERANCE, load_model_variant, load_reference_file, load_test_data, make_inputs,
                          reference_outputs, shipped_test_data)
+from farm.reference import bench_reference, reference_threads, reference_unavailable
 from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
-                           SweepSpec, TrackerAddress, TuningSet)
+                           SweepSpec, TrackerAddress, TuningSet, target_kind)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 
@@ -49,6 +51,7 @@ class CellResult:
     result: BenchResult
     artifact: Artifact | None
     fallback: "CellResult | None" = None  # the same model on the device's CPU, when its GPU failed it
+    reference: "CellResult | None" = None  # the same model in its reference runtime (onnxruntime …), where one runs
 
 
 def needs_fallback(device: Device, result: BenchResult) -> bool:
@@ -58,7 +61,7 @@ def needs_fallback(device: Device, result: BenchResult) -> bool:
 
 
 def is_gpu(device: Device) -> bool:
-    return effective_target(device)["kind"] not in CPU_TARGETS
+    return target_kind(effective_target(device)) not in CPU_TARGETS
 
 
 def tuning_set(store: Store, device: Device) -> TuningSet:
@@ -97,14 +100,14 @@ def crashed_cell(device: Device, model: ModelSource, config: BenchConfig, exc: E
                        "not reached: farm failed")
 
 
-def measure_cell(
-    tracker: TrackerAddress, device: Device, model: ModelSource, artifact: Artifact, config: BenchConfig,
-    reference_file: str | None = None, progress: Progress | None = None,
-) -> BenchResult:
-    say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
+def cell_inputs(model: ModelSource, config: BenchConfig, reference_file: str | None = None,
+                ) -> tuple[dict[str, np.ndarray], list[np.ndarray] | None, str, BenchConfig]:
+    """A cell's inputs, the outputs its runs are checked against, what those are, and the config whose tolerance
+    checks them: a reference file or test_data_set folder, else the model's shipped test data, else its runtime's."""
     inputs = make_inputs(model, config.seed)
     reference_name = {"torch": "torch", "tflite": "litert"}.get(model.frontend, "onnxruntime")
     shipped = shipped_test_data(model)
+    reference: list[np.ndarray] | None
     try:
         if reference_file and Path(reference_file).is_dir():  # a test_data_set folder: its inputs and outputs
             inputs, reference = load_test_data(reference_file, model)
@@ -124,7 +127,28 @@ def measure_cell(
         spread = max(float(np.ptp(r)) for r in reference) or 1.0
         config = dataclasses.replace(config, rtol=0.0, atol=VARIANT_TOLERANCE[model.variant] * spread)
         reference_name = f"onnxruntime fp32 (drift tolerance {VARIANT_TOLERANCE[model.variant]:.0%} of range {spread:.3g})"
+    return inputs, reference, reference_name, config
+
+
+def measure_cell(
+    tracker: TrackerAddress, device: Device, model: ModelSource, artifact: Artifact, config: BenchConfig,
+    reference_file: str | None = None, progress: Progress | None = None,
+) -> BenchResult:
+    say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
+    inputs, reference, reference_name, config = cell_inputs(model, config, reference_file)
     return bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
+
+
+def reference_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> CellResult | None:
+    """The cell's model in its reference runtime (onnxruntime, LiteRT, torch) where the device's kind runs one
+    (this host's CPU), with the cell's inputs, reference and statistics; stored as that runtime's run. None where
+    no reference runtime runs: farm never passes a host figure off as a device's."""
+    if reference_unavailable(device):
+        return None
+    inputs, reference, reference_name, config = cell_inputs(model, ctx.config, ctx.reference_file)
+    result = bench_reference(device, model, inputs, reference, config, reference_name,
+                             reference_threads(effective_target(device)), ctx.say(device, model))
+    return CellResult(store.record_result(result, device, model, None, ctx.sweep_id), result, None)
 
 
 @dataclass(frozen=True)
@@ -140,6 +164,7 @@ class CellContext:
     retries: int = 0  # a dropped session (RETRYABLE_STEPS) is measured again this many times
     sweep_id: int | None = None
     progress: Progress | None = None
+    reference_runtime: bool = True  # also time the model in its reference runtime where the device runs one
 
     def say(self, device: Device, model: ModelSource):
         return _say(self.progress, device, model)
@@ -148,11 +173,12 @@ class CellContext:
 def bench_cell(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
     config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
-    first: bool = True,
+    first: bool = True, reference_runtime: bool = True,
 ) -> CellResult:
     """Compile (cached; with the store's tuning records unless ``tuned`` is False), then ``run_cell``: the single
     cell of ``farm bench`` goes through the same pipeline as a sweep's cells."""
-    ctx = CellContext(tracker, cache_dir, config, tuned, reference_file, progress=progress)
+    ctx = CellContext(tracker, cache_dir, config, tuned, reference_file, progress=progress,
+                      reference_runtime=reference_runtime)
     return run_cell(ctx, store, device, model, compile_or_error(ctx, store, device, model), first)
 
 
@@ -177,8 +203,10 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
        does not expect is stored as a failed cell (step "farm"), never lost.
     3. On a GPU that failed it, with ``fallback = "cpu"``, the model on the device's CPU, unless that cannot help
        (the CPU build needs the toolchain whose absence failed the GPU build: the stored reason says so).
+    4. The model in its reference runtime (onnxruntime, LiteRT, torch) where the device runs one (``reference``).
 
-    Each stored attempt goes to ``stored``; the last one is returned, with its fallback. A ``StoreError`` is raised."""
+    Each stored TVM attempt goes to ``stored``; the last one is returned, with its fallback and reference run.
+    A ``StoreError`` is raised."""
     while True:
         if isinstance(artifact, FarmError):
             result = compile_failure(device, model, ctx.config, artifact)
@@ -194,6 +222,9 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         no_fallback = fallback_blocked(device, result)
         if no_fallback:
             result = dataclasses.replace(result, reason=f"{result.reason}; {no_fallback}")
+        if ctx.reference_runtime:  # what the report says beside this run where it has no reference figure
+            result = dataclasses.replace(result, context={
+                **result.context, "reference_runtime": reference_unavailable(device) or runtime_name(model)})
         stored_artifact = None if isinstance(artifact, FarmError) else artifact
         cell = CellResult(store.record_result(result, device, model, stored_artifact, ctx.sweep_id, attempt), result,
                           stored_artifact)
@@ -204,12 +235,13 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         attempt += 1
         if ctx.progress:
             ctx.progress(device.name, model.name, "retry", result.reason)
-    if not needs_fallback(device, result) or no_fallback:
-        return cell
-    fallback = fallback_cell(ctx, store, device, model, cell.run_id)
-    if stored:
-        stored(fallback)
-    return dataclasses.replace(cell, fallback=fallback)
+    if needs_fallback(device, result) and not no_fallback:
+        cell = dataclasses.replace(cell, fallback=fallback_cell(ctx, store, device, model, cell.run_id))
+        if stored:
+            stored(cell.fallback)
+    if ctx.reference_runtime:
+        cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model))
+    return cell
 
 
 def fallback_blocked(device: Device, result: BenchResult) -> str:
@@ -284,7 +316,7 @@ def record_copy_curve(tracker: TrackerAddress, device: Device, config: BenchConf
     """Measure and store the device's copy curve; a failure is stored as a failed curve, never raised."""
     if progress:
         progress(device.name, "-", "copy curve", "device<->host copies, 4 KiB ... 64 MiB")
-    curve = measure_copy_curve(tracker, device, effective_target(device)["kind"], config)
+    curve = measure_copy_curve(tracker, device, target_kind(effective_target(device)), config)
     try:
         store.record_copy_curve(curve, sweep_id)
     except StoreError as exc:

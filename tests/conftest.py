@@ -205,7 +205,8 @@ def network_namespace(prefix: str, second_octet: int):
 # -- read-model records ------------------------------------------------------------------------------
 
 def make_run(run_id: int, sweep_id: int | None, value: float, status: str = "ok", unstable: bool = False,
-             tvm: str = "0.27.0", target: dict | None = None, device: str = "phone", model: str = "mlp"):
+             tvm: str = "0.27.0", target: dict | None = None, device: str = "phone", model: str = "mlp",
+             runtime: str = "tvm", runtime_version: str = ""):
     """A ``runs.Run`` as ``results.run_rows`` gives it, for tests of what reads runs: one steady median ``value``
     (a summary of 3 repeats), load 10 ms, first run 20 ms, no copies."""
     from farm.runs import Run
@@ -220,5 +221,6 @@ def make_run(run_id: int, sweep_id: int | None, value: float, status: str = "ok"
                load_warm_s=None, first_run_warm_s=None, steady_clock="wall", steady_number=1,
                steady_wall_number=None, fallback_of=None, check="skipped", max_abs_err=None, emulated=False,
                tuned=False, tuned_tasks=0, total_tasks=0, sweep_id=sweep_id, attempt=1, artifact_key=f"a{run_id}",
-               tvm_version=tvm, farm_version="", context=context, series_context=context_of(context, tvm),
+               tvm_version=tvm, farm_version="", runtime=runtime, runtime_version=runtime_version, context=context,
+               series_context=context_of(context, tvm, runtime, runtime_version),
                steady=steady, steady_wall=None, copy_s=(), copy_bytes=())

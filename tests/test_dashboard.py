@@ -73,7 +73,7 @@ def test_one_median_in_the_sweep_output_results_report_and_dashboard(farm_net, i
 
     results = {r["run_id"]: r for r in json.loads(run_farm("results", "--json", env=farm_env).stdout)}
     mlp = results[even_cell["run_id"]]
-    convnet = next(r for r in results.values() if r["model"] == "convnet")
+    convnet = next(r for r in results.values() if r["model"] == "convnet" and r["runtime"] == "tvm")
     assert mlp["steady_n"] == 4 and convnet["steady_n"] == 5
     assert even_cell["steady_median_s"] == mlp["steady_median_s"]  # exactly: one rule, numpy's median
     assert " ".join(printed[3:5]) == format_duration(convnet["steady_median_s"])  # what `farm sweep` printed

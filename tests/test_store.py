@@ -116,6 +116,53 @@ def test_summaries_are_written_with_the_samples_and_reads_take_them_from_there(d
     assert row.copy_s == (1.5e-6,) and row.steady_wall is None
 
 
+SCHEMA_4_ALERTS = """CREATE TABLE alerts (
+    id {id}, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+    sweep_id INTEGER NOT NULL, device TEXT NOT NULL, model TEXT NOT NULL, tuned INTEGER NOT NULL,
+    metric TEXT NOT NULL, run_id INTEGER NOT NULL, baseline_run_id INTEGER, status TEXT NOT NULL,
+    value {real} NOT NULL, z {real}, change {real}, baseline TEXT NOT NULL, method TEXT NOT NULL,
+    confirmation TEXT NOT NULL DEFAULT '{{}}', UNIQUE (sweep_id, device, model, tuned, metric))"""
+
+
+def back_to_schema_8(db, location: str) -> None:
+    """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
+    without a runtime (rebuilt, rows kept)."""
+    pg = location.startswith("postgresql://")
+    db.execute("DROP INDEX runs_series")
+    db.execute("ALTER TABLE runs DROP COLUMN runtime")
+    db.execute("ALTER TABLE runs DROP COLUMN runtime_version")
+    db.execute("CREATE INDEX runs_series ON runs (device, model, tuned, id)")
+    db.execute("ALTER TABLE alerts RENAME TO alerts_9")
+    db.execute(SCHEMA_4_ALERTS.format(id="SERIAL PRIMARY KEY" if pg else "INTEGER PRIMARY KEY AUTOINCREMENT",
+                                      real="DOUBLE PRECISION" if pg else "REAL"))
+    columns = ("id, created_at, updated_at, sweep_id, device, model, tuned, metric, run_id, baseline_run_id, status, "
+               "value, z, change, baseline, method, confirmation")
+    db.execute(f"INSERT INTO alerts ({columns}) SELECT {columns} FROM alerts_9")
+    db.execute("DROP TABLE alerts_9")
+    if pg:
+        db.execute("SELECT setval(pg_get_serial_sequence('alerts', 'id'), COALESCE((SELECT MAX(id) FROM alerts), 0) + 1, false)")
+    db.execute("UPDATE meta SET value='8' WHERE key='schema_version'")
+
+
+def test_a_schema_8_database_gets_runtimes_and_keeps_its_alerts(db_location):
+    verdict = {"sweep_id": 1, "device": "cpu", "model": "mlp", "tuned": False, "metric": "steady", "run_id": 1,
+               "baseline_run_id": None, "status": "candidate", "value": 0.002, "z": 3.0, "change": 0.2, "baseline": None}
+    with Store(db_location) as store:
+        run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
+        alert_id = store.save_alert(verdict, {"window": 20})
+        written = run_rows(store)
+    db = raw_connection(db_location)
+    back_to_schema_8(db, db_location)
+    db.close()
+    with Store(db_location) as store:  # migrated to 9: the run is TVM's, the alert kept with its id
+        assert run_rows(store) == written and written[0].runtime == "tvm" and written[0].run_id == run_id
+        assert [(a.id, a.runtime, a.status) for a in store.alerts()] == [(alert_id, "tvm", "candidate")]
+        # the same series and metric of the reference runtime is an alert of its own; new ids follow the kept one
+        reference = store.save_alert({**verdict, "runtime": "onnxruntime"}, {"window": 20})
+        assert reference > alert_id and store.save_alert(verdict, {"window": 20}) == alert_id
+        assert sorted(a.runtime for a in store.alerts()) == ["onnxruntime", "tvm"]
+
+
 def test_a_schema_7_database_gets_its_runs_summarized_once_on_open(db_location):
     with Store(db_location) as store:
         for samples in [(0.002, 0.001, 0.003), (0.5, 0.1), (0.007,)]:
@@ -123,6 +170,7 @@ def test_a_schema_7_database_gets_its_runs_summarized_once_on_open(db_location):
         written = run_rows(store)
     before = _summary_rows(db_location)
     db = raw_connection(db_location)  # what farm 7 left: no summaries, schema 7
+    back_to_schema_8(db, db_location)
     db.execute("DROP TABLE summaries")
     db.execute("DELETE FROM meta WHERE key='summary_rule'")
     db.execute("UPDATE meta SET value='7' WHERE key='schema_version'")

@@ -21,6 +21,9 @@ from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dash
 from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_copies, cmd_results, cmd_report, cmd_demo, cmd_compare
 from farm.cli.tuning import cmd_tune
 from farm.cli.sweeping import cmd_sweep, cmd_regressions, cmd_drift
+from farm.drift import MIN_CHANGE, MIN_NIGHTS, MIN_SIZE, PENALTY
+from farm.regress import CONFIRM_ROUNDS, METHOD, METRICS
+from farm.stats import MAD_TO_SD
 
 EPILOG = """\
 examples:
@@ -38,6 +41,18 @@ examples:
 environment: FARM_DEVICES (inventory), FARM_DB (results database: a file or postgresql://...),
              FARM_HOME (state: pid files, logs, artifact cache)
 """
+
+
+_ROUNDS = f"{CONFIRM_ROUNDS[0]} rounds" + "".join(f", {n} in all if inconclusive" for n in CONFIRM_ROUNDS[1:])
+
+
+def _thresholds_text() -> str:
+    """The candidate thresholds of ``regress.METHOD``, one line per threshold, its metrics together."""
+    groups: dict = {}
+    for metric, limit in METHOD.thresholds.items():
+        groups.setdefault(limit, []).append(metric)
+    return "".join(f"  {', '.join(metrics)}: z ≥ {limit.z:g} and change ≥ +{limit.rel * 100:g} %\n"
+                   for limit, metrics in groups.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,7 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("bench", cmd_bench, "compile, push, measure, check and store one model on one device",
             "Steps: session, upload, load, first run, steady state (time_evaluator, raw repeats),\n"
             "device→host copy per output, output check. A failed step is stored with its reason;\n"
-            "the command then prints `error:` and exits 1.")
+            "the command then prints `error:` and exits 1.\n\n"
+            "Then the same model in the runtime users would otherwise ship, with the same inputs, warm-up\n"
+            "and repeat statistics (onnxruntime for ONNX, LiteRT for TFLite, torch for torch.export; wall\n"
+            "time per call, intra-op threads = the target's num-cores), stored as that runtime's run:\n"
+            "  TVM 8.1 ms · onnxruntime 2.6 ms (TVM 3.1× slower)\n"
+            "It runs only where the device's code runs on this host (local, opencl's host CPU); elsewhere\n"
+            "farm says 'no reference runtime on this device', never a host figure as the device's.")
     p.add_argument("--device", required=True, help="inventory device name")
     p.add_argument("--model", required=True, help="built-in name (mlp, convnet), onnx:NAME, or a .onnx path")
     p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
@@ -126,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "test_data_set folder (input_N.pb + output_N.pb: its inputs are used too). Default for an ONNX file "
                    "with a test_data_set_0 folder beside it: that folder")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
+    p.add_argument("--tvm-only", action="store_true", help="do not time the reference runtime beside TVM")
     add_variant_options(p)
     add_progress(p)
     add_bench_options(p)
@@ -191,28 +213,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: do nothing (exit 0) unless that sweep never finished or is incomplete")
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
-    p.add_argument("--confirm", action="store_true", help="confirm regression candidates by interleaved reruns")
+    p.add_argument("--confirm", action="store_true", help=f"confirm regression candidates by interleaved reruns ({_ROUNDS})")
     add_progress(p)
     add_bench_options(p)
 
     p = add("regressions", cmd_regressions, "judge a sweep against the nightly baseline; confirm candidates",
-            "For every series (model × device × tuned, per metric) of the sweep (default: the latest), the\n"
-            "baseline is the last 20 accepted nightly medians (median, 1.4826·MAD). Candidates pass a robust z\n"
-            "and a relative change (generous); --confirm reruns old and new artifacts on the device in rounds\n"
-            "(a fresh load of both per round, run interleaved) and needs Wilcoxon p < 0.01 over the rounds\n"
+            f"For every series (model × device × tuned, per metric: {', '.join(METRICS)}) of the sweep\n"
+            f"(default: the latest), the baseline is the last {METHOD.baseline_n} accepted nightly medians (at least "
+            f"{METHOD.baseline_min}): centre\ntheir median, spread {MAD_TO_SD:g}·MAD (at least {METHOD.spread_floor * 100:g} % "
+            "of the centre). Candidates pass a robust z and a\nrelative change (generous; improvements the same, "
+            f"negative):\n{_thresholds_text()}"
+            "--confirm reruns old and new artifacts on the device in rounds (a fresh load of both per round, run\n"
+            f"interleaved: {_ROUNDS}) and needs Wilcoxon p < {METHOD.p_confirm:g} over the rounds\n"
             "(strict). Alerts are stored with method, parameters, baseline and confirmation, so every verdict\n"
             "can be reproduced.")
     p.add_argument("--sweep", type=sweep_id, help="sweep id (default: the latest)")
-    p.add_argument("--confirm", action="store_true", help="rerun candidates' old and new artifacts interleaved on the device")
+    p.add_argument("--confirm", action="store_true",
+                   help=f"rerun candidates' old and new artifacts interleaved on the device ({_ROUNDS})")
     add_progress(p)
     add_bench_options(p)
 
     p = add("drift", cmd_drift, "slow drift: where each series' nightly history changed level (change points)",
             "Segments every series' whole sweep history (one accepted value per sweep) with PELT's objective\n"
-            "(L2 cost on log values, penalty 5·σ²·ln n with σ the series' own night-to-night noise, ≥ 3 sweeps\n"
-            "per segment, shifts under 2 % merged). Catches a creep that no single night's z-score flags.\n"
-            "Needs ≥ 6 sweeps per series.")
-    p.add_argument("--metric", choices=["steady", "load", "first_run", "copy"], default="steady")
+            f"(L2 cost on log values, penalty {PENALTY:g}·σ²·ln n with σ the series' own night-to-night noise, "
+            f"≥ {MIN_SIZE} sweeps\nper segment, shifts under {MIN_CHANGE * 100:g} % merged). Catches a creep that no "
+            f"single night's z-score flags.\nNeeds ≥ {MIN_NIGHTS} sweeps per series.")
+    p.add_argument("--metric", choices=list(METRICS), default="steady")
     p.add_argument("--device", help="only this device")
     p.add_argument("--model", help="only this model")
     p.add_argument("--all", action="store_true", help="list series without change points too")

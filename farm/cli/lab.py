@@ -222,7 +222,7 @@ def cmd_down(args) -> int:
 
 def cmd_devices(args) -> int:
     from farm.records import describe_target
-    from farm.rpc.tracker import KeyStatus, query_summary
+    from farm.rpc.tracker import KeyStatus, key_state, query_summary
 
     if args.kinds:
         return _print_kinds(args.json)
@@ -231,7 +231,7 @@ def cmd_devices(args) -> int:
     rows = []
     for name, device in inventory.devices.items():
         status = summary.keys.get(device.key, KeyStatus(device.key, 0, 0, 0))
-        state = "online" if status.free else ("busy" if status.servers else "missing")
+        state = key_state(status)
         rows.append({"device": name, "kind": device.kind, "key": device.key, "target": describe_target(device.target),
                      "export": device.export, "emulated": device.emulated, "state": state,
                      "servers": status.servers, "free": status.free, "pending": status.pending})

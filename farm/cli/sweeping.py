@@ -10,7 +10,7 @@ from typing import Any
 
 from farm.errors import FarmError
 from farm.records import BenchConfig
-from farm.stats import median
+from farm.stats import median, model_label
 
 from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config, require_db
 
@@ -77,7 +77,8 @@ def cmd_sweep(args) -> int:
     if args.json:
         emit_json({"sweep_id": outcome.sweep_id, "status": outcome.status, "seconds": round(outcome.seconds, 1),
                    "skipped": outcome.skipped, "report": str(report) if report else None,
-                   "alerts": [{k: a[k] for k in ("device", "model", "metric", "status", "change", "z")} for a in alerts],
+                   "alerts": [{k: a[k] for k in ("device", "model", "runtime", "metric", "status", "change", "z")}
+                              for a in alerts],
                    "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
                               "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason,
                               "steady_median_s": median(c.result.steady_samples_s)}
@@ -90,7 +91,9 @@ def cmd_sweep(args) -> int:
             print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(med):>10s}"
                   + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
         for a in alerts:
-            print(f"  alert: {a['device']} · {a['model']} · {a['metric']}: {a['status']} ({a['change']:+.1%}, z {a['z']:.1f})")
+            runtime = "" if a["runtime"] == "tvm" else f" [{a['runtime']}]"
+            print(f"  alert: {a['device']} · {a['model']}{runtime} · {a['metric']}: {a['status']} ({a['change']:+.1%}, "
+                  f"z {a['z']:.1f})")
         if report:
             print(f"report: {report}")
     if outcome.missing:
@@ -170,7 +173,7 @@ def cmd_regressions(args) -> int:
         print(f"sweep {sweep_id}: {len(alerts)} alert(s)")
         print_table([{**a, "change": f"{a['change']:+.1%}", "z": f"{a['z']:.1f}", "value": duration(a["value"]),
                       "centre": duration(a["baseline"]["centre"])} for a in alerts],
-                    ["device", "model", "metric", "status", "value", "centre", "change", "z"])
+                    ["device", "model", "runtime", "metric", "status", "value", "centre", "change", "z"])
     return 0
 
 
@@ -189,7 +192,7 @@ def cmd_drift(args) -> int:
         emit_json({"metric": args.metric, "series_checked": len(series), "series": shown})
         return 0
     print(f"{args.metric}: {len(series)} series with enough sweeps, {sum(bool(s['change_points']) for s in series)} changed level")
-    print_table([{"device": s["device"], "model": s["model"] + (" (tuned)" if s["tuned"] else ""),
+    print_table([{"device": s["device"], "model": model_label(s["model"], s["tuned"]),
                   "change_points": ",".join(map(str, s["change_points"])) or "-",
                   "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {duration(g['median'])}" for g in s["segments"]),
                   "first_to_last": f"{s['total_change']:+.1%}"} for s in shown],

@@ -63,6 +63,14 @@ class KeyStatus:
     pending: int  # requests waiting for this key
 
 
+def key_state(status: KeyStatus | None) -> str:
+    """A key's state from the tracker's summary: online (a free server), busy (servers, none free) or missing (no
+    server; ``None``: the summary does not list the key). The one rule: `farm devices` and the dashboard."""
+    if status is None:
+        return "missing"
+    return "online" if status.free else ("busy" if status.servers else "missing")
+
+
 @dataclass(frozen=True)
 class TrackerSummary:
     keys: dict[str, KeyStatus]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from farm.errors import StoreError, first_line
-from farm.store.schema import postgres_ddl
+from farm.store.schema import postgres_ddl, sqlite_ddl
 
 URL_PREFIXES = ("postgresql://", "postgres://")
 MIGRATION_LOCK = 0x6661726D  # "farm": one migrator at a time on a shared server
@@ -230,7 +230,7 @@ class SqliteBackend(Backend):
         return self.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
 
     def ddl(self, statement: str) -> str:
-        return statement
+        return sqlite_ddl(statement)
 
     def close(self) -> None:
         self.db.close()

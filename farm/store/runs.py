@@ -46,7 +46,7 @@ def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_i
         params.append(model)
     if latest_only:
         where.append("r.id = (SELECT MAX(id) FROM runs r2 WHERE r2.device = r.device AND r2.model = r.model"
-                     " AND r2.tuned = r.tuned)")
+                     " AND r2.tuned = r.tuned AND r2.runtime = r.runtime)")
     sql = "SELECT r.id FROM runs r" + (" WHERE " + " AND ".join(where) if where else "")
     if limit is not None:
         sql, params = sql + " ORDER BY r.id DESC LIMIT ?", [*params, int(limit)]
@@ -87,15 +87,17 @@ class RunsMixin:
                 """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                    failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
                    min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
-                   load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of, runtime,
+                   runtime_version)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
                  result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
                  result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
                  int(device.emulated), result.context.get("farm_version", ""),
                  result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
                  int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt, result.load_warm_s,
-                 result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of))
+                 result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of,
+                 result.runtime, result.runtime_version))
             db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                            [(run_id, "steady", 0, i, v, result.steady_number or 0)
                             for i, v in enumerate(result.steady_samples_s)]

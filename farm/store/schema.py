@@ -15,13 +15,17 @@ SCHEMA_VERSION history:
   8  summaries: each run's (metric, series) summary written with its samples (stats.summarize_rows, the
      one rule), so no read of runs touches the raw samples; the migration computes them for the runs
      already stored (``Store._summarize_stored``). meta 'summary_rule' names the rule that wrote them.
+  9  reference runtimes: runs.runtime ('tvm', or onnxruntime | litert | torch timed beside it, with no
+     artifact: artifact_key '') and runs.runtime_version; a series' latest run is per runtime too (index
+     runs_series); alerts.runtime, and an alert is one per (sweep, device, model, tuned, runtime, metric): the
+     table is rebuilt for the new key (ids kept; PostgreSQL's id sequence moved past them: RESEQUENCE)
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -124,6 +128,26 @@ MIGRATIONS: dict[int, str] = {
         ci_high REAL NOT NULL, unstable INTEGER NOT NULL,
         PRIMARY KEY (run_id, metric, series));
     """,
+    9: """
+    ALTER TABLE runs ADD COLUMN runtime TEXT NOT NULL DEFAULT 'tvm';
+    ALTER TABLE runs ADD COLUMN runtime_version TEXT NOT NULL DEFAULT '';
+    DROP INDEX runs_series;
+    CREATE INDEX runs_series ON runs (device, model, tuned, runtime, id);
+    CREATE TABLE alerts_v9 (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+        sweep_id INTEGER NOT NULL, device TEXT NOT NULL, model TEXT NOT NULL, tuned INTEGER NOT NULL,
+        runtime TEXT NOT NULL DEFAULT 'tvm', metric TEXT NOT NULL, run_id INTEGER NOT NULL, baseline_run_id INTEGER,
+        status TEXT NOT NULL, value REAL NOT NULL, z REAL, change REAL, baseline TEXT NOT NULL, method TEXT NOT NULL,
+        confirmation TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (sweep_id, device, model, tuned, runtime, metric));
+    INSERT INTO alerts_v9 (id, created_at, updated_at, sweep_id, device, model, tuned, metric, run_id, baseline_run_id,
+        status, value, z, change, baseline, method, confirmation)
+        SELECT id, created_at, updated_at, sweep_id, device, model, tuned, metric, run_id, baseline_run_id,
+        status, value, z, change, baseline, method, confirmation FROM alerts;
+    DROP TABLE alerts;
+    ALTER TABLE alerts_v9 RENAME TO alerts;
+    RESEQUENCE alerts
+    """,
 }
 
 
@@ -135,8 +159,20 @@ def statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
+RESEQUENCE = re.compile(r"RESEQUENCE (\w+)$")  # a table rebuilt with its ids kept: its next id follows them
+
+
+def sqlite_ddl(statement: str) -> str:
+    """One migration statement for SQLite: as written (AUTOINCREMENT follows copied ids by itself)."""
+    return "SELECT 1" if RESEQUENCE.match(statement) else statement
+
+
 def postgres_ddl(statement: str) -> str:
     """One migration statement in PostgreSQL's dialect: serial ids, double precision, an explicit rowid."""
+    if match := RESEQUENCE.match(statement):
+        table = match.group(1)
+        return (f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                f"COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, false)")
     statement = statement.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "SERIAL PRIMARY KEY")
     statement = re.sub(r"\bREAL\b", "DOUBLE PRECISION", statement)
     match = re.match(r"CREATE TABLE (\w+) \(", statement)

@@ -33,10 +33,11 @@ class SweepsMixin:
         return None if row is None else {**dict(row), "spec": json.loads(row["spec"])}
 
     def sweep_attempts(self, sweep_id: int) -> dict[tuple[str, str], list[tuple[int, str]]]:
-        """(device, model) -> [(attempt, status), ...] of a sweep's stored runs."""
+        """(device, model) -> [(attempt, status), ...] of a sweep's stored TVM runs (a cell's reference-runtime run
+        is beside the cell, not an attempt of it)."""
         cells: dict[tuple[str, str], list[tuple[int, str]]] = {}
-        for row in self._db.execute("SELECT device, model, attempt, status FROM runs WHERE sweep_id=? ORDER BY id",
-                                    (sweep_id,)):
+        for row in self._db.execute("SELECT device, model, attempt, status FROM runs WHERE sweep_id=? AND runtime='tvm'"
+                                    " ORDER BY id", (sweep_id,)):
             cells.setdefault((row["device"], row["model"]), []).append((row["attempt"], row["status"]))
         return cells
 
@@ -48,20 +49,21 @@ class SweepsMixin:
         stamp = now()
         with self._db.transaction() as db:
             db.execute(
-                """INSERT INTO alerts (created_at, updated_at, sweep_id, device, model, tuned, metric, run_id,
+                """INSERT INTO alerts (created_at, updated_at, sweep_id, device, model, tuned, runtime, metric, run_id,
                    baseline_run_id, status, value, z, change, baseline, method, confirmation)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                   ON CONFLICT (sweep_id, device, model, tuned, metric) DO UPDATE SET updated_at=excluded.updated_at,
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   ON CONFLICT (sweep_id, device, model, tuned, runtime, metric) DO UPDATE SET updated_at=excluded.updated_at,
                    status=CASE WHEN excluded.confirmation = '{}' THEN alerts.status ELSE excluded.status END,
                    confirmation=CASE WHEN excluded.confirmation = '{}' THEN alerts.confirmation
                                      ELSE excluded.confirmation END""",
                 (stamp, stamp, verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
-                 verdict["metric"], verdict["run_id"], verdict["baseline_run_id"], status or verdict["status"],
+                 verdict.get("runtime", "tvm"), verdict["metric"], verdict["run_id"], verdict["baseline_run_id"], status or verdict["status"],
                  verdict["value"], verdict["z"], verdict["change"], json.dumps(verdict["baseline"]),
                  json.dumps(method), json.dumps(confirmation or {})))
-            row = db.execute("SELECT id FROM alerts WHERE sweep_id=? AND device=? AND model=? AND tuned=? AND metric=?",
-                             (verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
-                              verdict["metric"])).fetchone()
+            row = db.execute("SELECT id FROM alerts WHERE sweep_id=? AND device=? AND model=? AND tuned=? AND runtime=?"
+                             " AND metric=?", (verdict["sweep_id"], verdict["device"], verdict["model"],
+                                               int(verdict["tuned"]), verdict.get("runtime", "tvm"),
+                                               verdict["metric"])).fetchone()
         return int(row[0])
 
     def alerts(self, sweep_id: int | None = None) -> list[Alert]:
