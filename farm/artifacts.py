@@ -45,10 +45,12 @@ def describe_binary(name: str, data: bytes) -> Member:
         little = data[5] == 1
         fmt = "<HH" if little else ">HH"
         e_type, e_machine = struct.unpack_from(fmt, data, 16)
-        return Member(name, "ELF", ELF_TYPES.get(e_type, f"type {e_type}"), ELF_MACHINES.get(e_machine, f"machine {e_machine:#x}"))
+        return Member(name, "ELF", ELF_TYPES.get(e_type, f"type {e_type}"),
+                      ELF_MACHINES.get(e_machine, f"machine {e_machine:#x}"))
     if data[:4] in (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe"):
         cputype, _, filetype = struct.unpack_from("<iii", data, 4)
-        return Member(name, "Mach-O", MACHO_TYPES.get(filetype, f"type {filetype}"), MACHO_CPUS.get(cputype & 0xFFFFFFFF, f"cpu {cputype:#x}"))
+        return Member(name, "Mach-O", MACHO_TYPES.get(filetype, f"type {filetype}"),
+                      MACHO_CPUS.get(cputype & 0xFFFFFFFF, f"cpu {cputype:#x}"))
     return Member(name, "other", "", "")
 
 
@@ -62,8 +64,8 @@ def inspect_artifact(path: str | Path) -> ArtifactInfo:
     if tarfile.is_tarfile(path):
         with tarfile.open(path) as tar:
             for item in tar.getmembers():
-                if item.isfile():
-                    data = tar.extractfile(item).read()
+                if item.isfile() and (member := tar.extractfile(item)) is not None:
+                    data = member.read()
                     members.append(describe_binary(item.name, data))
                     code |= _device_code(data)
     else:

@@ -23,7 +23,7 @@ from tvm import relax
 from tvm.target import codegen
 
 from farm.devices import kind_of, kinds
-from farm.errors import BuildError, first_line
+from farm.errors import BuildError, message_line
 from farm.models import onnx_proto
 from farm.records import Artifact, Device, HostCPU, ModelSource, TuningSet, target_kind
 
@@ -115,7 +115,7 @@ def make_target(target: dict[str, Any]) -> tvm.target.Target:
         return tvm.target.Target(spec, host=target.get("host"))
     except Exception as exc:
         raise BuildError(
-            f"TVM refused target {json.dumps(target)}: {first_line(exc)}",
+            f"TVM refused target {json.dumps(target)}: {message_line(exc)}",
             "fix target/host in devices.toml; options are those of `tvm.target.Target` for that kind",
         ) from exc
 
@@ -205,7 +205,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     except BuildError:
         raise
     except Exception as exc:
-        raise BuildError(f"TVM could not compile {model.name} for {json.dumps(target)}: {first_line(exc)}",
+        raise BuildError(f"TVM could not compile {model.name} for {json.dumps(target)}: {message_line(exc)}",
                          "check the target; GPU targets need a schedule (see README)") from exc
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -224,7 +224,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
             executable.export_library(str(tmp / filename))
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise BuildError(f"exporting {model.name} as {device.export} failed: {first_line(exc)}",
+        raise BuildError(f"exporting {model.name} as {device.export} failed: {message_line(exc)}",
                          f"check that the toolchain {toolchain or 'cc'} is installed and works") from exc
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -277,7 +277,7 @@ def import_model(model: ModelSource) -> tvm.IRModule:
         try:
             mod = from_exported_program(torch_program(model), keep_params_as_input=False)
         except Exception as exc:
-            raise BuildError(f"TVM's torch importer rejected {model.name}: {first_line(exc)}",
+            raise BuildError(f"TVM's torch importer rejected {model.name}: {message_line(exc)}",
                              "the program may use an operator TVM 0.27 does not support") from exc
         return relax.transform.DecomposeOpsForInference()(mod)
     if model.frontend == "tflite":
@@ -289,7 +289,7 @@ def import_model(model: ModelSource) -> tvm.IRModule:
             mod = from_tflite(tflite_model(model), {s.name: s.shape for s in model.inputs},
                               {s.name: s.dtype for s in model.inputs})
         except Exception as exc:
-            raise BuildError(f"TVM's TFLite importer rejected {model.name}: {first_line(exc)}",
+            raise BuildError(f"TVM's TFLite importer rejected {model.name}: {message_line(exc)}",
                              "the model may use an operator TVM 0.27 does not support") from exc
         mod = mod[0] if isinstance(mod, tuple) else mod
         return relax.transform.DecomposeOpsForInference()(mod)
@@ -304,7 +304,7 @@ def import_onnx(model: ModelSource) -> tvm.IRModule:
     try:
         mod = from_onnx(onnx_proto(model), shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as exc:
-        raise BuildError(f"TVM's ONNX importer rejected {model.name}: {first_line(exc)}",
+        raise BuildError(f"TVM's ONNX importer rejected {model.name}: {message_line(exc)}",
                          "the model may use an operator TVM 0.27 does not support; see the TVM log above") from exc
     return relax.transform.DecomposeOpsForInference()(mod)
 

@@ -69,7 +69,9 @@ async function refresh() {
     fill("devices", ["device", "kind", "key", "state", "servers", "free", "last_probe", "probe_state", "temperature_c"],
          state.devices, {state: 1, probe_state: 1});
     const sweep = document.getElementById("sweep");
-    sweep.textContent = state.sweep ? `sweep ${state.sweep.id}: ${state.sweep.status}, ${state.sweep.cells_done}/${state.sweep.cells_total} cells, started ${state.sweep.started_at}` : "no sweep yet";
+    const s = state.sweep;
+    sweep.textContent = s ? `sweep ${s.id}: ${s.status}, ${s.cells_done}/${s.cells_total} cells, started ${s.started_at}`
+                          : "no sweep yet";
     sweep.className = state.sweep ? state.sweep.status : "";
     fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change"], state.alerts, {status: 1});
     fill("runs", ["id", "started_at", "device", "model", "status", "steady", "reason"],
@@ -100,7 +102,7 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
         try:
             with Store(db_path, readonly=True) as store:
                 probes = store.latest_probes()
-                runs = [{"id": row["run_id"], **{k: row[k] for k in RUN_FIELDS}} for row in run_rows(store, limit=20)]
+                runs = [{"id": row.run_id, **{k: row[k] for k in RUN_FIELDS}} for row in run_rows(store, limit=20)]
                 sweep = store.sweep()
                 if sweep is not None:
                     spec = SweepSpec.from_json(sweep["spec"])
@@ -108,9 +110,9 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
                     total, done = len(cells), sum(1 for attempts in cells.values() if spec.cell_done(attempts))
                     state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
                                       "cells_done": done, "cells_total": total}
-                    state["alerts"] = [{"sweep_id": a["sweep_id"], "device": a["device"], "model": a["model"],
-                                        "metric": a["metric"], "status": a["status"], "change": f"{a['change']:+.1%}"}
-                                       for a in store.alerts(sweep["id"]) if a["status"] in ("candidate", "confirmed", "unknown")]
+                    state["alerts"] = [{"sweep_id": a.sweep_id, "device": a.device, "model": a.model,
+                                        "metric": a.metric, "status": a.status, "change": f"{a.change:+.1%}"}
+                                       for a in store.alerts(sweep["id"]) if a.status in ("candidate", "confirmed", "unknown")]
         except StoreError as exc:
             state["tracker_error"] = exc.message
     temperatures: dict[str, float] = {}
@@ -141,7 +143,8 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
 class PageHandler(tornado.web.RequestHandler):
     def get(self) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.set_header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline' 'self'; style-src 'unsafe-inline'; img-src data:")
+        self.set_header("Content-Security-Policy",
+                        "default-src 'self'; script-src 'unsafe-inline' 'self'; style-src 'unsafe-inline'; img-src data:")
         self.write(PAGE)
 
 

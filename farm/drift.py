@@ -16,12 +16,15 @@ cost than ruptures did (its admissible-point pruning missed the optimum).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from farm.series import by_sweep
-from farm.stats import median, robust_sd
+from farm.stats import nonempty_median, robust_sd
+
+if TYPE_CHECKING:
+    from farm.runs import Run
 
 MIN_SIZE = 3
 MIN_NIGHTS = 2 * MIN_SIZE  # a series shorter than two segments is not segmented
@@ -93,18 +96,19 @@ def find_drift(values: Sequence[float], min_size: int = MIN_SIZE, min_change: fl
     sigma = noise_of(logs)
     ends = segment_l2(logs, penalty * sigma ** 2 * np.log(raw.size), min_size)
     bounds = [0, *ends]
-    segments = [Segment(a, b, median(raw[a:b])) for a, b in zip(bounds, bounds[1:])]
+    segments = [Segment(a, b, nonempty_median(raw[a:b])) for a, b in zip(bounds, bounds[1:])]
     merged = [segments[0]]
     for segment in segments[1:]:  # a shift below min_change is no shift: join the segments
         last = merged[-1]
         if abs(segment.median / last.median - 1.0) < min_change:
-            merged[-1] = Segment(last.start, segment.end, median(raw[last.start:segment.end]))
+            merged[-1] = Segment(last.start, segment.end, nonempty_median(raw[last.start:segment.end]))
         else:
             merged.append(segment)
     return Drift(tuple(merged), sigma)
 
 
-def drift_rows(rows: list[dict[str, Any]], metric_value, min_nights: int = MIN_NIGHTS) -> list[dict[str, Any]]:
+def drift_rows(rows: list[Run], metric_value: Callable[[Run], float | None],
+               min_nights: int = MIN_NIGHTS) -> list[dict[str, Any]]:
     """Per series (``series.by_sweep``: device, model, tuned and their target/TVM/pipeline context) with enough
     sweeps: its segments and total change.
 
@@ -112,8 +116,9 @@ def drift_rows(rows: list[dict[str, Any]], metric_value, min_nights: int = MIN_N
     out = []
     for (device, model, tuned, _), accepted in sorted(by_sweep(rows).items(), key=lambda item: item[0]):
         sweeps = sorted(accepted)
-        values = [metric_value(accepted[s]) for s in sweeps]
-        if len(values) < min_nights or any(v is None for v in values):
+        measured = [metric_value(accepted[s]) for s in sweeps]
+        values = [v for v in measured if v is not None]
+        if len(values) < min_nights or len(values) < len(measured):  # a sweep without the metric: no series
             continue
         drift = find_drift(values)
         if drift is None:

@@ -1,4 +1,6 @@
-"""The one tree of errors farm raises. Only ``cli.py`` catches them.
+"""The one tree of errors farm raises. ``farm/cli`` catches them to end a command (``error:`` and ``hint:`` on
+stderr, exit 1); library code catches one only to turn it into a result (a stored failed run, a probe's state, an
+alert left "unknown") or to wait and retry: docs/ARCHITECTURE.md lists where, and tests/test_layers.py keeps it so.
 
 ::
 
@@ -65,7 +67,16 @@ class StoreError(FarmError):
     """The results database cannot be opened, migrated or written."""
 
 
-def first_line(exc: BaseException, limit: int = 400) -> str:
-    """The most telling line of a third-party error (TVM puts the message last)."""
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:limit]
+def message_line(exc: BaseException, limit: int = 400) -> str:
+    """The one line of ``exc`` that says what went wrong, for an error message or a stored reason.
+
+    Its first line, where Python, torch, onnx and the database drivers put the message, unless that line only
+    introduces what follows (it ends with ':', as TVM's "RPCError: Error caught from RPC call:" and a quoted
+    "Traceback (most recent call last):" do): then its last line, where TVM puts the message. The exception's
+    type name when it has no text; at most ``limit`` characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__[:limit]
+    return (lines[-1] if lines[0].endswith(":") else lines[0])[:limit]
+
+

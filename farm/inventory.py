@@ -202,7 +202,8 @@ def _parse_target(raw: Any, fail, field: str) -> dict[str, Any]:
         raise fail(field, "must be a table", f'write {field} = {{ kind = "llvm" }}')
     if "tag" in raw and "kind" not in raw:
         if not isinstance(raw["tag"], str) or "/" not in raw["tag"]:
-            raise fail(f"{field}.tag", f"{raw['tag']!r} is not a TVM target tag", 'write e.g. target = { tag = "nvidia/jetson-orin-nano" }')
+            raise fail(f"{field}.tag", f"{raw['tag']!r} is not a TVM target tag",
+                       'write e.g. target = { tag = "nvidia/jetson-orin-nano" }')
         if tag_kind(raw["tag"]) is None:
             families = ", ".join(family + "*" for family in TAG_KINDS)
             raise fail(f"{field}.tag", f"{raw['tag']!r} is not a tag of a target kind farm measures",
@@ -215,7 +216,8 @@ def _parse_target(raw: Any, fail, field: str) -> dict[str, Any]:
         if not _is_target_value(value):
             raise fail(f"{field}.{option}", "must be a string, number, boolean or list of them", "check the value")
     if raw.get("mcpu") == "native":
-        raise fail(f"{field}.mcpu", "'native' is refused by TVM 0.27's LLVM", "leave mcpu out: farm detects the host CPU for local devices")
+        raise fail(f"{field}.mcpu", "'native' is refused by TVM 0.27's LLVM",
+                   "leave mcpu out: farm detects the host CPU for local devices")
     return dict(raw)
 
 

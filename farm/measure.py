@@ -33,12 +33,12 @@ from tvm import relax
 
 import farm
 from farm.devices import kind_of
-from farm.errors import FarmError, first_line
+from farm.errors import FarmError, message_line
 from farm.records import (Artifact, BenchConfig, BenchResult, CheckResult, CopyCurve, CopyPoint, CopyTiming,
                            Device, TrackerAddress)
 from farm.records import CPU_TARGETS, TARGET_KINDS, target_kind
 from farm.rpc.session import request_session
-from farm.stats import median
+from farm.stats import nonempty_median
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,8 @@ def bench_artifact(
         say(step, fields["check"].status)
         if fields["check"].status == "failed":
             raise StepFailed("check", f"outputs differ from {reference_name}: {fields['check'].detail}",
-                             "the compiled model computes something else than the reference; the check is stored with its max error")
+                             "the compiled model computes something else than the reference; "
+                             "the check is stored with its max error")
     except StepFailed as exc:
         return _result(device, artifact, config, context, started_at, fields, "failed", exc.step, exc.reason, exc.hint)
     except Exception as exc:  # TVM raises RuntimeError/TVMError/OSError for device-side failures
@@ -310,9 +311,10 @@ def raised_in_farm(exc: BaseException) -> bool:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """The first line of a device-side error, plus the driver's own error lines when TVM quotes a build log."""
+    """The message line of a device-side error (``errors.message_line``), plus the driver's own error lines when TVM
+    quotes a build log."""
     text = str(exc)
-    head = first_line(exc)
+    head = message_line(exc)
     driver = [line.strip() for line in text.splitlines()[1:]
               if "error" in line.lower() and "traceback" not in line.lower() and line.strip() not in head][:3]
     return " | ".join([head, *driver]) if driver else head
@@ -399,10 +401,10 @@ def interleaved_rounds(
             raise
         except Exception as exc:
             raise MeasurementError(f"interleaved rerun on {device.name!r} failed in round {round_index + 1}: "
-                                   f"{first_line(exc)}",
+                                   f"{message_line(exc)}",
                                    "check the device (farm devices) and that both artifacts still exist") from exc
-        old_rounds.append(median(old_s))
-        new_rounds.append(median(new_s))
+        old_rounds.append(nonempty_median(old_s))
+        new_rounds.append(nonempty_median(new_s))
     return old_rounds, new_rounds
 
 

@@ -56,10 +56,11 @@ def describe_target(target: Mapping[str, Any]) -> str:
 
 class Record(Mapping):
     """Base of the read side's frozen records (a run, a verdict, an alert): attributes for code, and also
-    readable by name (``r["device"]``, ``dict(r)``, JSON) for templates, CSV and ``--json`` output. Its keys are
+    readable by name (``r["device"]``, ``dict(r)``, JSON) for templates, tables and ``--json`` output. Its keys are
     the dataclass fields, then ``VIEWS``: properties derived from them (``steady_median_s`` of a run)."""
 
     __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every record is a frozen dataclass
     VIEWS: ClassVar[tuple[str, ...]] = ()
 
     def __getitem__(self, key: str) -> Any:
@@ -75,7 +76,7 @@ class Record(Mapping):
 
 
 @functools.cache
-def _record_keys(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+def _record_keys(cls: type[Record]) -> tuple[tuple[str, ...], frozenset[str]]:
     names = tuple(f.name for f in fields(cls)) + tuple(cls.VIEWS)
     return names, frozenset(names)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 import farm
 from farm.devices import kind_of
-from farm.errors import FarmError, first_line
+from farm.errors import FarmError, message_line
 from farm.measure import calibrate_number, check_outputs
 from farm.models.runtimes import open_runtime, runtime_name
 from farm.records import BenchConfig, BenchResult, CheckResult, Device, ModelSource
@@ -99,7 +99,7 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
     except Exception as exc:  # the runtime's own errors while running
         log.info("%s × %s in %s failed at %s", device.name, model.name, runtime, step, exc_info=True)
         return _result(device, model, config, context, started_at, fields, runtime, version, step,
-                       f"{runtime} failed: {first_line(exc)}", "the TVM figure stands alone for this model")
+                       f"{runtime} failed: {message_line(exc)}", "the TVM figure stands alone for this model")
     return _result(device, model, config, context, started_at, fields, runtime, version, "", "", "")
 
 

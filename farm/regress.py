@@ -28,7 +28,7 @@ import numpy as np
 
 from farm.records import Record
 from farm.series import SeriesKey, by_sweep
-from farm.stats import median, robust_sd
+from farm.stats import nonempty_median, robust_sd
 
 if TYPE_CHECKING:
     from farm.runs import Run
@@ -87,7 +87,7 @@ def baseline_of(history: Sequence[float], method: Method = METHOD) -> Baseline |
     values = np.asarray(list(history)[-method.baseline_n:], dtype=np.float64)
     if values.size < method.baseline_min:
         return None
-    centre = median(values)
+    centre = nonempty_median(values)
     spread = max(robust_sd(values), method.spread_floor * centre)
     return Baseline(int(values.size), centre, spread, tuple(float(v) for v in values))
 
@@ -132,7 +132,7 @@ def compare_samples(old: Sequence[float], new: Sequence[float], method: Method =
 
     mw = float(scipy_stats.mannwhitneyu(new_a, old_a, alternative="two-sided").pvalue)
     ks = float(scipy_stats.ks_2samp(new_a, old_a).pvalue)
-    m_old, m_new = median(old_a), median(new_a)
+    m_old, m_new = nonempty_median(old_a), nonempty_median(new_a)
     change = (m_new - m_old) / m_old
     if mw < method.p_confirm and ks < method.p_confirm:
         verdict = "slower" if change > 0 else "faster"
@@ -245,10 +245,10 @@ def compare_rounds(old: Sequence[float], new: Sequence[float], method: Method = 
         verdict = "same"
     else:
         verdict = "inconclusive"
-    return RoundComparison(int(old_a.size), median(old_a), median(new_a), change, p, verdict)
+    return RoundComparison(int(old_a.size), nonempty_median(old_a), nonempty_median(new_a), change, p, verdict)
 
 
-def confirm(sample_rounds, rounds: Sequence[int] = CONFIRM_ROUNDS, method: Method = METHOD) -> tuple[str, RoundComparison | None]:
+def confirm(sample_rounds, rounds: Sequence[int] = CONFIRM_ROUNDS, method: Method = METHOD) -> tuple[str, RoundComparison]:
     """Confirm a candidate: ``sample_rounds(n)`` reruns old and new artifacts for ``n`` more rounds (a fresh load
     of both each round) and returns their per-round figures. Inconclusive after the first rounds → more rounds;
     still inconclusive → "unknown".
@@ -267,4 +267,6 @@ def confirm(sample_rounds, rounds: Sequence[int] = CONFIRM_ROUNDS, method: Metho
             return "improved", comparison
         if comparison.verdict == "same":
             return "rejected", comparison
+    if comparison is None:
+        raise ValueError("confirm needs at least one number of rounds")
     return "unknown", comparison

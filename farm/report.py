@@ -13,7 +13,7 @@ import farm
 from farm.results import Run, Versus, run_rows, versus_reference
 from farm.figures import figure_png, figure_pool, pyplot
 from farm.review import PLOTTED_CELLS, review_figures, stacked_png, sweep_review, worst_first
-from farm.stats import format_duration, median, model_label
+from farm.stats import format_duration, model_label, nonempty_median
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
@@ -22,9 +22,9 @@ FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it
 def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None) -> Path:
     """Write the report for the latest run of every device × model (and the sweep's alerts); returns its path."""
     latest, versus = versus_reference(run_rows(store, latest_only=True))
-    latest.sort(key=lambda r: (r["device"], r["model"], r["tuned"]))
+    latest.sort(key=lambda r: (r.device, r.model, r.tuned))
     failures = run_rows(store, status="failed")
-    ok = [r for r in latest if r["status"] == "ok"]
+    ok = [r for r in latest if r.status == "ok"]
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
     )
@@ -43,8 +43,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
         html = env.get_template("report.html").render(
             title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            farm_version=farm.__version__, tvm_versions=sorted({r['tvm_version'] for r in latest if r['tvm_version']}),
-            db_path=str(store.path), runs=latest, failures=failures, any_emulated=any(r["emulated"] for r in latest),
+            farm_version=farm.__version__, tvm_versions=sorted({r.tvm_version for r in latest if r.tvm_version}),
+            db_path=str(store.path), runs=latest, failures=failures, any_emulated=any(r.emulated for r in latest),
             distribution_png=distribution.result(), phases_png=phases.result(), cells_ok=len(ok),
             plotted_cells=PLOTTED_CELLS, folded_rows=FOLDED_ROWS,
             alerts=alerts, sweep_id=sweep_id,
@@ -75,7 +75,7 @@ def _copy_curves(store: Store) -> list[dict[str, Any]]:
         curve["clock"] = curve["context"].get("clock", "")
         curve["by_size"] = {}
         for point in curve["points"]:
-            median_s = median(point["samples_s"])
+            median_s = nonempty_median(point["samples_s"])
             curve["by_size"][(point["direction"], point["nbytes"])] = {
                 "median_s": median_s, "gb_per_s": point["nbytes"] / median_s / 1e9 if median_s > 0 else 0.0}
     return sorted(curves, key=lambda c: c["device"])
@@ -104,15 +104,15 @@ def _copy_curves_png(curves: list[dict[str, Any]]) -> str:
     return figure_png(fig)
 
 
-def _variant_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _variant_rows(rows: list[Run]) -> list[dict[str, Any]]:
     """Per device × base model with variants: fp32 / fp16 / int8 latency and drift side by side."""
     table: dict[tuple, dict[str, Any]] = {}
     for row in rows:
-        base, _, variant = row["model"].rpartition("@")
+        base, _, variant = row.model.rpartition("@")
         if not base or variant not in ("fp16", "int8"):
-            base, variant = row["model"], "fp32"
-        entry = table.setdefault((row["device"], base, row["tuned"]), {"device": row["device"], "model": base})
-        entry[variant] = {"steady": row["steady_median_s"], "drift": row["max_abs_err"], "check": row["check"]}
+            base, variant = row.model, "fp32"
+        entry = table.setdefault((row.device, base, row.tuned), {"device": row.device, "model": base})
+        entry[variant] = {"steady": row.steady_median_s, "drift": row.max_abs_err, "check": row.check}
     return [e for _, e in sorted(table.items()) if "fp16" in e or "int8" in e]
 
 
@@ -120,9 +120,9 @@ def _distribution_data(store: Store, rows: list[Run], most: int = PLOTTED_CELLS)
     """(label, every stored repeat in ms) per cell; with more than ``most`` cells, the ``most`` most variable
     (highest CV)."""
     if len(rows) > most:
-        rows = sorted(sorted(rows, key=lambda r: r["steady_cv"] or 0, reverse=True)[:most],
-                      key=lambda r: (r["device"], r["model"], r["tuned"]))
-    data = [(f"{r['device']}\n{model_label(r['model'], r['tuned'])}", [v * 1000 for v in store.samples(r["run_id"])]) for r in rows]
+        rows = sorted(sorted(rows, key=lambda r: r.steady_cv or 0, reverse=True)[:most],
+                      key=lambda r: (r.device, r.model, r.tuned))
+    data = [(f"{r.device}\n{model_label(r.model, r.tuned)}", [v * 1000 for v in store.samples(r.run_id)]) for r in rows]
     return [(label, values) for label, values in data if values]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from farm.records import Record
 from farm.runs import Run
@@ -36,7 +37,8 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
              sweep_id: int | None = None, limit: int | None = None, status: str | None = None) -> list[Run]:
     """Every selected run, newest first, with its stored summaries: three queries (runs, summaries, copies)
     whatever the number of runs."""
-    selection = dict(device=device, model=model, latest_only=latest_only, sweep_id=sweep_id, limit=limit, status=status)
+    selection: dict[str, Any] = dict(device=device, model=model, latest_only=latest_only, sweep_id=sweep_id, limit=limit,
+                                     status=status)
     runs = store.runs(**selection)
     summaries = store.run_summaries(**selection)
     copies_of = store.run_copies(**selection)

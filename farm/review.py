@@ -29,7 +29,7 @@ LABELLED_CELLS = 300  # heatmap cells that get a printed value
 THERMAL_RISE_C = 5.0  # a cell that warmed the device this much is a thermal event
 
 
-def label(row: Run) -> str:
+def label(row: Run | SeriesVerdict) -> str:
     return model_label(row.model, row.tuned, row.runtime)
 
 
@@ -52,7 +52,7 @@ def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> d
     drift = drift_view(rows, pool)  # computed here while the figures above are drawn
     sweep = store.sweep(sweep_id) or {"spec": {}}
     reference = sweep["spec"].get("reference") or ""
-    statuses = [a["status"] for a in alerts]
+    statuses = [a.status for a in alerts]
     return {
         "counts": {s: statuses.count(s) for s in ("confirmed", "candidate", "improved", "rejected", "unknown")},
         "failed_cells": sorted({(r.device, r.model) for r in current if r.status == "failed"}
@@ -65,9 +65,10 @@ def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> d
         "reference": reference,
         "reference_drift": [v for v in verdicts if v.model == reference and v.metric == "steady"],
         "drift": resolved(drift),
-        "method": {**METHOD.to_json(), "drift": {"algorithm": "optimal partitioning (PELT's objective, solved exactly), L2 cost on log values",
-                                                 "penalty": f"{PENALTY:g}·σ²·ln n", "min_nights_per_segment": MIN_SIZE,
-                                                 "min_shift": MIN_CHANGE}},
+        "method": {**METHOD.to_json(),
+                   "drift": {"algorithm": "optimal partitioning (PELT's objective, solved exactly), L2 cost on log values",
+                             "penalty": f"{PENALTY:g}·σ²·ln n", "min_nights_per_segment": MIN_SIZE,
+                             "min_shift": MIN_CHANGE}},
     }
 
 
@@ -101,12 +102,20 @@ def resolved(item: dict[str, Any]) -> dict[str, Any]:
     return {k: v.result() if isinstance(v, Future) else v for k, v in item.items()}
 
 
+def baseline_of_alert(alert: Alert) -> dict[str, Any]:
+    """The baseline an alert was judged against: every alert has one (``detect`` finds a candidate or an
+    improvement only against a baseline); ValueError for one stored without."""
+    if alert.baseline is None:
+        raise ValueError(f"alert {alert.id} has no baseline to draw")
+    return alert.baseline
+
+
 def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_series: dict,
                    pool: Executor) -> dict[str, Any]:
     """An alert's baseline and current intervals, its trend and its distribution: the two figures are Futures of
     ``pool`` (``resolved``)."""
     history = series_history(rows, alert, accepted_by_series)
-    base = alert.baseline
+    base = baseline_of_alert(alert)
     baseline_runs = [run for sweep, _, run in history if sweep != alert.sweep_id][-base["n"]:]
     ci = bootstrap_median_ci(base["values"]) if len(base["values"]) >= 2 else (None, None)
     if alert.metric == "steady":
@@ -124,7 +133,7 @@ def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_seri
 
 def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float) -> str:
     plt = pyplot()
-    base = alert.baseline
+    base = baseline_of_alert(alert)
     fig, ax = plt.subplots(figsize=(5.2, 2.6))
     unit = time_unit([v for _, v, _ in history] + [alert.value, base["centre"]])
     xs = [s for s, _, _ in history]
@@ -177,7 +186,8 @@ def heatmap_png(verdicts: list[SeriesVerdict]) -> str:
     image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdBu_r", vmin=-HEAT_LIMIT * 100, vmax=HEAT_LIMIT * 100, aspect="auto")
     for i, m in enumerate(models if labelled else []):  # past that, the colours say it
         for j, d in enumerate(devices):
-            text = "no baseline" if (m, d) in cells and np.isnan(grid[i, j]) else ("" if np.isnan(grid[i, j]) else f"{grid[i, j]:+.1f}%")
+            missing = np.isnan(grid[i, j])
+            text = ("no baseline" if (m, d) in cells else "") if missing else f"{grid[i, j]:+.1f}%"
             dark = not np.isnan(grid[i, j]) and abs(grid[i, j]) > HEAT_LIMIT * 60  # past 60 % of the scale
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_xticks(range(len(devices)), devices, fontsize=7, rotation=20)

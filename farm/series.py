@@ -2,9 +2,9 @@
 one rule for the value each sweep contributes to it. No TVM, no database.
 
 A series also carries the context that must not change inside a baseline: the target, the TVM
-version and farm's pipeline version (for a reference runtime's runs: that runtime and its version). A run compiled for another target or by another TVM starts a
-new series (pyperf refuses to compare runs whose metadata differ for the same reason): a TVM
-upgrade is a new baseline, never a regression or an improvement.
+version and farm's pipeline version (for a reference runtime's runs: that runtime and its version). A run
+compiled for another target or by another TVM starts a new series (pyperf refuses to compare runs whose
+metadata differ for the same reason): a TVM upgrade is a new baseline, never a regression or an improvement.
 
 ``regress`` (baselines and verdicts), ``review`` (an alert's history) and ``drift`` (change points)
 all take their values from ``by_sweep``.

@@ -42,8 +42,16 @@ class Summary:
 def median(samples) -> float | None:
     """The median farm prints, stores and compares everywhere (numpy's: the mean of the middle two for an even
     count); None when there are no samples."""
+    return nonempty_median(samples) if np.size(samples) else None
+
+
+def nonempty_median(samples) -> float:
+    """``median`` of samples that are there by construction (a baseline, a segment, a round, a copy point);
+    ValueError when there are none."""
     values = np.sort(np.asarray(samples, dtype=np.float64))
-    return float(_sorted_percentile(values[None, :], 50.0)[0]) if values.size else None
+    if not values.size:
+        raise ValueError("the median of no samples")
+    return float(_sorted_percentile(values[None, :], 50.0)[0])
 
 
 def robust_sd(values, of_differences: bool = False) -> float:

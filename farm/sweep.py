@@ -25,7 +25,7 @@ import numpy as np
 
 from farm.compile import compile_model, effective_target, fallback_device, toolchain_for, tuning_key
 from farm.devices.health import cool_down, health_after
-from farm.errors import FarmError, StoreError, TrackerError, first_line
+from farm.errors import FarmError, StoreError, TrackerError, message_line
 from farm.measure import bench_artifact, measure_copy_curve
 from farm.models.runtimes import runtime_name
 from farm.models import (VARIANT_TOLERANCE, load_model_variant, load_reference_file, load_test_data, make_inputs,
@@ -95,7 +95,7 @@ def compile_failure(device: Device, model: ModelSource, config: BenchConfig, exc
 def crashed_cell(device: Device, model: ModelSource, config: BenchConfig, exc: Exception) -> BenchResult:
     """The stored result of a cell whose measurement raised what farm does not expect (a farm bug, or a library
     error farm does not translate): failed at step "farm", with the exception; its traceback is in the log."""
-    return _unmeasured(device, model, config, "farm", f"unexpected {type(exc).__name__}: {first_line(exc)}",
+    return _unmeasured(device, model, config, "farm", f"unexpected {type(exc).__name__}: {message_line(exc)}",
                        "a farm bug or an untranslated library error: rerun with -v for the traceback and report it",
                        "not reached: farm failed")
 
@@ -236,9 +236,10 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         if ctx.progress:
             ctx.progress(device.name, model.name, "retry", result.reason)
     if needs_fallback(device, result) and not no_fallback:
-        cell = dataclasses.replace(cell, fallback=fallback_cell(ctx, store, device, model, cell.run_id))
+        fallback = fallback_cell(ctx, store, device, model, cell.run_id)
+        cell = dataclasses.replace(cell, fallback=fallback)
         if stored:
-            stored(cell.fallback)
+            stored(fallback)
     if ctx.reference_runtime:
         cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model))
     return cell
@@ -395,7 +396,7 @@ def run_sweep(
         workers = [threading.Thread(target=_device_worker, name=f"sweep-{name}", daemon=True,
                                     args=(ctx, devices[name], queues[name], SweepWorker(spec, db_path, done, outcome,
                                                                                         sum(d == name for d, _ in todo))))
-                   for name in spec.devices]
+                   for name in spec.devices if devices[name].key not in offline]  # offline: no session, no curve
         for worker in workers:
             worker.start()
         try:
@@ -442,7 +443,7 @@ def _device_worker(ctx: CellContext, device: Device, cells: queue.Queue, worker:
         _measure_cells(ctx, device, cells, worker)
     except Exception as exc:
         log.exception("the sweep's worker for %s stopped: %s; its remaining cells are left for --resume",
-                      device.name, first_line(exc))
+                      device.name, message_line(exc))
 
 
 def _measure_cells(ctx: CellContext, device: Device, cells: queue.Queue, worker: SweepWorker) -> None:

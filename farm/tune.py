@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
@@ -35,17 +35,24 @@ from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig, RPCRunner
 from tvm.ir.utils import derived_object
 from tvm.support.popen_pool import PopenPoolExecutor
 
+from farm.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
 from farm.compile import effective_target, make_target, toolchain_for, tuning_key, tuning_module
-from farm.errors import BuildError, DeviceUnavailable, FarmError, ModelError, TrackerError, first_line
+from farm.errors import BuildError, DeviceUnavailable, FarmError, ModelError, TrackerError, message_line
 from farm.records import Device, ModelSource, TrackerAddress, TuningSet, target_kind
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.sweep import tuning_set
+from farm.task_profile import DEFAULT_MIN_SHARE, allocate_trials, profile_tasks
 
 log = logging.getLogger(__name__)
 
 FAILED_RUN_S = 1e9  # MetaSchedule stores failed candidates with 1e10 s
+
+
+# A candidate whose request found every server of the key taken asks again this many times (each waits
+# request_timeout_s) before its measurement fails: busy devices are not a bad schedule.
+BUSY_RETRIES = 4
 
 
 class _StopTuning(Exception):
@@ -61,8 +68,13 @@ class TuneConfig:
     trials_per_iter: int = 16
     builder_timeout_s: float = 120.0  # the first batch can be slow: workers import TVM
     runner_timeout_s: float = 60.0  # per candidate on the device (TVM's 10 s is short for phones)
-    request_timeout_s: float = 30.0  # wait for a free device per candidate
+    request_timeout_s: float = 30.0  # wait for a free device per candidate (then asked again: BUSY_RETRIES)
     seed: int = 0
+    max_runners: int = 1  # candidates measured at once, each on its own server of the key (K = min(free, this))
+    fresh_cost_model: bool = False  # ignore the cost model earlier sessions saved for this target
+    candidate_cooldown_s: float = 0.0  # the device rests this long after each candidate, session held (phones)
+    by_share: bool = True  # profile each task untuned on the device first, share the trials by its time
+    min_share: float = DEFAULT_MIN_SHARE  # a task below this share of the model's untuned time is not searched
 
 
 @dataclass
@@ -70,6 +82,14 @@ class TaskProgress:
     name: str
     trials: int = 0
     best_s: float | None = None
+    untuned_s: float | None = None  # one call before any search, on the device (the profile)
+    share: float | None = None  # of the model's untuned time (call sites included)
+    allotted: int | None = None  # trials the profile gave it (None: MetaSchedule's scheduler decides)
+
+    @property
+    def speedup(self) -> float | None:
+        """Untuned time / the best candidate's so far."""
+        return self.untuned_s / self.best_s if self.untuned_s and self.best_s else None
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,10 @@ class TuneOutcome:
     total_records: int
     tasks: tuple[TaskProgress, ...]
     seconds: float
+    runners: int = 1  # servers of the key that measured candidates at once
+    cost_model_samples_before: int = 0  # what the saved cost model had learned before this session
+    cost_model_samples: int = 0  # ... and after it (saved with the store's records for the target)
+    search_seconds: float = 0.0  # inside MetaSchedule's search (builds and measurements), set-up and profile excluded
 
 
 Progress = Callable[[str], None]
@@ -113,13 +137,29 @@ def _session(host: str, port: int, key: str, request_timeout_s: float, session_t
 
     A key with no server at all fails at once: the device is gone, not busy."""
     tracker = TrackerAddress(host, port)
-    status = query_summary(tracker).keys.get(key)
-    if status is None or status.servers == 0:
-        raise DeviceUnavailable(f"no server registered under key {key!r}", "the device left the tracker")
-    return request_session(tracker, key, request_timeout_s, session_timeout_s)
+    for attempt in range(BUSY_RETRIES + 1):
+        status = query_summary(tracker).keys.get(key)
+        if status is None or status.servers == 0:
+            raise DeviceUnavailable(f"no server registered under key {key!r}", "the device left the tracker")
+        try:
+            return request_session(tracker, key, request_timeout_s, session_timeout_s)
+        except DeviceUnavailable:  # every server of the key busy: wait again rather than fail the candidate
+            if attempt == BUSY_RETRIES:
+                raise
+    raise AssertionError("unreachable")
 
 
-def _sync(work_dir: Path, store: Store, key: str, session_id: int) -> int:
+def _run_with_cooldown(cooldown_s: float, session, rt_mod, device, evaluator_config, repeated_args) -> list[float]:
+    """MetaSchedule's RPC evaluator, then ``cooldown_s`` of rest with the session held: the device is busy for
+    it, as a phone that must cool between candidates is (RPCRunner's own ``cooldown_sec`` is unused in 0.27)."""
+    from tvm.s_tir.meta_schedule.runner.rpc_runner import default_run_evaluator
+
+    costs = default_run_evaluator(session, rt_mod, device, evaluator_config, repeated_args)
+    time.sleep(cooldown_s)
+    return costs
+
+
+def _sync(work_dir: Path, store: Store, key: str, session_id: int | None) -> int:
     """Copy the working database's records into the store; a torn last line is skipped."""
     workload_path = work_dir / "database_workload.json"
     record_path = work_dir / "database_tuning_record.json"
@@ -184,16 +224,32 @@ def tune_model(
     say("loading MetaSchedule's tensor intrinsics")
     load_tensor_intrinsics()
     work_dir = Path(work_root) / f"{device.key}-{key}"
+    runners = max(1, min(config.max_runners, status.free or 1))  # each runner holds one server of the key
+    cost_model = new_cost_model(os.cpu_count())
+    saved = None if config.fresh_cost_model else store.cost_model(key)
+    if saved is not None:
+        load_cost_model(cost_model, saved[0])
     prior = tuning_set(store, device)
     _write_database(work_dir, prior)
+    shares = allocate_trials([t.task_name for t in tasks], [int(t.weight) for t in tasks],
+                             _profile(tracker, device, tasks, tvm_target, toolchain, config, say), config.trials,
+                             config.min_share)
     session_id = store.start_tune_session(device, model, key, target, tvm.__version__, config.trials)
-    progress_by_task = [TaskProgress(t.task_name) for t in tasks]
-    state = {"status": "done", "reason": "", "trials": 0, "new": 0}
+    progress_by_task = [TaskProgress(s.name, untuned_s=s.untuned_s, share=s.share,
+                                     allotted=s.trials if s.share is not None else None) for s in shares]
+    for task in sorted(progress_by_task, key=lambda t: -(t.share or 0)):
+        if task.share is not None and task.untuned_s is not None:
+            say(f"  {task.name}: {task.share:6.1%} of the untuned time ({task.untuned_s * 1e6:.1f} µs a call), "
+                f"{task.allotted} trial(s)")
+    by_share = shares[0].share is not None
+    current = [0]  # the task a single-task search is on (the callback's task_id is then 0)
+    state: dict[str, Any] = {"status": "done", "reason": "", "trials": 0, "new": 0}
     deadline = start + config.minutes * 60 if config.minutes else None
 
     @derived_object
     class FarmCallback(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+            task_id = current[0] if by_share else task_id
             task = progress_by_task[task_id]
             task.trials += len(runner_results)
             state["trials"] += len(runner_results)
@@ -204,8 +260,9 @@ def tune_model(
             state["new"] += _sync(work_dir, store, key, session_id)
             elapsed = time.monotonic() - start
             eta = elapsed / state["trials"] * max(config.trials - state["trials"], 0) if state["trials"] else 0
-            best = f"{task.best_s * 1e6:.1f} µs" if task.best_s else "-"
-            say(f"task {task_id + 1}/{len(tasks)} {task.name}: {task.trials} trials, best {best} · "
+            best_text = f"{task.best_s * 1e6:.1f} µs" if task.best_s else "-"
+            speedup = f" ({task.speedup:.1f}x untuned)" if task.speedup else ""
+            say(f"task {task_id + 1}/{len(tasks)} {task.name}: {task.trials} trials, best {best_text}{speedup} · "
                 f"{state['trials']}/{config.trials} trials, ETA {eta:.0f} s")
             stop = ""
             if runner_results and all(r.error_msg for r in runner_results):
@@ -232,19 +289,38 @@ def tune_model(
         EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False),
         f_create_session=functools.partial(_session, tracker.host, tracker.port, device.key,
                                            config.request_timeout_s, config.runner_timeout_s),
+        f_run_evaluator=functools.partial(_run_with_cooldown, config.candidate_cooldown_s)
+        if config.candidate_cooldown_s else None,
     )
-    runner.pool = PopenPoolExecutor(max_workers=1, timeout=config.runner_timeout_s + config.request_timeout_s)
+    runner.pool = PopenPoolExecutor(max_workers=runners,
+                                    timeout=config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
     database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
                                         str(work_dir / "database_tuning_record.json"))
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(work_dir), seed=config.seed)
-    say(f"{len(tasks)} task(s), {len(prior.records)} record(s) already in the store for this target")
+    say(f"MetaSchedule's own log: {work_dir / 'logs'}")
+    say(f"{len(tasks)} task(s), {len(prior.records)} record(s) already in the store for this target; "
+        f"cost model: {samples_of(cost_model)} sample(s) from earlier sessions; {runners} runner(s) on key {device.key!r}")
+    # by share: one search per task with its allotment, the biggest first, all sharing one cost model and database;
+    # else MetaSchedule's gradient scheduler over every task
+    plan: list[tuple[int | None, int]] = (
+        [(i, shares[i].trials) for i in sorted(range(len(tasks)), key=lambda i: -(shares[i].share or 0))
+         if shares[i].trials] if by_share else [(None, config.trials)])
+    search_start = time.monotonic()
     try:
-        ms.tune.tune_tasks(
-            tasks=contexts, task_weights=weights, work_dir=str(work_dir), max_trials_global=config.trials,
-            max_trials_per_task=config.per_task, num_trials_per_iter=config.trials_per_iter,
-            builder=builder, runner=runner, database=database, cost_model="xgb",
-            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
-        )
+        for index, trials in plan:
+            if state["status"] != "done":
+                break
+            current[0] = index if index is not None else 0
+            chosen = [contexts[index]] if index is not None else contexts
+            _metaschedule_logs_to_file_only()
+            ms.tune.tune_tasks(
+                tasks=chosen, task_weights=[weights[index]] if index is not None else weights, work_dir=str(work_dir),
+                max_trials_global=trials,
+                max_trials_per_task=min(config.per_task or trials, trials) if index is not None else config.per_task,
+                num_trials_per_iter=min(config.trials_per_iter, trials),
+                builder=builder, runner=runner, database=database, cost_model=cost_model,
+                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
+            )
     except KeyboardInterrupt:
         state["status"], state["reason"] = "interrupted", "interrupted by the user"
     except Exception:  # _StopTuning comes back wrapped by TVM's FFI; an interrupt inside C++ too
@@ -254,10 +330,35 @@ def tune_model(
             state["status"], state["reason"] = "interrupted", "interrupted by the user"
     finally:
         state["new"] += _sync(work_dir, store, key, session_id)
+        if samples_of(cost_model):  # the next session on this target starts from what this one learned
+            store.save_cost_model(key, dump_cost_model(cost_model), FORMAT, samples_of(cost_model), session_id)
         store.finish_tune_session(session_id, state["status"], state["reason"], state["trials"])
     total = len(store.tuning_lines(key)[1])
     return TuneOutcome(session_id, key, state["status"], state["reason"], state["trials"], state["new"], total,
-                       tuple(progress_by_task), time.monotonic() - start)
+                       tuple(progress_by_task), time.monotonic() - start, runners,
+                       saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start)
+
+
+def _profile(tracker: TrackerAddress, device: Device, tasks: list, tvm_target, toolchain: str, config: TuneConfig,
+             say: Progress) -> list[float] | None:
+    """Each task's untuned time on the device, or None: not asked, a GPU target (unscheduled kernels do not
+    build), or a profile that failed (said, and MetaSchedule's scheduler shares the trials)."""
+    if not config.by_share or target_kind(tvm_target.export()) != "llvm":
+        return None
+    say(f"timing {len(tasks)} task(s) untuned on {device.name} to share {config.trials} trials by time")
+    try:
+        return profile_tasks(tracker, device, tasks, tvm_target, toolchain, config.request_timeout_s)
+    except FarmError as exc:
+        say(f"{exc.message}; {exc.hint}")
+        return None
+
+
+def _metaschedule_logs_to_file_only() -> None:
+    """MetaSchedule's per-batch tables and XGBoost's lines go to its log files (WORK_DIR/logs), not to stdout.
+
+    Each ``tune_tasks`` call sets its console handler's level from the package logger's level, then sets that
+    logger to DEBUG (for its files): so before every call the package logger goes back to WARNING."""
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
 
 def load_tensor_intrinsics() -> None:
@@ -296,7 +397,7 @@ def _extract_tasks(mod, target, model: ModelSource) -> list:
         return list(ms.relax_integration.extract_tasks(mod, target))
     except Exception as exc:  # tvm.error.TVMError and the FFI's own: TVM raises many types here
         log.info("extracting tuning tasks of %s failed", model.name, exc_info=True)
-        raise BuildError(f"cannot extract tuning tasks from {model.name}: {first_line(exc)}",
+        raise BuildError(f"cannot extract tuning tasks from {model.name}: {message_line(exc)}",
                          "check that farm compile works for this model and device; -v shows TVM's trace") from exc
 
 
@@ -305,20 +406,62 @@ def list_tasks(device: Device, model: ModelSource) -> list[str]:
     return [t.task_name for t in _extract_tasks(tuning_module(model), target, model)]
 
 
+PACK_MANIFEST = "farm-pack.json"  # a records pack: what it was tuned for, what it holds (data only, never code)
+PACK_FORMAT = 1
+
+
 def export_database(store: Store, device: Device, out_dir: Path) -> TuningSet:
-    """Write the store's records for ``device`` as MetaSchedule JSON database files."""
+    """Write the store's records for ``device`` as a pack: MetaSchedule's JSON database files (any MetaSchedule
+    reads them), the cost model (``costmodel``'s .npz: plain arrays and xgboost's own model file) and a manifest
+    naming the target, the TVM version and what is inside."""
+    target = effective_target(device)
+    key = tuning_key(target)
     tuning = tuning_set(store, device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "database_workload.json").write_text("".join(f"{line}\n" for line in tuning.workloads))
     (out_dir / "database_tuning_record.json").write_text("".join(f"{line}\n" for line in tuning.records))
+    saved = store.cost_model(key)
+    if saved is not None:
+        (out_dir / "cost_model.npz").write_bytes(saved[0])
+    manifest = {"format": PACK_FORMAT, "tuning_key": key, "target": target, "tvm_version": tvm.__version__,
+                "workloads": len(tuning.workloads), "records": len(tuning.records),
+                "cost_model": {"file": "cost_model.npz", "format": saved[1], "samples": saved[2]} if saved else None,
+                "exported_from": device.name, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
+    (out_dir / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return tuning
 
 
 def import_database(store: Store, device: Device, in_dir: Path) -> int:
-    """Merge MetaSchedule JSON database files (from another farm) into the store; returns new records."""
+    """Merge a pack or a plain MetaSchedule JSON database folder (from another farm) into the store; returns new
+    records. A pack for another target or TVM version is refused: its records would not apply. Its cost model
+    is read as data (no pickle) and kept when the store has none for the target, or a smaller one."""
     in_dir = Path(in_dir)
     if not (in_dir / "database_workload.json").exists():
         raise FarmError(f"{in_dir} has no database_workload.json", "point --import at a MetaSchedule database folder")
-    key = tuning_key(effective_target(device))
+    target = effective_target(device)
+    key = tuning_key(target)
+    manifest_path = in_dir / PACK_MANIFEST
+    if manifest_path.exists():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            theirs = (manifest["target"], manifest["tvm_version"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FarmError(f"{manifest_path} is not a farm pack manifest ({exc})",
+                            "export the pack again with farm tune --export DIR") from exc
+        if theirs[1] != tvm.__version__:
+            raise FarmError(f"{in_dir} was tuned with TVM {theirs[1]}; this farm runs TVM {tvm.__version__}",
+                            "import it into a farm with that TVM, or tune here: records do not carry across versions")
+        if theirs[0] != target:
+            raise FarmError(f"{in_dir} was tuned for target {json.dumps(theirs[0], sort_keys=True)}, not "
+                            f"{device.name!r}'s {json.dumps(target, sort_keys=True)}",
+                            "import it for a device with that target (farm devices shows each device's target)")
+        model_file = in_dir / ((manifest.get("cost_model") or {}).get("file") or "cost_model.npz")
+        if model_file.exists():
+            blob = model_file.read_bytes()
+            probe = new_cost_model(1)
+            samples = load_cost_model(probe, blob)  # read and checked as data before it is kept
+            ours = store.cost_model(key)
+            if ours is None or ours[2] < samples:
+                store.save_cost_model(key, blob, FORMAT, samples, None)
     return _sync(in_dir, store, key, None)

@@ -71,9 +71,15 @@ def farm_net(tmp_path_factory) -> Farm:
 
 @pytest.fixture
 def inventory_file(farm_net, tmp_path) -> Path:
-    path = tmp_path / "devices.toml"
+    return farm_workspace(farm_net, tmp_path)[0]
+
+
+def farm_workspace(farm_net: Farm, folder: Path) -> tuple[Path, dict[str, str]]:
+    """``inventory_file`` and ``farm_env`` in ``folder``: for a module-scoped fixture whose one expensive run
+    several tests check (the run's own assertions, and its report in Chromium)."""
+    path = folder / "devices.toml"
     path.write_text(farm_net.inventory_text())
-    return path
+    return path, env_in(folder)
 
 
 def write_inventory(path: Path, devices: str, port: int, host: str = "127.0.0.1") -> Path:
@@ -82,7 +88,8 @@ def write_inventory(path: Path, devices: str, port: int, host: str = "127.0.0.1"
     return path
 
 
-def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user or a cron job would."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "farm.cli", *args], capture_output=True, text=True,
@@ -92,7 +99,11 @@ def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
 @pytest.fixture
 def farm_env(tmp_path) -> dict[str, str]:
     """FARM_HOME and FARM_DB inside this test's tmp_path."""
-    return {"FARM_HOME": str(tmp_path / "home"), "FARM_DB": str(tmp_path / "results.db")}
+    return env_in(tmp_path)
+
+
+def env_in(folder: Path) -> dict[str, str]:
+    return {"FARM_HOME": str(folder / "home"), "FARM_DB": str(folder / "results.db")}
 
 
 # -- a real PostgreSQL server for the store's second backend -----------------------------------

@@ -230,7 +230,8 @@ class Phone:
                 for entry in os.scandir(path) if os.path.isdir(path) else []:
                     st = entry.stat(follow_symlinks=False)
                     name = entry.name.encode()
-                    await stream.write(struct.pack("<4sIIII", b"DENT", st.st_mode, st.st_size, int(st.st_mtime), len(name)) + name)
+                    dent = struct.pack("<4sIIII", b"DENT", st.st_mode, st.st_size, int(st.st_mtime), len(name))
+                    await stream.write(dent + name)
                 await stream.write(struct.pack("<4sIIII", b"DONE", 0, 0, 0, 0))
             else:
                 await stream.write(fail(f"unknown sync request {ident!r}"))
@@ -372,7 +373,8 @@ def write_system_tools(bin_dir: Path, props: dict[str, str], battery: dict[str, 
     py = sys.executable
     (bin_dir / "getprop").write_text(
         f"#!/bin/sh\nexec {py} -c 'import json,sys; p=json.load(open(\"{data}\"))[\"props\"];"
-        f" print(p.get(sys.argv[1], \"\") if len(sys.argv) > 1 else \"\\n\".join(\"[%s]: [%s]\" % kv for kv in sorted(p.items())))' \"$@\"\n")
+        f" print(p.get(sys.argv[1], \"\") if len(sys.argv) > 1"
+        f" else \"\\n\".join(\"[%s]: [%s]\" % kv for kv in sorted(p.items())))' \"$@\"\n")
     (bin_dir / "dumpsys").write_text(
         f"#!/bin/sh\n[ \"$1\" = battery ] || {{ echo \"Can't find service: $1\"; exit 0; }}\n"
         f"exec {py} -c 'import json; b=json.load(open(\"{data}\"))[\"battery\"]; print(\"Current Battery Service state:\");"

@@ -37,10 +37,12 @@ def test_bench_json_reports_every_figure(farm_net, inventory_file, farm_env):
     assert data["load_s"] > 0 and data["first_run_s"] > 0 and data["steady_median_s"] > 0
     assert [c["bytes"] for c in data["copy_s"]] == [40, 32768]
     assert data["check"]["status"] == "passed" and data["check"]["max_abs_err"] < 1e-4
-    results = run_farm("results", "--json", env=farm_env)
-    assert json.loads(results.stdout)[0]["run_id"] == data["run_id"]
+    results = run_farm("results", "--json", env=farm_env)  # newest first: the reference runtime's run, then TVM's
+    assert [(r["run_id"], r["runtime"]) for r in json.loads(results.stdout)] == [
+        (data["reference"]["run_id"], "onnxruntime"), (data["run_id"], "tvm")]
     csv = run_farm("results", "--csv", env=farm_env)
-    assert csv.stdout.splitlines()[1].split(",")[0] == str(data["run_id"])
+    assert [line.split(",")[0] for line in csv.stdout.splitlines()[1:]] == [str(data["reference"]["run_id"]),
+                                                                          str(data["run_id"])]
 
 
 def test_bench_on_unserved_key_fails_within_timeout(farm_net, inventory_file, farm_env):
@@ -159,9 +161,11 @@ target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
 
 BAD_INVENTORIES = {
     "syntax": ("[devices.a\nkind = 1", "error: {path}: not valid TOML"),
-    "unknown kind": ('[devices.a]\nkind = "toaster"\nkey = "a"\ntarget = { kind = "llvm" }', "error: {path}:1: device 'a': kind 'toaster' is unknown"),
+    "unknown kind": ('[devices.a]\nkind = "toaster"\nkey = "a"\ntarget = { kind = "llvm" }',
+                     "error: {path}:1: device 'a': kind 'toaster' is unknown"),
     "missing key": ('[devices.a]\nkind = "local"\ntarget = { kind = "llvm" }', "error: {path}:1: device 'a': key is missing"),
-    "bad target": ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = "llvm"', "error: {path}:1: device 'a': target 'llvm' is a string"),
+    "bad target": ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = "llvm"',
+                   "error: {path}:1: device 'a': target 'llvm' is a string"),
 }
 
 

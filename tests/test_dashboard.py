@@ -7,13 +7,17 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
 
 from farm.rpc.processes import free_port
-from tests.conftest import REPO, run_farm
-from tests.test_report import CHROMIUM
+from tests.conftest import REPO, farm_workspace, run_farm
+from tests.test_report import needs_chromium, open_in_chromium
 
 
-def test_dashboard_shows_devices_sweep_and_results(farm_net, inventory_file, farm_env, tmp_path):
+@pytest.fixture(scope="module")
+def dashboard(farm_net, tmp_path_factory):
+    """A swept and probed store, and `farm dashboard` serving it: its base URL."""
+    inventory_file, farm_env = farm_workspace(farm_net, tmp_path_factory.mktemp("dashboard"))
     sweep = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", "convnet",
                      "--repeat", "3", "--min-repeat-ms", "5", "--no-report", env=farm_env)
     assert sweep.returncode == 0, sweep.stderr
@@ -24,33 +28,26 @@ def test_dashboard_shows_devices_sweep_and_results(farm_net, inventory_file, far
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert "farm dashboard on http://127.0.0.1:" in server.stdout.readline()
-        state = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=10).read())
-        devices = {d["device"]: d for d in state["devices"]}
-        assert devices["cpu-a"]["state"] == "online" and devices["cpu-a"]["probe_state"] == "online"
-        assert devices["ghost"]["state"] == "missing"
-        assert state["sweep"]["status"] == "done" and state["sweep"]["cells_done"] == state["sweep"]["cells_total"] == 2
-        assert {r["model"] for r in state["runs"]} == {"mlp", "convnet"}
-        if CHROMIUM:
-            from playwright.sync_api import sync_playwright
-
-            errors = []
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                            "--disable-background-networking", "--no-first-run"])
-                try:
-                    page = browser.new_page()
-                    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-                    page.on("pageerror", lambda e: errors.append(str(e)))
-                    page.goto(f"http://127.0.0.1:{port}/")
-                    page.locator("#updated", has_text="updated").wait_for(timeout=15000)
-                    text = page.inner_text("body")
-                finally:
-                    browser.close()
-            assert errors == []
-            assert "cpu-a" in text and "online" in text and "sweep 1: done, 2/2 cells" in text and "convnet" in text
+        yield f"http://127.0.0.1:{port}"
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=10)
+
+
+def test_dashboard_shows_devices_sweep_and_results(dashboard):
+    state = json.loads(urllib.request.urlopen(f"{dashboard}/api/state", timeout=10).read())
+    devices = {d["device"]: d for d in state["devices"]}
+    assert devices["cpu-a"]["state"] == "online" and devices["cpu-a"]["probe_state"] == "online"
+    assert devices["ghost"]["state"] == "missing"
+    assert state["sweep"]["status"] == "done" and state["sweep"]["cells_done"] == state["sweep"]["cells_total"] == 2
+    assert {r["model"] for r in state["runs"]} == {"mlp", "convnet"}
+
+
+@needs_chromium
+def test_dashboard_page_shows_them_in_chromium(dashboard):
+    text, errors, _ = open_in_chromium(f"{dashboard}/", ready=("#updated", "updated"))
+    assert errors == []
+    assert "cpu-a" in text and "online" in text and "sweep 1: done, 2/2 cells" in text and "convnet" in text
 
 
 def _sweep(inventory_file, farm_env, tmp_path, *args):

@@ -11,8 +11,8 @@ import pytest
 
 from farm.devices.emulated import ensure_board
 from farm.rpc.processes import free_port
-from tests.conftest import run_farm, write_inventory
-from tests.test_report import CHROMIUM, open_in_chromium
+from tests.conftest import env_in, run_farm, write_inventory
+from tests.test_report import needs_chromium, open_in_chromium
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,14 +29,19 @@ def test_board_server_is_an_aarch64_executable():
     assert (member.format, member.arch) == ("ELF", "aarch64")
 
 
-def test_emulated_board_benchmarked_through_tracker_and_reported(tmp_path, farm_env):
+@pytest.fixture(scope="module")
+def board_lab(tmp_path_factory):
+    """The board served through farm's own tracker, benched (mlp, convnet), tuned (one task), compiled with the
+    record, reported: each command's --json output, and the report."""
+    tmp_path = tmp_path_factory.mktemp("board-lab")
     inventory = write_inventory(tmp_path / "devices.toml", """
 [devices.board]
 kind = "qemu"
 key = "test-arm64"
 target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }
 """, free_port())
-    env = {**farm_env, "FARM_DEVICES": str(inventory)}
+    env = {**env_in(tmp_path), "FARM_DEVICES": str(inventory)}
+    lab = {"report": tmp_path / "report.html"}
     try:
         assert run_farm("tracker", "start", env=env).returncode == 0
         serve = run_farm("serve", "--json", env=env)
@@ -45,37 +50,51 @@ target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }
             bench = run_farm("bench", "--device", "board", "--model", model, "--repeat", "3", "--min-repeat-ms", "5",
                              "--json", env=env)
             assert bench.returncode == 0, bench.stderr
-            data = json.loads(bench.stdout)
-            # the aarch64 result equals onnxruntime's x86 result within tolerance
-            assert data["check"]["status"] == "passed" and data["check"]["max_abs_err"] < 1e-4
-            assert data["emulated"] is True and data["steady_median_s"] > 0
+            lab[model] = json.loads(bench.stdout)
         # the builder cross-compiles candidates; the board runs them (one task is enough)
-        tune = run_farm("tune", "--device", "board", "--model", "mlp", "--tasks", "matmul1", "--trials", "4", "--json", env=env)
+        tune = run_farm("tune", "--device", "board", "--model", "mlp", "--tasks", "matmul1", "--trials", "4", "--json",
+                        env=env)
         assert tune.returncode == 0, tune.stderr
-        tuned = json.loads(tune.stdout)
-        assert tuned["status"] == "done" and tuned["new_records"] == tuned["trials"] >= 1
-        assert any(t["best_s"] for t in tuned["tasks"])
-        compiled = json.loads(run_farm("compile", "--device", "board", "--model", "mlp", "--json", env=env).stdout)
-        assert compiled[0]["arch"] == "aarch64" and compiled[0]["tuned_tasks"] == 1, (compiled, tuned)
-        report = tmp_path / "report.html"
-        assert run_farm("report", "--out", str(report), env=env).returncode == 0
-        rows = json.loads(run_farm("results", "--json", env=env).stdout)
-        assert {r["model"] for r in rows} == {"mlp", "convnet"} and all(r["emulated"] for r in rows)
-        assert {r["model"] for r in rows if r["tuned"]} == set()  # the benches ran before tuning
+        lab["tuned"] = json.loads(tune.stdout)
+        lab["compiled"] = json.loads(run_farm("compile", "--device", "board", "--model", "mlp", "--json", env=env).stdout)
+        assert run_farm("report", "--out", str(lab["report"]), env=env).returncode == 0
+        lab["rows"] = json.loads(run_farm("results", "--json", env=env).stdout)
     finally:
         run_farm("down", env=env)
-    if CHROMIUM:
-        text, errors, _ = open_in_chromium(report)
-        assert errors == []
-        assert "board emulated" in text and "run under qemu" in text
+    return lab
 
 
-def test_sweep_three_models_on_local_and_emulated_devices(farm_net, farm_env, tmp_path):
+def test_emulated_board_benchmarked_through_tracker_and_reported(board_lab):
+    for model in ("mlp", "convnet"):
+        data = board_lab[model]
+        # the aarch64 result equals onnxruntime's x86 result within tolerance
+        assert data["check"]["status"] == "passed" and data["check"]["max_abs_err"] < 1e-4
+        assert data["emulated"] is True and data["steady_median_s"] > 0
+    tuned, compiled, rows = board_lab["tuned"], board_lab["compiled"], board_lab["rows"]
+    assert tuned["status"] == "done" and tuned["new_records"] == tuned["trials"] >= 1
+    assert any(t["best_s"] for t in tuned["tasks"])
+    assert compiled[0]["arch"] == "aarch64" and compiled[0]["tuned_tasks"] == 1, (compiled, tuned)
+    assert {r["model"] for r in rows} == {"mlp", "convnet"} and all(r["emulated"] for r in rows)
+    assert {r["model"] for r in rows if r["tuned"]} == set()  # the benches ran before tuning
+
+
+@needs_chromium
+def test_emulated_boards_report_in_chromium(board_lab):
+    text, errors, _ = open_in_chromium(board_lab["report"])
+    assert errors == []
+    assert "board emulated" in text and "run under qemu" in text
+
+
+@pytest.fixture(scope="module")
+def mixed_sweep(farm_net, tmp_path_factory):
+    """A sweep of the built-in models over cpu-a, cpu-b and the board: its --json output."""
     from farm.devices import bring_up
     from farm.inventory import parse_inventory
     from farm.rpc.processes import stop_process
     from farm.rpc.tracker import wait_for_servers
 
+    tmp_path = tmp_path_factory.mktemp("mixed-sweep")
+    farm_env = env_in(tmp_path)
     inventory = tmp_path / "devices.toml"
     inventory.write_text(farm_net.inventory_text(
         '\n[devices.board]\nkind = "qemu"\nkey = "sweep-arm64"\ntarget = { kind = "llvm", mtriple = "aarch64-linux-gnu" }\n'))
@@ -90,13 +109,19 @@ def test_sweep_three_models_on_local_and_emulated_devices(farm_net, farm_env, tm
         for record in started:
             stop_process(record)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    cells = {(c["device"], c["model"]): c["status"] for c in out["cells"]}
+    return json.loads(proc.stdout)
+
+
+def test_sweep_three_models_on_local_and_emulated_devices(mixed_sweep):
+    cells = {(c["device"], c["model"]): c["status"] for c in mixed_sweep["cells"]}
     assert cells == {(d, m): "ok" for d in ("cpu-a", "cpu-b", "board") for m in ("mlp", "convnet", "mobile-block")}
-    if CHROMIUM:
-        text, errors, images = open_in_chromium(Path(out["report"]))
-        assert errors == [] and images
-        assert "board emulated" in text and "mobile-block" in text
+
+
+@needs_chromium
+def test_the_mixed_sweeps_report_in_chromium(mixed_sweep):
+    text, errors, images = open_in_chromium(Path(mixed_sweep["report"]))
+    assert errors == [] and images
+    assert "board emulated" in text and "mobile-block" in text
 
 
 @pytest.mark.skipif(not Path("/usr/include/CL/cl.h").exists(), reason="needs opencl-headers: bash tools/setup.sh --opencl")

@@ -45,14 +45,22 @@ def test_repo_devices_toml_is_valid():
     "text, message, hint",
     [
         ("[devices.a\nkind = 'local'", "devices.toml: not valid TOML", "fix the syntax"),
-        ('[devices.a]\nkind = "phone"\nkey = "a"\ntarget = { kind = "llvm" }', "devices.toml:1: device 'a': kind 'phone' is unknown", "write kind = one of"),
-        ('[devices.a]\nkind = "local"\ntarget = { kind = "llvm" }', "devices.toml:1: device 'a': key is missing", 'add key = "a"'),
-        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = "llvm -mcpu=x"', "device 'a': target 'llvm -mcpu=x' is a string", "TVM 0.27 refuses string targets"),
-        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "gpu" }', "device 'a': target.kind 'gpu' is not a TVM target kind", "use one of llvm"),
-        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm", mcpu = "native" }', "target.mcpu 'native' is refused", "farm detects the host CPU"),
-        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\nexport = "dll"', "export 'dll' is unknown", "so, tar, system-lib"),
-        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\ncolldown_s = 3', "field 'colldown_s' is not known for kind 'local'", "allowed fields"),
-        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\ncooldown_s = -1', "cooldown_s -1 must be a number of seconds >= 0", "cooldown_s = 30"),
+        ('[devices.a]\nkind = "phone"\nkey = "a"\ntarget = { kind = "llvm" }',
+         "devices.toml:1: device 'a': kind 'phone' is unknown", "write kind = one of"),
+        ('[devices.a]\nkind = "local"\ntarget = { kind = "llvm" }',
+         "devices.toml:1: device 'a': key is missing", 'add key = "a"'),
+        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = "llvm -mcpu=x"',
+         "device 'a': target 'llvm -mcpu=x' is a string", "TVM 0.27 refuses string targets"),
+        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "gpu" }',
+         "device 'a': target.kind 'gpu' is not a TVM target kind", "use one of llvm"),
+        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm", mcpu = "native" }',
+         "target.mcpu 'native' is refused", "farm detects the host CPU"),
+        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\nexport = "dll"',
+         "export 'dll' is unknown", "so, tar, system-lib"),
+        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\ncolldown_s = 3',
+         "field 'colldown_s' is not known for kind 'local'", "allowed fields"),
+        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\ncooldown_s = -1',
+         "cooldown_s -1 must be a number of seconds >= 0", "cooldown_s = 30"),
         ('[tracker]\nport = "x"', "[tracker] port must be an integer", "port = 9190"),
     ],
 )
@@ -170,7 +178,8 @@ def test_a_target_without_a_kind_farm_knows_is_an_inventory_error():
     assert "nvidia/*" in caught.value.hint
     with pytest.raises(InventoryError) as caught:
         parse_inventory(TAGGED.format(tag="qcom/hexagon-v68", extra=""), "lab.toml")
-    assert caught.value.message == "lab.toml:1: device 't': target.tag 'qcom/hexagon-v68' is not a tag of a target kind farm measures"
+    assert caught.value.message == ("lab.toml:1: device 't': target.tag 'qcom/hexagon-v68' is not a tag of a target kind "
+                                    "farm measures")
     assert "nvidia/*" in caught.value.hint and 'target = { kind = "llvm", ... }' in caught.value.hint
 
 

@@ -17,7 +17,7 @@ ALLOWED = {
     "runs": {"records", "stats"},
     "series": {"runs"},
     "regress": {"records", "runs", "series", "stats"},  # medians and robust spreads come from stats
-    "drift": {"series", "stats"},
+    "drift": {"runs", "series", "stats"},  # runs: the Run type only
     "artifacts": set(),
     "inventory": {"errors", "records", "devices"},  # the kinds' field schemas (importing them imports no TVM)
     "store": {"errors", "records", "stats"},
@@ -32,14 +32,16 @@ ALLOWED = {
     "figures": set(),
     "review": {"drift", "figures", "records", "regress", "results", "runs", "series", "stats", "store"},
     "report": {"figures", "results", "review", "stats", "store", "__init__"},
-    "tune": {"compile", "errors", "records", "rpc", "store", "sweep"},
+    "costmodel": {"errors"},  # MetaSchedule's XGBoost model as data
+    "task_profile": {"errors", "records", "rpc"},  # each task's untuned time on the device, the trials it gets
+    "tune": {"compile", "costmodel", "errors", "records", "rpc", "store", "sweep", "task_profile"},
     "confirmation": {"errors", "measure", "models", "records", "regress", "results", "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
     "dashboard": {"errors", "records", "results", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
 }
-TVM_OWNERS = {"rpc", "compile", "measure", "tune"}
+TVM_OWNERS = {"rpc", "compile", "measure", "tune", "costmodel", "task_profile"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -191,3 +193,54 @@ def test_no_module_branches_on_a_device_kind_outside_the_kinds():
             if isinstance(node, ast.Compare) and _compares_a_device_kind(node, names):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []
+
+
+# Outside farm/cli (which ends a command on a FarmError: error:, hint:, exit 1), the modules that catch one, and
+# why: each turns it into a result or waits and retries (docs/ARCHITECTURE.md, "Where a FarmError is caught").
+# A handler that only re-raises (`except BuildError: raise`, so the `except Exception` below it translates only
+# third-party errors) catches nothing and is not listed.
+CATCHERS = {
+    "farm.confirmation": "a rerun that fails leaves the alert 'unknown' with the reason",
+    "farm.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving",
+    "farm.devices": "the watchdog reports a restart that failed and keeps watching; a server it cannot stop stays recorded",
+    "farm.devices.adb_shell": "a program of its own (python -m): error: and exit 1, as the CLI",
+    "farm.devices.emulated": "prerequisites(): what this host lacks, as text (farm devices --kinds)",
+    "farm.devices.health": "a device whose health cannot be read: the gate's outcome 'unreadable', and measure on",
+    "farm.devices.opencl_runtime": "missing(): what this host lacks; a bundle without OpenCL; main(): setup.sh's step",
+    "farm.measure": "a failed session is a stored failed run at step 'session'; a failed copy curve a failed curve",
+    "farm.reference": "a reference runtime that fails is its stored failed result; the TVM figure stands",
+    "farm.rpc.probe": "a probe's state: busy or unreachable, with the reason",
+    "farm.rpc.processes": "start_tracker waits for the tracker it started, then raises its own TrackerError",
+    "farm.rpc.tracker": "wait_for_tracker polls until its deadline, then re-raises",
+    "farm.sweep": "a cell's failure is a stored failed cell (compile, check skipped, fallback refused); a write "
+                  "that fails loses one cell, not the sweep; a tracker that does not answer says nothing offline",
+    "farm.tune": "a tracker that stops answering ends the session as 'device-lost'",
+}
+
+
+def _farm_errors() -> set[str]:
+    import farm.errors
+
+    return {name for name, value in vars(farm.errors).items()
+            if isinstance(value, type) and issubclass(value, farm.errors.FarmError)}
+
+
+def _catches(handler: ast.ExceptHandler, errors: set[str]) -> bool:
+    """Whether ``handler`` names a FarmError class and does more than re-raise it."""
+    named = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(handler.type)
+             if isinstance(n, (ast.Name, ast.Attribute))} if handler.type is not None else set()
+    only_reraises = len(handler.body) == 1 and isinstance(handler.body[0], ast.Raise) and handler.body[0].exc is None
+    return bool(named & errors) and not only_reraises
+
+
+def test_farm_errors_are_caught_where_the_architecture_page_says():
+    errors = _farm_errors()
+    assert {"FarmError", "StoreError", "DeviceUnavailable"} <= errors
+    catchers = set()
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        if name == "farm.cli" or name.startswith("farm.cli."):
+            continue
+        if any(isinstance(node, ast.ExceptHandler) and _catches(node, errors) for node in ast.walk(ast.parse(path.read_text()))):
+            catchers.add(name)
+    assert sorted(catchers) == sorted(CATCHERS), "update CATCHERS and docs/ARCHITECTURE.md (Where a FarmError is caught)"

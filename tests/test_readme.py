@@ -47,8 +47,6 @@ from farm.inventory import load_inventory
 from farm.rpc.processes import free_port, load_records, stop_process
 from farm.rpc.tracker import query_summary
 
-pytestmark = pytest.mark.slow  # about 4 min here: the demo, the sweeps and four short tuning sessions
-
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 SHELL_FENCES = {"bash", "sh", "shell", "console"}
@@ -177,6 +175,7 @@ class Row:
     rc: int | None = None
     seconds: float = 0.0
     problem: str = ""
+    said: str = ""  # an expected error's `error:` line
 
 
 class Newcomer:
@@ -278,6 +277,7 @@ class Newcomer:
                 env = {**env, "PGHOSTADDR": "127.0.0.1"}
             done = self.shell(text, env)
             row.rc, row.problem = done.returncode, judge(expected, done.returncode, done.stdout, done.stderr)
+            row.said = next((line for line in done.stderr.splitlines() if line.startswith("error: ")), "")
             if not row.problem and command.farm and command.farm[0] == "down":
                 left = load_records(self.work / ".farm")
                 row.problem = f"the registry still lists {left}" if left else ""
@@ -351,7 +351,8 @@ class Newcomer:
         lines = [f"{'line':>4}  {'s':>5}  {'rc':>4}  {'expected':8}  command — why" + " " * 10]
         for r in self.rows:
             lines.append(f"{r.command.line:>4}  {r.seconds:5.1f}  {'' if r.rc is None else r.rc:>4}  {r.expected:8}  "
-                         f"{r.command.text} — {r.why}" + (f"\n      PROBLEM: {r.problem}" if r.problem else ""))
+                         f"{r.command.text} — {r.why}" + (f"\n      PROBLEM: {r.problem}" if r.problem else "")
+                         + (f"\n      {r.said}" if r.said and r.expected == "error" else ""))
         return "\n".join(lines)
 
 
@@ -391,6 +392,8 @@ def needs_farm(block: list[Command]) -> bool:
     return uses and not any(c.farm and c.farm[:2] == ("tracker", "start") for c in block)
 
 
+@pytest.mark.slow  # 5 min on a quiet 2-core machine, 8 beside another busy worker: the demo, five sweeps
+# (nightly.sh's included), four short tuning sessions
 def test_every_readme_command_runs_as_written(tmp_path):
     venv = Path(sys.prefix)
     assert (venv / "bin" / "farm").exists(), f"the test runs README's .venv/bin/farm: install farm into {venv}"

@@ -4,7 +4,6 @@ import csv
 import io
 import json
 import re
-import shutil
 
 import onnxruntime
 import pytest
@@ -20,7 +19,6 @@ from farm.sweep import bench_cell
 from tests.conftest import run_farm
 
 FAST = BenchConfig(repeat=5, min_repeat_ms=5, timeout_s=20)
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def test_versus_text_says_which_way_and_how_much():

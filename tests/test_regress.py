@@ -1,6 +1,7 @@
 """Regression detection: literal numbers in, exact verdicts out; then a real slowdown, end to end."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -8,8 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.regress import Method, Thresholds, baseline_of, compare_rounds, compare_samples, confirm, judge, series_value
-from tests.conftest import make_run, run_farm
-from tests.test_report import CHROMIUM, open_in_chromium
+from tests.conftest import farm_workspace, make_run, run_farm
+from tests.test_report import needs_chromium, open_in_chromium
 
 HISTORY = [1.00, 1.02, 0.98, 1.01, 0.99, 1.00, 1.03, 0.97]
 
@@ -95,8 +96,12 @@ def _mlp(hidden: int, layers: int) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.quiet  # its baseline needs stable nights: tools/test.sh runs it alone
-def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inventory_file, farm_env, tmp_path):
+@pytest.fixture(scope="module")
+def slowdown(farm_net, tmp_path_factory):
+    """Stable nights of a model file, then a night of a slower model under its name, confirmed on the device:
+    (the slow night's `farm sweep --json`, `farm regressions --json`, its steady alerts, the stored TVM runs)."""
+    tmp_path = tmp_path_factory.mktemp("slowdown")
+    inventory_file, farm_env = farm_workspace(farm_net, tmp_path)
     net = tmp_path / "net.onnx"
     onnx.save(_mlp(512, 3), net)
     sweep = ["--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", str(net), "--reference", "none",
@@ -125,27 +130,36 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(farm_net, inv
         rows = [r for r in json.loads(run_farm("results", "--json", env=farm_env).stdout) if r["runtime"] == "tvm"]
         tonight = [r for r in rows if r["sweep_id"] == out["sweep_id"]]
         if steady or not all(r["unstable"] for r in tonight):
-            break  # judged: whatever its verdict, the assertions below say whether it is the right one
+            break  # judged: whatever its verdict, the tests below say whether it is the right one
     stored = json.loads(run_farm("--devices", str(inventory_file), "regressions", "--json", env=farm_env).stdout)
+    return out, stored, steady, rows
+
+
+@pytest.mark.quiet  # its baseline needs stable nights: tools/test.sh runs it alone
+def test_injected_slowdown_is_a_confirmed_regression_in_the_report(slowdown):
+    out, stored, steady, rows = slowdown
     assert steady and steady[0]["status"] == "confirmed" and steady[0]["change"] > 0.5, (
         stored["alerts"], [(r["sweep_id"], r["steady_median_s"], r["steady_cv"], r["unstable"]) for r in rows])
     alert = next(a for a in stored["alerts"] if a["metric"] == "steady" and a["runtime"] == "tvm")
     assert alert["confirmation"]["wilcoxon_p"] < 0.01 and alert["confirmation"]["rounds"] >= 8
     assert alert["baseline"]["n"] >= 5 and alert["method"]["baseline_n"] == 20
-    from pathlib import Path
-
-    if CHROMIUM:
-        text, errors, images = open_in_chromium(Path(out["report"]))
-        assert errors == []
-        assert f"Regressions in sweep {out['sweep_id']}" in text and "confirmed" in text
-        assert "1 confirmed regression(s)" in text  # the summary counts it
-        # the review's sections, each with its figure: per-alert trend and distribution, heatmap, drift view
-        for section in ("Evidence per alert", "Change across models × devices", "Data quality", "Slow drift", "Method"):
-            assert section in text, section
-        assert images and all(width > 0 for width in images)
     html = Path(out["report"]).read_text()
     assert html.count('alt="trend of steady') == 1 and html.count('alt="distribution of baseline and current steady') == 1
     assert 'alt="heatmap of steady latency change' in html
+
+
+@pytest.mark.quiet
+@needs_chromium
+def test_the_regressions_report_shows_its_review_in_chromium(slowdown):
+    out, *_ = slowdown
+    text, errors, images = open_in_chromium(Path(out["report"]))
+    assert errors == []
+    assert f"Regressions in sweep {out['sweep_id']}" in text and "confirmed" in text
+    assert "1 confirmed regression(s)" in text  # the summary counts it
+    # the review's sections, each with its figure: per-alert trend and distribution, heatmap, drift view
+    for section in ("Evidence per alert", "Change across models × devices", "Data quality", "Slow drift", "Method"):
+        assert section in text, section
+    assert images and all(width > 0 for width in images)
 
 
 def _night(sweep_id: int, value: float, tvm: str = "0.27.0", target: dict | None = None):

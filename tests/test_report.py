@@ -16,11 +16,14 @@ from farm.store import Store
 from farm.sweep import bench_cell
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# a test of what a browser shows: skipped, with this reason, where there is no Chromium
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (tools/setup.sh installs it)")
 FAST = BenchConfig(repeat=5, min_repeat_ms=5, timeout_s=20)
 
 
-def open_in_chromium(path):
-    """Return (page text, console errors) of ``path`` as headless Chromium shows it."""
+def open_in_chromium(where, ready: tuple[str, str] | None = None):
+    """Return (page text, console errors, image widths) of ``where`` (a file, or an http:// URL) as headless
+    Chromium shows it; ``ready``: (a CSS selector, a text) to wait for first, on a page that fills itself in."""
     from playwright.sync_api import sync_playwright
 
     errors = []
@@ -33,7 +36,9 @@ def open_in_chromium(path):
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
-            page.goto(path.resolve().as_uri())
+            page.goto(where if isinstance(where, str) else where.resolve().as_uri())
+            if ready:
+                page.locator(ready[0], has_text=ready[1]).wait_for(timeout=15000)
             text = page.inner_text("body")
             images = page.eval_on_selector_all("img", "els => els.map(e => e.naturalWidth)")
         finally:
@@ -41,7 +46,7 @@ def open_in_chromium(path):
     return text, errors, images
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (tools/setup.sh installs it)")
+@needs_chromium
 def test_report_opens_in_chromium_and_shows_failed_check(farm_net, tmp_path):
     inv = parse_inventory(farm_net.inventory_text())
     model = load_model("mlp")

@@ -128,6 +128,7 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP TABLE tune_cost_models")  # schema 10
     db.execute("DROP INDEX runs_series")
     db.execute("ALTER TABLE runs DROP COLUMN runtime")
     db.execute("ALTER TABLE runs DROP COLUMN runtime_version")

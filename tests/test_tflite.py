@@ -20,6 +20,9 @@ def test_tflite_file_benchmarked_and_checked_against_litert(farm_net, inventory_
     data = json.loads(proc.stdout)
     assert data["model"] == "dense" and data["check"]["reference"] == "litert"
     assert data["check"]["status"] == "passed" and data["check"]["max_abs_err"] < 1e-4
+    ref = data["reference"]  # LiteRT timed beside TVM, checked against the same outputs
+    assert (ref["runtime"], ref["status"], ref["check"]["status"]) == ("litert", "ok", "passed")
+    assert ref["runtime_version"] and len(ref["steady_samples_s"]) == 3 and data["versus_reference"].startswith("TVM ")
 
 
 def test_truncated_tflite_is_one_error_line(inventory_file, farm_env, tmp_path):

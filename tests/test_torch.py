@@ -20,6 +20,9 @@ def test_exported_program_file_benchmarked_and_checked_against_torch(farm_net, i
     data = json.loads(proc.stdout)
     assert data["model"] == "smallnet" and data["check"]["status"] == "passed" and data["check"]["max_abs_err"] < 1e-4
     assert data["check"]["reference"] == "torch"  # checked against the framework's own output
+    ref = data["reference"]  # torch (eager, CPU) timed beside TVM
+    assert (ref["runtime"], ref["status"], ref["check"]["status"]) == ("torch", "ok", "passed")
+    assert ref["runtime_version"] == torch.__version__ and data["versus_reference"].startswith("TVM ")
 
 
 def test_module_factory_with_input_shape(farm_net, inventory_file, farm_env):

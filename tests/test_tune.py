@@ -37,7 +37,8 @@ def _wait_for_records(db_path, proc, timeout_s=240) -> int:
         if count:
             return count
         time.sleep(0.5)
-    raise AssertionError(f"no tuning record appeared (exit {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}")
+    output = proc.stderr.read() if proc.poll() is not None else ""
+    raise AssertionError(f"no tuning record appeared (exit {proc.poll()}): {output}")
 
 
 def test_short_tune_stores_records_and_changes_the_artifact(farm_net, inventory_file, farm_env, tmp_path):
@@ -137,3 +138,97 @@ def test_tune_unknown_device_or_absent_key_fails_before_any_work(farm_net, inven
         f"error: no server is registered under key 'test-nobody-serves-this' at {farm_net.tracker}",
         "hint: bring the device up first: farm serve, then farm devices"]
     assert _records(tmp_path / "results.db") == 0
+
+
+def test_sessions_build_on_a_saved_cost_model_and_packs_carry_it(farm_net, inventory_file, farm_env, tmp_path):
+    """Session 2 starts from session 1's cost model (kept with the target's records, as data); a pack carries
+    records, cost model and a manifest; a pack for another target or TVM is refused."""
+    from farm.compile import effective_target, tuning_key
+    from farm.costmodel import dump_cost_model, load_cost_model, new_cost_model
+    from farm.inventory import load_inventory
+    from farm.store import Store
+
+    tune = ("--devices", str(inventory_file), "tune", "--device", "cpu-a", "--model", "mlp")
+    first = json.loads(run_farm(*tune, "--trials", "8", "--per-task", "4", "--json", env=farm_env).stdout)
+    assert first["status"] == "done" and first["cost_model_samples_before"] == 0 and first["cost_model_samples"] > 0
+    assert first["runners"] == 1  # one server under test-a: K = min(free servers, --max-runners 1)
+    second = json.loads(run_farm(*tune, "--trials", "8", "--per-task", "8", "--json", env=farm_env).stdout)
+    assert second["cost_model_samples_before"] == first["cost_model_samples"]  # started from what session 1 learned
+    assert second["cost_model_samples"] >= second["cost_model_samples_before"] + second["trials"] - 8
+    fresh = json.loads(run_farm(*tune, "--trials", "4", "--per-task", "8", "--fresh-cost-model", "--json",
+                                env=farm_env).stdout)
+    assert fresh["cost_model_samples_before"] == 0
+    key = tuning_key(effective_target(load_inventory(inventory_file).devices["cpu-a"]))
+    with Store(farm_env["FARM_DB"]) as store:
+        blob, _, samples = store.cost_model(key)
+    model = new_cost_model(1)
+    assert load_cost_model(model, blob) == samples == fresh["cost_model_samples"]
+    again = new_cost_model(1)
+    load_cost_model(again, dump_cost_model(model))  # data and booster survive a round trip unchanged
+    assert [g.group_hash for g in again.data.values()] == [g.group_hash for g in model.data.values()]
+    assert all((a.costs == b.costs).all() and all((x == y).all() for x, y in zip(a.features, b.features))
+               for a, b in zip(again.data.values(), model.data.values()))
+    assert model.booster is not None and bytes(again.booster.save_raw("ubj")) == bytes(model.booster.save_raw("ubj"))
+
+    pack = tmp_path / "pack"
+    run_farm(*tune, "--trials", "0", "--export", str(pack), env=farm_env)
+    manifest = json.loads((pack / "farm-pack.json").read_text())
+    assert manifest["tuning_key"] == key and manifest["cost_model"]["samples"] == samples
+    assert manifest["records"] == len((pack / "database_tuning_record.json").read_text().splitlines())
+    other = {**farm_env, "FARM_DB": str(tmp_path / "other.db")}
+    imported = json.loads(run_farm(*tune, "--trials", "0", "--import", str(pack), "--json", env=other).stdout)
+    assert imported["imported_records"] == manifest["records"]
+    with Store(other["FARM_DB"]) as store:
+        assert store.cost_model(key)[2] == samples
+    wrong_target = run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "mlp",
+                            "--trials", "0", "--import", str(pack), env=other)
+    assert wrong_target.returncode == 1 and "was tuned for target" in wrong_target.stderr.splitlines()[0]
+    (pack / "farm-pack.json").write_text(json.dumps({**manifest, "tvm_version": "0.26.0"}))
+    wrong_tvm = run_farm(*tune, "--trials", "0", "--import", str(pack), env=other)
+    assert wrong_tvm.returncode == 1
+    assert wrong_tvm.stderr.splitlines()[0].startswith(f"error: {pack} was tuned with TVM 0.26.0")
+
+
+def test_tune_measures_on_every_free_server_of_the_key(farm_net, farm_env, tmp_path):
+    """K = min(free servers, --max-runners): two servers under one key measure candidates at once."""
+    servers = [start_server(farm_net.tracker, f"twin-{i}", "test-twins", tmp_path / f"twin-{i}") for i in range(2)]
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(farm_net.inventory_text(
+        '\n[devices.twins]\nkind = "local"\nkey = "test-twins"\ntarget = { kind = "llvm" }\n'))
+    try:
+        wait_for_servers(farm_net.tracker, {"test-twins": 2}, timeout_s=120)
+        base = ("--devices", str(inventory), "tune", "--device", "twins", "--model", "mlp", "--json")
+        two = json.loads(run_farm(*base, "--trials", "8", "--per-task", "4", "--max-runners", "4", env=farm_env).stdout)
+    finally:
+        for server in servers:
+            stop_process(server)
+    assert two["status"] == "done" and two["runners"] == 2 and two["trials"] >= 4  # min(2 free, 4 asked)
+    assert all(t["best_s"] for t in two["tasks"] if t["trials"])  # candidates were measured, not failed
+
+
+def test_trials_go_where_the_untuned_time_is():
+    from farm.task_profile import allocate_trials
+
+    # convnet's tasks as timed here untuned (µs a call): one conv is ~90 % of the model's time
+    names = ["matmul", "reshape", "mean", "conv2", "max_pool2d", "conv1"]
+    times = [0.1e-6, 0.02e-6, 2.9e-6, 419.6e-6, 0.9e-6, 29.8e-6]
+    shares = allocate_trials(names, [1] * 6, times, 64, 0.01)
+    assert {s.name: s.trials for s in shares} == {"matmul": 0, "reshape": 0, "mean": 0, "conv2": 60, "max_pool2d": 0,
+                                                  "conv1": 4}
+    assert sum(s.share for s in shares) == 1.0 or abs(sum(s.share for s in shares) - 1.0) < 1e-12
+    # call sites count: a task called 3 times costs three calls; the threshold 0 searches every task
+    weighted = allocate_trials(["a", "b"], [3, 1], [1e-3, 1e-3], 8, 0.0)
+    assert [(s.trials, s.share) for s in weighted] == [(6, 0.75), (2, 0.25)]
+    assert [s.trials for s in allocate_trials(["a", "b"], [1, 1], None, 8, 0.01)] == [0, 0]  # not profiled
+
+
+def test_tune_times_each_task_first_and_shares_the_trials(farm_net, inventory_file, farm_env):
+    out = json.loads(run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "convnet",
+                              "--trials", "8", "--min-share", "0.05", "--json", env=farm_env).stdout)
+    assert out["status"] == "done"
+    tasks = {t["name"]: t for t in out["tasks"]}
+    assert all(t["untuned_s"] > 0 for t in tasks.values()) and abs(sum(t["share"] for t in tasks.values()) - 1) < 1e-9
+    biggest = max(tasks.values(), key=lambda t: t["share"])
+    assert "conv2d" in biggest["name"] and biggest["allotted"] == max(t["allotted"] for t in tasks.values())
+    assert all(t["allotted"] == 0 and t["trials"] == 0 for t in tasks.values() if t["share"] < 0.05)
+    assert sum(t["allotted"] for t in tasks.values()) == 8 and out["trials"] <= 8

@@ -1,90 +1,126 @@
 #!/usr/bin/env python3
-"""How much does `farm tune` buy on this host? One conv net, one run, three figures.
+"""How much does `farm tune` buy on this host, and how does it use a farm's devices? One run, its figures.
 
-Starts a private tracker and one local rpc_server, then measures the same model:
-  1. onnxruntime on the CPU (the reference a user would otherwise ship),
-  2. TVM untuned (farm bench --untuned),
-  3. TVM tuned by farm tune within the stated budget (trials and minutes), then farm bench.
-Prints the latencies and the ratios; the last lines state the budget used.
+Default: starts a private tracker and one local server, then for one conv net:
+  1. onnxruntime and TVM untuned, both through `farm bench`'s one cell pipeline (the reference runtime
+     is timed beside TVM with the same inputs and statistics),
+  2. tuning sessions that build on each other (records and cost model kept), each --chunk minutes,
+     until --minutes in all; after each, TVM tuned is benched again beside onnxruntime:
+     the budget → ratio curve.
 
-    .venv/bin/python tools/bench_tuning.py [--model onnx:squeezenet] [--trials 800] [--minutes 20]
+    .venv/bin/python tools/bench_tuning.py [--model onnx:squeezenet] [--minutes 60] [--chunk 10]
+
+--scaling: trials per minute of search (set-up and profile excluded) with K = 1 and K = 2 servers under
+one key (farm tune --max-runners),
+with a fixed device-side pause per candidate (--candidate-cooldown, as phones need), then K = 2 without
+it (builds dominate on 2 cores). The devices' busy share is estimated as (candidates × (cooldown +
+measured run time)) / (K × session time): session setup, upload and load count as idle, so the idle
+share printed is an upper bound.
+
+    .venv/bin/python tools/bench_tuning.py --scaling [--model convnet] [--trials 48] [--candidate-cooldown 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-from farm.models import load_model, make_inputs
+from farm.models import load_model
 from farm.records import BenchConfig, Device
 from farm.rpc.processes import private_farm
+from farm.stats import median, versus_text
 from farm.store import Store
 from farm.sweep import bench_cell
 from farm.tune import TuneConfig, tune_model
 
 
-def onnxruntime_median(model, repeat: int = 30) -> float:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    session = onnxruntime.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
-    inputs = make_inputs(model)
-    for _ in range(3):
-        session.run(None, inputs)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        session.run(None, inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="onnx:squeezenet")
-    parser.add_argument("--trials", type=int, default=800)
-    parser.add_argument("--per-task", type=int, default=None)
-    parser.add_argument("--minutes", type=float, default=20.0)
-    parser.add_argument("--work", default=None, help="keep the store and cache here (default: a temp dir)")
-    args = parser.parse_args()
+def bench(tracker, device, model, store, work, config, tuned: bool) -> tuple[float, float | None, str]:
+    """TVM's steady median, the reference runtime's, and the cell's tuning coverage."""
+    cell = bench_cell(tracker, device, model, store, work / "cache", config, tuned=tuned)
+    if cell.result.status != "ok":
+        raise SystemExit(f"bench failed: {cell.result.reason}")
+    ref = cell.reference.result if cell.reference else None
+    ref_s = median(ref.steady_samples_s) if ref and ref.status == "ok" else None
+    coverage = f"{cell.artifact.tuned_tasks}/{cell.artifact.total_tasks} tasks tuned"
+    return median(cell.result.steady_samples_s), ref_s, coverage
 
+
+def curve(args) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-tuning-"))
     model = load_model(args.model)
     device = Device("bench-cpu", "local", "bench-tuning-cpu", {"kind": "llvm"})
     config = BenchConfig(repeat=15, min_repeat_ms=100, timeout_s=60)
-    with private_farm(work, {device.name: device.key}) as tracker:
-        ort = onnxruntime_median(model)
-        print(f"onnxruntime:  {ort * 1e3:9.2f} ms", flush=True)
-        with Store(work / "results.db") as store:
-            untuned = bench_cell(tracker, device, model, store, work / "cache", config, tuned=False)
-            if untuned.result.status != "ok":
-                print(f"untuned bench failed: {untuned.result.reason}", file=sys.stderr)
-                return 1
-            untuned_s = float(np.median(untuned.result.steady_samples_s))
-            print(f"TVM untuned:  {untuned_s * 1e3:9.2f} ms", flush=True)
+    with private_farm(work, {device.name: device.key}) as tracker, Store(work / "results.db") as store:
+        untuned_s, ref_s, _ = bench(tracker, device, model, store, work, config, tuned=False)
+        print(f"model {model.name}: onnxruntime {ref_s * 1e3:.2f} ms · TVM untuned {untuned_s * 1e3:.2f} ms "
+              f"({versus_text(untuned_s, ref_s, 'onnxruntime')})", flush=True)
+        print("minutes  sessions  trials  TVM tuned     onnxruntime  TVM vs onnxruntime   coverage", flush=True)
+        spent_s, trials, sessions = 0.0, 0, 0
+        while spent_s < args.minutes * 60 - 1:
+            chunk = min(args.chunk, args.minutes - spent_s / 60)
             start = time.monotonic()
             outcome = tune_model(tracker, device, model, store, work / "tune",
-                                 TuneConfig(trials=args.trials, per_task=args.per_task, minutes=args.minutes),
-                                 progress=lambda m: print(m, file=sys.stderr, flush=True))
-            tune_min = (time.monotonic() - start) / 60
-            tuned = bench_cell(tracker, device, model, store, work / "cache", config, tuned=True)
-            if tuned.result.status != "ok":
-                print(f"tuned bench failed: {tuned.result.reason}", file=sys.stderr)
-                return 1
-            tuned_s = float(np.median(tuned.result.steady_samples_s))
-        print(f"TVM tuned:    {tuned_s * 1e3:9.2f} ms  ({tuned.artifact.tuned_tasks}/{tuned.artifact.total_tasks} tasks tuned)")
-        print(f"speedup tuned vs untuned:      {untuned_s / tuned_s:6.2f}x  (goal >= 10x)")
-        print(f"tuned vs onnxruntime:          {ort / tuned_s:6.2f}x  (>= 1 means at least as fast)")
-        print(f"model {model.name}; budget: {outcome.trials_done} trials in {tune_min:.1f} min "
-              f"(asked: {args.trials} trials, {args.minutes:g} min; stopped: {outcome.status}); host {device.key}, "
-              f"target {tuned.artifact.target.get('mcpu')} x{tuned.artifact.target.get('num-cores')}")
-        return 0
+                                 TuneConfig(trials=100_000, minutes=chunk), progress=progress)
+            spent_s += time.monotonic() - start
+            trials, sessions = trials + outcome.trials_done, sessions + 1
+            tuned_s, ref_s, coverage = bench(tracker, device, model, store, work, config, tuned=True)
+            print(f"{spent_s / 60:7.1f}  {sessions:8d}  {trials:6d}  {tuned_s * 1e3:9.2f} ms  {ref_s * 1e3:9.2f} ms"
+                  f"  {versus_text(tuned_s, ref_s, 'onnxruntime'):19s}  {coverage}", flush=True)
+            if tuned_s <= ref_s:
+                print(f"at least as fast as onnxruntime after {spent_s / 60:.1f} min, {trials} trials, "
+                      f"{sessions} session(s)", flush=True)
+                break
+    return 0
+
+
+def scaling(args) -> int:
+    work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-scaling-"))
+    model = load_model(args.model)
+    print(f"model {model.name}, {args.trials} trials a session, candidate cooldown {args.candidate_cooldown:g} s, "
+          f"tasks by share", flush=True)
+    print("K  cooldown  trials  minutes  trials/min  device busy (est.)  idle (upper bound)", flush=True)
+    rates = {}
+    for k, cooldown in ((1, args.candidate_cooldown), (2, args.candidate_cooldown), (2, 0.0)):
+        keys = {f"twin-{i}": "bench-twins" for i in range(k)}
+        device = Device("twins", "local", "bench-twins", {"kind": "llvm"})
+        run = work / f"k{k}-c{cooldown:g}"
+        with private_farm(run, keys) as tracker, Store(run / "results.db") as store:
+            outcome = tune_model(tracker, device, model, store, run / "tune",
+                                 TuneConfig(trials=args.trials, max_runners=k, candidate_cooldown_s=cooldown,
+                                            fresh_cost_model=True), progress=progress)
+            wall = outcome.search_seconds  # builds and measurements: the session's set-up and profile excluded
+        measured = sum(t.trials for t in outcome.tasks)
+        busy = measured * cooldown + sum((t.best_s or 0) * 3 * t.trials for t in outcome.tasks)  # number=3 a candidate
+        share = busy / (k * wall)
+        rates[(k, cooldown)] = outcome.trials_done / (wall / 60)
+        print(f"{outcome.runners}  {cooldown:8g}  {outcome.trials_done:6d}  {wall / 60:7.2f}  "
+              f"{rates[(k, cooldown)]:10.1f}  {share:17.0%}  {1 - share:17.0%}", flush=True)
+    base = rates[(1, args.candidate_cooldown)]
+    print(f"scaling at K = 2 with cooldown: {rates[(2, args.candidate_cooldown)] / base:.2f}x (goal >= 1.6x); "
+          f"K = 2 without cooldown: {rates[(2, 0.0)]:.1f} trials/min", flush=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: onnx:squeezenet (curve), convnet (--scaling)")
+    parser.add_argument("--minutes", type=float, default=60.0, help="curve: tuning minutes in all (default 60)")
+    parser.add_argument("--chunk", type=float, default=10.0, help="curve: minutes a session (default 10)")
+    parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")
+    parser.add_argument("--trials", type=int, default=48, help="--scaling: trials a session (default 48)")
+    parser.add_argument("--candidate-cooldown", type=float, default=2.0,
+                        help="--scaling: the device's rest after each candidate, seconds (default 2)")
+    parser.add_argument("--work", default=None, help="keep the stores and caches here (default: a temp dir)")
+    args = parser.parse_args()
+    args.model = args.model or ("convnet" if args.scaling else "onnx:squeezenet")
+    return scaling(args) if args.scaling else curve(args)
 
 
 if __name__ == "__main__":

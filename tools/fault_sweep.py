@@ -113,7 +113,8 @@ def verify(db_path: Path, sweep_ids: list[int], devices: dict, victim: Device, k
                 for run_id, status, _, _ in runs:
                     if status != "ok":
                         continue
-                    steady = db.execute("SELECT COUNT(*) FROM samples WHERE run_id=? AND metric='steady'", (run_id,)).fetchone()[0]
+                    steady = db.execute("SELECT COUNT(*) FROM samples WHERE run_id=? AND metric='steady'",
+                                        (run_id,)).fetchone()[0]
                     outputs = db.execute("SELECT COUNT(*) FROM copies WHERE run_id=?", (run_id,)).fetchone()[0]
                     copy = db.execute("SELECT COUNT(*) FROM samples WHERE run_id=? AND metric='copy'", (run_id,)).fetchone()[0]
                     if steady != CONFIG.repeat or copy != outputs * CONFIG.copy_repeat:

@@ -5,7 +5,8 @@
 #   bash tools/setup.sh --opencl     # an OpenCL implementation (Debian's POCL) and TVM's OpenCL runtime, built from
 #                                    # TVM's sources (TVM_SOURCE_DIR, else ../shared/tvm-src) against the wheel; the
 #                                    # default tries it too and goes on without it (--no-opencl skips it)
-#   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file, adb, postgresql
+#   bash tools/setup.sh --test       # everything the tests need: the above, pytest, playwright, chromium, file, adb,
+#                                    # postgresql, and the checks tools/test.sh runs first (ruff, mypy, pylint)
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,8 +7,12 @@ bash tools/setup.sh --test
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest -q -ra "$@"
 fi
-# Lint first (pyflakes + bugbear, pyproject's [tool.ruff]): a second, not a red suite after 15 minutes.
+# Checks first, each seconds, not a red suite after 15 minutes: lint (pyflakes, bugbear, line length:
+# pyproject's [tool.ruff]), types (pyproject's [tool.mypy]), and no block of code written twice in farm/
+# (pylint's similarity checker alone, pyproject's [tool.pylint.similarities]).
 .venv/bin/ruff check farm tools tests
+.venv/bin/mypy
+.venv/bin/pylint --disable=all --enable=duplicate-code --score=n farm
 # Two workers, a test file each at a time (module fixtures start once); then, alone, the tests
 # marked quiet (a regression baseline needs a machine that is not running the other worker).
 status=0

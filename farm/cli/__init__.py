@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 
-from farm.errors import FarmError, first_line
+from farm.errors import FarmError, message_line
 
 from farm.cli.common import (Parser, add_bench_options, add_progress, add_variant_options, address, byte_size, count,
                              default_db, non_negative_float, port, positive_float, positive_int, sweep_id,
@@ -22,6 +22,7 @@ from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_copies, c
 from farm.cli.tuning import cmd_tune
 from farm.cli.sweeping import cmd_sweep, cmd_regressions, cmd_drift
 from farm.drift import MIN_CHANGE, MIN_NIGHTS, MIN_SIZE, PENALTY
+from farm.task_profile import DEFAULT_MIN_SHARE
 from farm.regress import CONFIRM_ROUNDS, METHOD, METRICS
 from farm.stats import MAD_TO_SD
 
@@ -169,8 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
             "Extracts the model's tasks, tunes them on the device through the tracker (candidates built\n"
             "for its target, measured on it), and keeps every record in the results database: bench,\n"
             "compile and sweep then use the best records for that device's target automatically.\n"
-            "Ctrl-C or a lost device keeps what was measured; the same command again continues.\n\n"
+            "Ctrl-C or a lost device keeps what was measured; the same command again continues.\n"
+            "Sessions build on each other: the XGBoost cost model is saved with the records of the\n"
+            "device's target and the next session starts from it (--fresh-cost-model to start blank).\n"
+            "Several servers under the device's key measure candidates at once (--max-runners K).\n"
+            "Trials go where the time is: each task is first timed untuned on the device, and the budget\n"
+            "is shared by its share of the model's time (tasks under --min-share get none).\n"
+            "--export writes a pack (MetaSchedule's JSON database, the cost model as plain arrays, a\n"
+            "manifest with target and TVM version); --import refuses a pack for another target or TVM.\n\n"
             "  farm tune --device x86-local --model convnet --trials 256 --report\n"
+            "  farm tune --device x86-local --model convnet --trials 256 --max-runners 4\n"
             "  farm tune --device x86-local --model convnet --trials 0 --export shared-records/")
     p.add_argument("--device", required=True)
     p.add_argument("--model", required=True)
@@ -185,6 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="then bench untuned vs tuned on the device and print both")
     p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
     p.add_argument("--import", dest="import_dir", help="merge MetaSchedule JSON database files from DIR first")
+    p.add_argument("--max-runners", type=positive_int, default=1,
+                   help="measure up to K candidates at once, each on its own server of the key (default 1; each "
+                        "runner is a process of ~300 MB)")
+    p.add_argument("--fresh-cost-model", action="store_true",
+                   help="do not start from the cost model earlier sessions saved for this target")
+    p.add_argument("--min-share", type=non_negative_float, default=DEFAULT_MIN_SHARE,
+                   help="tasks below this share of the model's untuned time get no search (default "
+                        f"{DEFAULT_MIN_SHARE:g}, i.e. {DEFAULT_MIN_SHARE * 100:g}%%); the share is measured on the device first")
+    p.add_argument("--candidate-cooldown", type=non_negative_float, default=0.0, metavar="S",
+                   help="the device rests S seconds after each candidate, its session held (phones that must cool "
+                        "between measurements; default 0)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="do not time the tasks first: MetaSchedule's own scheduler shares the trials over every task")
     add_progress(p)
     add_bench_options(p)
 
@@ -208,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", action="append", choices=["fp32", "fp16", "int8"],
                    help="a variant axis (repeatable; default fp32); int8 is calibrated with min-max")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
-    p.add_argument("--resume", nargs="?", const="latest", type=sweep_or_latest, help="finish a crashed sweep (default: the latest)")
+    p.add_argument("--resume", nargs="?", const="latest", type=sweep_or_latest,
+                   help="finish a crashed sweep (default: the latest)")
     p.add_argument("--if-incomplete", action="store_true",
                    help="with --resume: do nothing (exit 0) unless that sweep never finished or is incomplete")
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
@@ -319,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a farm bug: one line; the traceback with -v (everything measured is already stored)
         if verbose:
             traceback.print_exc(file=sys.stderr)
-        print(f"error: unexpected {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
+        print(f"error: unexpected {type(exc).__name__}: {message_line(exc)}", file=sys.stderr)
         print("hint: a farm bug or an untranslated library error: rerun with -v for the traceback and report it",
               file=sys.stderr)
         return 1

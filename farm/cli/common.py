@@ -14,7 +14,7 @@ import threading
 import time
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from farm.errors import FarmError
 from farm.records import Record, split_address
@@ -117,7 +117,7 @@ def bench_config(args):
 class Parser(argparse.ArgumentParser):
     """argparse with farm's error format: one ``error:`` line and a ``hint:`` line on stderr, exit 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"error: {self.prog}: {message}\nhint: see {self.prog} --help\n")
         raise SystemExit(2)
 
@@ -194,7 +194,8 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat", type=positive_int, default=20, help="steady-state repeats kept raw (default 20)")
     g.add_argument("--number", type=positive_int, default=None,
                    help="calls averaged per repeat (default: calibrated so a repeat lasts --min-repeat-ms)")
-    g.add_argument("--min-repeat-ms", type=non_negative_float, default=50.0, help="minimum length of one repeat when calibrating (default 50)")
+    g.add_argument("--min-repeat-ms", type=non_negative_float, default=50.0,
+                   help="minimum length of one repeat when calibrating (default 50)")
     g.add_argument("--timeout", type=positive_float, default=30.0, help="seconds to wait for a free device (default 30)")
     g.add_argument("--rtol", type=non_negative_float, default=1e-4, help="relative tolerance of the output check (default 1e-4)")
     g.add_argument("--atol", type=non_negative_float, default=1e-4, help="absolute tolerance of the output check (default 1e-4)")

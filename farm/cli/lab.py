@@ -7,6 +7,7 @@ import time
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from farm.errors import FarmError
 
@@ -46,7 +47,8 @@ def cmd_tracker(args) -> int:
     if args.json:
         emit_json(data)
     else:
-        print(f"tracker at {address} is up" + (f" (pid {data['managed_pid']})" if data["managed_pid"] else " (not started by farm)"))
+        print(f"tracker at {address} is up"
+              + (f" (pid {data['managed_pid']})" if data["managed_pid"] else " (not started by farm)"))
         print_table([asdict(v) for v in summary.keys.values()], ["key", "servers", "free", "pending"])
     return 0
 
@@ -74,7 +76,8 @@ def cmd_serve(args) -> int:
     if args.tracker:
         from farm.records import TrackerAddress, split_address
 
-        tracker = TrackerAddress(*split_address(args.tracker))  # argparse's `address` type checked it
+        if given := split_address(args.tracker):  # argparse's `address` type checked it
+            tracker = TrackerAddress(*given)
     query_summary(tracker)  # fail early and clearly when there is no tracker
     names = args.device or [n for n, d in inventory.devices.items() if can_bring_up(d)]
     # the registry is read here and changed after the bring-ups, under its lock, as it is then: others' records
@@ -114,10 +117,10 @@ def cmd_serve(args) -> int:
         print(f"{len(started)} server(s) started, {len(rows)} running, registered with {tracker}")
         print_table(rows, ["device", "key", "pid", "port", "log"])
     if failures:
-        name, exc = failures[0]
+        name, error = failures[0]
         others = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-        print(f"error: could not bring up {name!r}{others}: {exc.message}", file=sys.stderr)
-        print(f"hint: {exc.hint}", file=sys.stderr)
+        print(f"error: could not bring up {name!r}{others}: {error.message}", file=sys.stderr)
+        print(f"hint: {error.hint}", file=sys.stderr)
         if not args.watch:
             return 1
     if args.watch:
@@ -268,9 +271,10 @@ def cmd_devices(args) -> int:
 def _print_kinds(as_json: bool) -> int:
     from farm.devices import kinds
 
-    rows = [{"kind": k.name, "summary": k.summary, "serve": k.serve_help, "missing_here": k.prerequisites(),
-             "fields": {name: {"type": f.type, "example": f.example, "help": f.help} for name, f in k.fields.items()},
-             "example": f"[devices.NAME]\nkind = \"{k.name}\"\n{k.example}"} for k in kinds().values()]
+    rows: list[dict[str, Any]] = [
+        {"kind": k.name, "summary": k.summary, "serve": k.serve_help, "missing_here": k.prerequisites(),
+         "fields": {name: {"type": f.type, "example": f.example, "help": f.help} for name, f in k.fields.items()},
+         "example": f"[devices.NAME]\nkind = \"{k.name}\"\n{k.example}"} for k in kinds().values()]
     if as_json:
         emit_json({"kinds": rows})
         return 0

@@ -7,11 +7,13 @@ import time
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from farm.errors import FarmError
-from farm.stats import median, versus_text
+from farm.stats import median, nonempty_median, versus_text
 
-from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_with_variant, load_inventory_of, bench_config, require_db, tuning_sets
+from farm.cli.common import (home_dir, emit_json, print_table, progress_printer, duration, load_with_variant,
+                              load_inventory_of, bench_config, require_db, tuning_sets)
 
 
 def cmd_models(args) -> int:
@@ -110,7 +112,8 @@ def versus_line(cell, reference, device) -> str:
         return f"{tvm} · {r.runtime} {r.status}" + (f" at {r.failed_step}: {r.reason}" if r.failed_step else f": {r.reason}")
     ref_s = median(r.steady_samples_s)
     versus = versus_text(tvm_s, ref_s, r.runtime)
-    return f"{tvm} · {r.runtime} {duration(ref_s)}" + (f" ({versus})" if versus else "") + f"   [{r.runtime} {r.runtime_version}, run {reference.run_id}]"
+    return (f"{tvm} · {r.runtime} {duration(ref_s)}" + (f" ({versus})" if versus else "")
+            + f"   [{r.runtime} {r.runtime_version}, run {reference.run_id}]")
 
 
 def reference_json(reference) -> dict | None:
@@ -168,8 +171,8 @@ def print_bench(cell) -> None:
     print(f"  steady median {duration(median(r.steady_samples_s))} {r.steady_clock} time ({len(r.steady_samples_s)} repeats × "
           f"{r.steady_number or 0} calls)")
     if r.steady_wall_samples_s:
-        print(f"  steady median {duration(median(r.steady_wall_samples_s))} wall time per call + sync ({len(r.steady_wall_samples_s)} repeats × "
-              f"{r.steady_wall_number} calls)")
+        print(f"  steady median {duration(median(r.steady_wall_samples_s))} wall time per call + sync "
+              f"({len(r.steady_wall_samples_s)} repeats × {r.steady_wall_number} calls)")
     for c in r.copies:
         print(f"  copy output {c.output_index} ({c.nbytes} B): {duration(median(c.samples_s))}")
     err = r.check.max_abs_err
@@ -190,9 +193,9 @@ def cmd_copies(args) -> int:
                                progress=progress_printer(args.progress))
     with Store(args.db) as store:
         curve_id = store.record_copy_curve(curve)
-    points = [{"direction": p.direction, "bytes": p.nbytes, "number": p.number, "median_s": median_s,
+    points: list[dict[str, Any]] = [{"direction": p.direction, "bytes": p.nbytes, "number": p.number, "median_s": median_s,
                "gb_per_s": p.nbytes / median_s / 1e9, "samples_s": list(p.samples_s)}
-              for p in curve.points for median_s in [median(p.samples_s)]]
+              for p in curve.points for median_s in [nonempty_median(p.samples_s)]]
     if args.json:
         emit_json({"curve_id": curve_id, "device": curve.device, "device_type": curve.device_type,
                    "status": curve.status, "reason": curve.reason, "clock": curve.context.get("clock"), "points": points})
@@ -219,9 +222,9 @@ def cmd_results(args) -> int:
     elif args.json:
         emit_json(rows)
     else:
-        table = [{**r, "steady": duration(r["steady_median_s"]), "load": duration(r["load_s"]), "first": duration(r["first_run_s"]),
-                  "warm": duration(r["first_run_warm_s"]), "clock": r["steady_clock"],
-                  "wall": duration(r["steady_wall_median_s"])} for r in rows]
+        table = [{**r, "steady": duration(r.steady_median_s), "load": duration(r.load_s), "first": duration(r.first_run_s),
+                  "warm": duration(r.first_run_warm_s), "clock": r.steady_clock, "wall": duration(r.steady_wall_median_s)}
+                 for r in rows]
         print_table(table, ["run_id", "started_at", "device", "model", "status", "failed_step", "load", "first", "warm",
                             "steady", "clock", "wall", "check"])
     return 0
@@ -286,9 +289,11 @@ def cmd_compare(args) -> int:
     if args.json:
         emit_json(data)
     else:
-        print(f"run {args.run_a}: {runs[args.run_a]['device']} · {runs[args.run_a]['model']}  median {duration(result.median_old)} ({result.n_old} samples)")
-        print(f"run {args.run_b}: {runs[args.run_b]['device']} · {runs[args.run_b]['model']}  median {duration(result.median_new)} ({result.n_new} samples)")
-        print(f"change {result.change:+.2%}; Mann-Whitney U p={result.mann_whitney_p:.3g}, KS p={result.ks_p:.3g}: {result.verdict}")
+        for run_id, median_s, n in ((args.run_a, result.median_old, result.n_old),
+                                    (args.run_b, result.median_new, result.n_new)):
+            print(f"run {run_id}: {runs[run_id]['device']} · {runs[run_id]['model']}  median {duration(median_s)} ({n} samples)")
+        print(f"change {result.change:+.2%}; Mann-Whitney U p={result.mann_whitney_p:.3g}, KS p={result.ks_p:.3g}: "
+              f"{result.verdict}")
         print("note: the p-values take each run's samples as independent; samples of one load are not, so they "
               "overstate certainty. farm regressions --confirm reruns both in rounds of fresh loads.")
     return 0

@@ -6,14 +6,19 @@ import sys
 
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.errors import FarmError
-from farm.records import BenchConfig
+from farm.records import Alert, BenchConfig, Inventory
 from farm.stats import median, model_label
 
-from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config, require_db
+from farm.cli.common import (home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config,
+                              require_db)
 
+
+if TYPE_CHECKING:  # the store and the confirmation are imported where a verb needs them
+    from farm.confirmation import Progress
+    from farm.store import Store
 
 UNFINISHED = ("running", "incomplete")  # a sweep's status when it was killed, or a worker ended early
 
@@ -77,8 +82,8 @@ def cmd_sweep(args) -> int:
     if args.json:
         emit_json({"sweep_id": outcome.sweep_id, "status": outcome.status, "seconds": round(outcome.seconds, 1),
                    "skipped": outcome.skipped, "report": str(report) if report else None,
-                   "alerts": [{k: a[k] for k in ("device", "model", "runtime", "metric", "status", "change", "z")}
-                              for a in alerts],
+                   "alerts": [{"device": a.device, "model": a.model, "runtime": a.runtime, "metric": a.metric,
+                               "status": a.status, "change": a.change, "z": a.z} for a in alerts],
                    "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
                               "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason,
                               "steady_median_s": median(c.result.steady_samples_s)}
@@ -91,9 +96,8 @@ def cmd_sweep(args) -> int:
             print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(med):>10s}"
                   + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
         for a in alerts:
-            runtime = "" if a["runtime"] == "tvm" else f" [{a['runtime']}]"
-            print(f"  alert: {a['device']} · {a['model']}{runtime} · {a['metric']}: {a['status']} ({a['change']:+.1%}, "
-                  f"z {a['z']:.1f})")
+            runtime = "" if a.runtime == "tvm" else f" [{a.runtime}]"
+            print(f"  alert: {a.device} · {a.model}{runtime} · {a.metric}: {a.status} ({a.change:+.1%}, z {a.z:.1f})")
         if report:
             print(f"report: {report}")
     if outcome.missing:
@@ -171,8 +175,8 @@ def cmd_regressions(args) -> int:
         emit_json({"sweep_id": sweep_id, "alerts": alerts})
     else:
         print(f"sweep {sweep_id}: {len(alerts)} alert(s)")
-        print_table([{**a, "change": f"{a['change']:+.1%}", "z": f"{a['z']:.1f}", "value": duration(a["value"]),
-                      "centre": duration(a["baseline"]["centre"])} for a in alerts],
+        print_table([{**a, "change": f"{a.change:+.1%}", "z": f"{a.z:.1f}", "value": duration(a.value),
+                      "centre": duration(a.baseline["centre"] if a.baseline else None)} for a in alerts],
                     ["device", "model", "runtime", "metric", "status", "value", "centre", "change", "z"])
     return 0
 
@@ -191,7 +195,8 @@ def cmd_drift(args) -> int:
     if args.json:
         emit_json({"metric": args.metric, "series_checked": len(series), "series": shown})
         return 0
-    print(f"{args.metric}: {len(series)} series with enough sweeps, {sum(bool(s['change_points']) for s in series)} changed level")
+    changed = sum(bool(s["change_points"]) for s in series)
+    print(f"{args.metric}: {len(series)} series with enough sweeps, {changed} changed level")
     print_table([{"device": s["device"], "model": model_label(s["model"], s["tuned"]),
                   "change_points": ",".join(map(str, s["change_points"])) or "-",
                   "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {duration(g['median'])}" for g in s["segments"]),
@@ -200,7 +205,8 @@ def cmd_drift(args) -> int:
     return 0
 
 
-def _detect_and_confirm(store, inventory, sweep_id, confirm: bool, config, progress=None):
+def _detect_and_confirm(store: Store, inventory: Inventory | None, sweep_id: int | None, confirm: bool,
+                        config: BenchConfig, progress: Progress | None = None) -> tuple[list[Alert], int]:
     from farm.confirmation import detect_and_confirm
 
     return detect_and_confirm(store, sweep_id, confirm, inventory.tracker if inventory else None,

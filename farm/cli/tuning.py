@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
-from farm.stats import median
+from farm.stats import nonempty_median
 
-from farm.cli.common import home_dir, emit_json, print_table, progress_printer, duration, parse_shapes, load_inventory_of, bench_config, graceful_interrupt
+from farm.cli.common import (bench_config, duration, emit_json, graceful_interrupt, home_dir, load_inventory_of, parse_shapes,
+                              print_table, progress_printer)
 
 
 def cmd_tune(args) -> int:
@@ -39,7 +40,10 @@ def cmd_tune(args) -> int:
         if args.trials:
             runner_timeout = args.runner_timeout or float(device.options.get("runner_timeout_s", 60.0))
             config = TuneConfig(trials=args.trials, per_task=args.per_task, minutes=args.minutes, tasks=args.tasks,
-                                runner_timeout_s=runner_timeout, request_timeout_s=args.timeout)
+                                runner_timeout_s=runner_timeout, request_timeout_s=args.timeout,
+                                max_runners=args.max_runners, fresh_cost_model=args.fresh_cost_model,
+                                by_share=not args.no_profile, min_share=args.min_share,
+                                candidate_cooldown_s=args.candidate_cooldown)
             printer = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
             with graceful_interrupt("stopping after the batch in flight; Ctrl-C again to abort") as stop:
                 outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer,
@@ -47,7 +51,11 @@ def cmd_tune(args) -> int:
             out.update({"session_id": outcome.session_id, "status": outcome.status, "reason": outcome.reason,
                         "trials": outcome.trials_done, "new_records": outcome.new_records,
                         "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
-                        "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s} for t in outcome.tasks]})
+                        "runners": outcome.runners, "cost_model_samples_before": outcome.cost_model_samples_before,
+                        "cost_model_samples": outcome.cost_model_samples,
+                        "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s, "untuned_s": t.untuned_s,
+                                   "share": t.share, "allotted": t.allotted, "speedup": t.speedup}
+                                  for t in outcome.tasks]})
             if outcome.status in ("interrupted", "device-lost"):
                 exit_code = 130 if outcome.status == "interrupted" else 1
         if args.export_dir:
@@ -59,9 +67,14 @@ def cmd_tune(args) -> int:
     else:
         if "status" in out:
             print(f"tune session {out['session_id']}: {out['status']}" + (f" ({out['reason']})" if out["reason"] else "")
-                  + f", {out['trials']} trials in {out['seconds']:.0f} s, {out['new_records']} new records,"
-                  f" {out['total_records']} in the store for this target")
-            print_table([{**t, "best": duration(t["best_s"])} for t in out["tasks"]], ["name", "trials", "best"])
+                  + f", {out['trials']} trials in {out['seconds']:.0f} s on {out['runners']} server(s),"
+                  f" {out['new_records']} new records, {out['total_records']} in the store for this target;"
+                  f" cost model {out['cost_model_samples_before']} -> {out['cost_model_samples']} samples (kept)")
+            print_table([{**t, "best": duration(t["best_s"]), "untuned": duration(t["untuned_s"]),
+                          "share": "" if t["share"] is None else f"{t['share']:.1%}",
+                          "speedup": "" if t["speedup"] is None else f"{t['speedup']:.1f}x"}
+                         for t in sorted(out["tasks"], key=lambda t: -(t["share"] or 0))],
+                        ["name", "share", "untuned", "trials", "best", "speedup"])
         for k in ("imported_records", "exported_records"):
             if k in out:
                 print(f"{k.replace('_', ' ')}: {out[k]}")
@@ -90,8 +103,10 @@ def _tuned_vs_untuned(inventory, device, model, store, config, progress: bool) -
             raise FarmError(f"{'tuned' if tuned else 'untuned'} bench failed at {cell.result.failed_step}: {cell.result.reason}",
                             cell.result.hint or "see farm results")
         runs[tuned] = cell
-    medians = {k: median(c.result.steady_samples_s) for k, c in runs.items()}
+    medians = {k: nonempty_median(c.result.steady_samples_s) for k, c in runs.items()}  # ok runs have samples
+    tuned_artifact = runs[True].artifact
+    assert tuned_artifact is not None  # an ok run was measured from an artifact
     return {"untuned_s": medians[False], "tuned_s": medians[True], "speedup": medians[False] / medians[True],
             "untuned_run": runs[False].run_id, "tuned_run": runs[True].run_id,
-            "tuned_tasks": runs[True].artifact.tuned_tasks, "total_tasks": runs[True].artifact.total_tasks}
+            "tuned_tasks": tuned_artifact.tuned_tasks, "total_tasks": tuned_artifact.total_tasks}
 

@@ -241,13 +241,15 @@ class Android(DeviceKind):
         "server_port": Field("port", "server_port = 5001", "a port of its own per phone, forwarded from this host to "
                              "the same port on the phone"),
         "adb": Field("address", 'adb = "127.0.0.1:5037"', "the adb server (default 127.0.0.1:$ANDROID_ADB_SERVER_PORT or 5037)"),
-        "device_dir": Field("text", f'device_dir = "{DEFAULT_DIR}"', f"where the server lives on the phone (default {DEFAULT_DIR})"),
+        "device_dir": Field("text", f'device_dir = "{DEFAULT_DIR}"',
+                            f"where the server lives on the phone (default {DEFAULT_DIR})"),
         "launcher": Field("texts", 'launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]',
                           "a command the server runs under (the emulated stand-in phone)"),
         "server_bundle": Field("text", 'server_bundle = "/path/to/android-arm64-bundle"',
                                "a folder with the phone's RPC server and its libraries (default: farm's aarch64 bundle)"),
     }
-    example = 'key = "mate10"\ntarget = { kind = "opencl", device = "mali" }\nhost = { kind = "llvm", mtriple = "aarch64-linux-android" }'
+    example = ('key = "mate10"\ntarget = { kind = "opencl", device = "mali" }\n'
+               'host = { kind = "llvm", mtriple = "aarch64-linux-android" }')
 
     def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
         """serial and server_port may be left out (then farm compiles for the phone but does not bring it up)."""

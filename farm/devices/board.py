@@ -14,7 +14,6 @@ Built once per (TVM version, tvm-ffi version, server source, recipe) in ``$FARM_
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.devices.cache import building, cache_root, tvm_versions
+from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
 from farm.errors import DeviceError
 
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "rpc_server.cc"
@@ -88,7 +87,7 @@ def ensure_board(progress=None) -> Board:
                 raise DeviceError(f"the aarch64 wheels had no {name}", "report this: the wheel layout changed")
         if progress:
             progress("cross-compiling the native RPC server for aarch64")
-        include = Path(importlib.util.find_spec("tvm_ffi").submodule_search_locations[0]) / "include"
+        include = wheel_dir("tvm_ffi") / "include"
         build = subprocess.run(
             [CROSS_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / SERVER),
              f"-L{work}", "-Wl,--no-as-needed", "-ltvm_runtime_extra", "-ltvm_runtime", "-ltvm_ffi",

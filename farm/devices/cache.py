@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from farm.errors import DeviceError
 
 
 def cache_root() -> Path:
@@ -20,6 +23,15 @@ def cache_root() -> Path:
 def tvm_versions() -> tuple[str, str]:
     """(apache-tvm, apache-tvm-ffi) installed here: what a cached build was built against."""
     return importlib.metadata.version("apache-tvm"), importlib.metadata.version("apache-tvm-ffi")
+
+
+def wheel_dir(package: str) -> Path:
+    """The installed package's folder (``tvm``, ``tvm_ffi``): the headers and libraries a build compiles against.
+    Found without importing it (importing TVM takes seconds)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DeviceError(f"the Python package {package} is not installed here", "run tools/setup.sh")
+    return Path(spec.submodule_search_locations[0])
 
 
 @contextlib.contextmanager

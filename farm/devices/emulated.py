@@ -24,7 +24,8 @@ from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
 log = logging.getLogger(__name__)
 
 QEMU = "qemu-aarch64"
-SETUP_HINT = "install qemu-user and g++-aarch64-linux-gnu: bash tools/setup.sh --emulation (or apt-get install qemu-user g++-aarch64-linux-gnu)"
+SETUP_HINT = ("install qemu-user and g++-aarch64-linux-gnu: bash tools/setup.sh --emulation "
+              "(or apt-get install qemu-user g++-aarch64-linux-gnu)")
 
 
 def check_prerequisites() -> None:

@@ -35,7 +35,8 @@ class IOS(DeviceKind):
     serve_help = "TVM's rpc_proxy for the phone's RPC app (set the proxy address and key in the app)"
     fields = {"proxy": Field("address", f'proxy = "{DEFAULT_PROXY}"', f"where the RPC proxy listens (default {DEFAULT_PROXY})")}
     registers_at_start = False  # the proxy registers the key once the phone's app connects
-    example = 'key = "iphone"\ntarget = { kind = "metal" }\nhost = { kind = "llvm", mtriple = "arm64-apple-ios" }\nexport = "system-lib"'
+    example = ('key = "iphone"\ntarget = { kind = "metal" }\nhost = { kind = "llvm", mtriple = "arm64-apple-ios" }\n'
+               'export = "system-lib"')
 
     def export_toolchain(self, device: Device, triple: str) -> str | None:
         """Apple triples link a dylib with Xcode, which only macOS has (and iOS loads none: system-lib)."""

@@ -160,6 +160,6 @@ class ThisHost(DeviceKind):
 
 def _host_thermal() -> dict[str, float]:
     """This host's hottest reading per sensor ({} where psutil has none)."""
-    temps = getattr(psutil, "sensors_temperatures", lambda: {})()
+    temps: dict[str, list[Any]] = getattr(psutil, "sensors_temperatures", lambda: {})()
     return {name: max(t.current for t in entries) for name, entries in (temps or {}).items() if entries}
 

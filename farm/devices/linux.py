@@ -74,7 +74,8 @@ class Linux(DeviceKind):
         try:
             done = subprocess.run([*ssh, remote], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
-            raise DeviceError(f"ssh to {device.name!r} ({host}) timed out", "check the ssh address and that the board is up") from exc
+            raise DeviceError(f"ssh to {device.name!r} ({host}) timed out",
+                              "check the ssh address and that the board is up") from exc
         if done.returncode != 0 or not done.stdout.strip().isdigit():
             reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise DeviceError(f"could not start the rpc_server on {device.name!r} over ssh: {reason}",

@@ -9,14 +9,13 @@ its key back on the tracker only after its session has ended. Built once (g++, a
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from farm.devices.board import SERVER, SOURCE
-from farm.devices.cache import building, cache_root, tvm_versions
+from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, spawn
@@ -26,8 +25,7 @@ HOST_CXX = "g++"
 
 def _library_dirs() -> tuple[Path, Path, Path]:
     """(tvm/lib, tvm_ffi/lib, tvm_ffi/include) of the installed wheels."""
-    tvm_dir = Path(importlib.util.find_spec("tvm").submodule_search_locations[0])
-    ffi_dir = Path(importlib.util.find_spec("tvm_ffi").submodule_search_locations[0])
+    tvm_dir, ffi_dir = wheel_dir("tvm"), wheel_dir("tvm_ffi")
     return tvm_dir / "lib", ffi_dir / "lib", ffi_dir / "include"
 
 

@@ -16,7 +16,6 @@ TVM's sources is part of farm. ``python -m farm.devices.opencl_runtime`` builds 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -25,7 +24,7 @@ import sys
 from pathlib import Path
 
 from farm.devices.board import CROSS_CXX, ensure_board
-from farm.devices.cache import building, cache_root, tvm_versions
+from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
 from farm.errors import DeviceError
 
 log = logging.getLogger(__name__)
@@ -55,10 +54,6 @@ def source_dir() -> Path:
 def _source_files(root: Path) -> list[Path]:
     folders = [root / "src" / "backend" / "opencl", root / "src" / "support", root / "include"]
     return sorted(p for folder in folders if folder.exists() for p in folder.rglob("*") if p.is_file())
-
-
-def _wheel_dir(package: str) -> Path:
-    return Path(importlib.util.find_spec(package).submodule_search_locations[0])
 
 
 def check_prerequisites(cross: bool = False) -> None:
@@ -103,8 +98,8 @@ def _build(work: Path, cross: bool) -> None:
     tree = work / "tree"
     shutil.copytree(root / "src", tree / "src")
     # The wheel's private runtime headers match its binaries (the wheel is newer than the sources).
-    shutil.copytree(_wheel_dir("tvm") / "src" / "runtime", tree / "src" / "runtime", dirs_exist_ok=True)
-    includes = [f"-I{root / 'include'}", f"-I{_wheel_dir('tvm') / 'include'}", f"-I{_wheel_dir('tvm_ffi') / 'include'}",
+    shutil.copytree(wheel_dir("tvm") / "src" / "runtime", tree / "src" / "runtime", dirs_exist_ok=True)
+    includes = [f"-I{root / 'include'}", f"-I{wheel_dir('tvm') / 'include'}", f"-I{wheel_dir('tvm_ffi') / 'include'}",
                 f"-I{tree / 'src'}"]
     runtime = tree / "src" / "backend" / "opencl" / "runtime"
     sources = [runtime / "opencl_device_api.cc", runtime / "opencl_module.cc"]
@@ -120,7 +115,7 @@ def _build(work: Path, cross: bool) -> None:
     else:
         compiler = "g++"
         lib_dir = None
-        link = [f"-L{_wheel_dir('tvm') / 'lib'}", f"-L{_wheel_dir('tvm_ffi') / 'lib'}", "-ltvm_runtime", "-ltvm_ffi",
+        link = [f"-L{wheel_dir('tvm') / 'lib'}", f"-L{wheel_dir('tvm_ffi') / 'lib'}", "-ltvm_runtime", "-ltvm_ffi",
                 "-lOpenCL"]
     if lib_dir is not None:
         link = [f"-L{lib_dir}", *link]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from farm.errors import ModelError, first_line
+from farm.errors import ModelError, message_line
 from farm.models.frameworks import TFLITE_HINT, _torch, load_tflite, load_torch, tflite_model, torch_program
 from farm.models.sources import _source, make_inputs, onnx_proto
 from farm.models.variants import CALIBRATION_METHODS, VARIANT_TOLERANCE, VARIANTS, make_variant
@@ -63,9 +63,8 @@ def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> M
         proto = onnx.load_model_from_string(data)
         onnx.checker.check_model(proto)
     except Exception as exc:  # protobuf DecodeError, onnx ValidationError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
-            f"{path} is not a valid ONNX model ({first})",
+            f"{path} is not a valid ONNX model ({message_line(exc)})",
             "the file may be truncated or not ONNX: export it again (torch.onnx.export, tf2onnx)",
         ) from exc
     if not proto.graph.output:
@@ -113,7 +112,7 @@ def reference_outputs(model: ModelSource, inputs: dict[str, np.ndarray]) -> list
             session = onnxruntime.InferenceSession(model.data, providers=["CPUExecutionProvider"])
         return [np.asarray(o) for o in session.run(None, inputs)]
     except Exception as exc:
-        raise ModelError(f"onnxruntime could not run {model.name}: {exc}", "the check will be skipped") from exc
+        raise ModelError(f"onnxruntime could not run {model.name}: {message_line(exc)}", "the check will be skipped") from exc
 
 
 def shipped_test_data(model: ModelSource) -> Path | None:
@@ -133,12 +132,12 @@ def load_test_data(folder: str | Path, model: ModelSource) -> tuple[dict[str, np
     hint = "a test_data_set folder holds input_0.pb … and output_0.pb … (onnx TensorProto files)"
 
     def tensors(prefix: str) -> list[np.ndarray]:
-        out = []
+        out: list[np.ndarray] = []
         while (path := folder / f"{prefix}_{len(out)}.pb").is_file():
             try:
                 out.append(numpy_helper.to_array(onnx.load_tensor(str(path))))
             except Exception as exc:  # protobuf's DecodeError and friends
-                raise ModelError(f"cannot read {path}: {first_line(exc)}", hint) from exc
+                raise ModelError(f"cannot read {path}: {message_line(exc)}", hint) from exc
         return out
 
     inputs, outputs = tensors("input"), tensors("output")
@@ -161,4 +160,5 @@ def load_reference_file(path: str) -> list[np.ndarray]:
     except FileNotFoundError as exc:
         raise ModelError(f"reference file {path} does not exist", "save expected outputs with np.savez(path, out0, ...)") from exc
     except Exception as exc:
-        raise ModelError(f"cannot read reference file {path}: {exc}", "save expected outputs with np.savez(path, out0, ...)") from exc
+        raise ModelError(f"cannot read reference file {path}: {exc}",
+                         "save expected outputs with np.savez(path, out0, ...)") from exc

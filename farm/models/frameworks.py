@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from farm.errors import ModelError
+from farm.errors import ModelError, message_line
 from farm.records import InputSpec, ModelSource
 
 
@@ -38,7 +38,7 @@ def load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
         try:
             program = torch.export.load(io.BytesIO(data))
         except Exception as exc:
-            raise ModelError(f"{spec} is not a torch.export program ({str(exc).splitlines()[0][:200]})",
+            raise ModelError(f"{spec} is not a torch.export program ({message_line(exc, 200)})",
                              "save it with torch.export.save(torch.export.export(model, example_inputs), path)") from exc
         name = path.stem
     else:
@@ -59,7 +59,7 @@ def load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
         try:
             program = torch.export.export(module, example)
         except Exception as exc:
-            raise ModelError(f"torch.export could not export {spec}: {str(exc).splitlines()[0][:200]}",
+            raise ModelError(f"torch.export could not export {spec}: {message_line(exc, 200)}",
                              "the module must be exportable by torch.export (no data-dependent control flow)") from exc
         buffer = io.BytesIO()
         torch.export.save(program, buffer)

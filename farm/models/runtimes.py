@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from farm.errors import ModelError, first_line
+from farm.errors import ModelError, message_line
 from farm.models.frameworks import TFLITE_HINT, _torch, torch_program
 from farm.records import ModelSource
 
@@ -43,7 +43,7 @@ def open_runtime(model: ModelSource, threads: int | None) -> RuntimeSession:
     except ModelError:
         raise
     except Exception as exc:
-        raise ModelError(f"{runtime_name(model)} could not load {model.name}: {first_line(exc)}",
+        raise ModelError(f"{runtime_name(model)} could not load {model.name}: {message_line(exc)}",
                          "the TVM figure stands alone for this model") from exc
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from farm.errors import ModelError
+from farm.errors import ModelError, message_line
 from farm.models.sources import _input_specs, make_inputs, onnx_proto
 from farm.records import ModelSource
 
@@ -79,7 +79,7 @@ def _quantize_int8(model: ModelSource, proto, calibration: str, calibration_dir:
                             calibrate_method=methods[calibration], activation_type=QuantType.QInt8,
                             weight_type=QuantType.QInt8)
         except Exception as exc:
-            raise ModelError(f"int8 calibration of {model.name} failed: {exc}".splitlines()[0],
+            raise ModelError(f"int8 calibration of {model.name} failed: {message_line(exc)}",
                              "check the calibration inputs match the model's inputs") from exc
         quantized = onnx.load(f"{tmp}/int8.onnx")
     return quantized, f"{model.origin}@int8:{calibration}:{source}"

@@ -6,7 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from farm.errors import DeviceUnavailable, FarmError
+from farm.errors import DeviceUnavailable, FarmError, message_line
 from farm.records import Device, TrackerAddress
 from farm.rpc.session import SESSION_SLOTS, request_session
 from farm.rpc.tracker import KeyStatus, TrackerSummary
@@ -39,7 +39,7 @@ def probe_device(tracker: TrackerAddress, device: Device, summary: TrackerSummar
     except FarmError as exc:
         return Probe(device.name, device.key, "unreachable", exc.message, None, now)
     except Exception as exc:  # the session broke after connecting
-        return Probe(device.name, device.key, "unreachable", f"session failed: {exc}".splitlines()[0][:300], None, now)
+        return Probe(device.name, device.key, "unreachable", f"session failed: {message_line(exc, 300)}", None, now)
 
 
 def probe_all(tracker: TrackerAddress, devices: list[Device], summary: TrackerSummary, timeout_s: float) -> list[Probe]:

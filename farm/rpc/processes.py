@@ -99,7 +99,8 @@ def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0
         log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code", host)
     log_path = state_dir / "tracker.log"
     # --port-end = port + 1: TVM would otherwise slide to the next free port silently.
-    proc = spawn([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port), "--port-end", str(port + 1)], log_path)
+    proc = spawn([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
+                  "--port-end", str(port + 1)], log_path)
     record = ManagedProcess("tracker", "tracker", "", proc.pid, port, str(log_path), time.time())
     from farm.rpc.tracker import wait_for_tracker  # here, not above: importing TVM takes seconds, and the
     # device kinds (which every verb's inventory reads) import this module for starting servers
@@ -118,7 +119,8 @@ def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0
         except TrackerError as exc:
             if time.monotonic() > deadline:
                 stop_process(record)
-                raise TrackerError(f"the tracker did not answer on {host}:{port} within {timeout_s:g} s", f"see {log_path}") from exc
+                raise TrackerError(f"the tracker did not answer on {host}:{port} within {timeout_s:g} s",
+                                   f"see {log_path}") from exc
 
 
 def start_server(
@@ -384,7 +386,10 @@ def private_farm(state_dir: Path, servers: dict[str, str], timeout_s: float = 60
         started.append(start_tracker(tracker.host, port, state_dir))
         for name, key in servers.items():
             started.append(start_server(tracker, name, key, state_dir))
-        wait_for_servers(tracker, {key: 1 for key in servers.values()}, timeout_s=timeout_s)
+        counts: dict[str, int] = {}
+        for key in servers.values():  # several servers may share a key (a fleet of one kind of device)
+            counts[key] = counts.get(key, 0) + 1
+        wait_for_servers(tracker, counts, timeout_s=timeout_s)
         yield tracker
     finally:
         for record in reversed(started):

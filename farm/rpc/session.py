@@ -10,7 +10,7 @@ import weakref
 
 from tvm import rpc
 
-from farm.errors import DeviceLost, DeviceUnavailable, TrackerError
+from farm.errors import DeviceLost, DeviceUnavailable, TrackerError, message_line
 from farm.records import TrackerAddress
 from farm.rpc.tracker import TrackerCode, open_tracker_socket, recvjson, sendjson
 
@@ -65,7 +65,8 @@ def _request(tracker: TrackerAddress, key: str, timeout_s: float, session_timeou
                 f"check `farm devices` (is a server registered under {key!r} at {tracker}?) or raise --timeout",
             ) from exc
         except (OSError, RuntimeError) as exc:
-            raise TrackerError(f"tracker at {tracker} dropped the request for {key!r}: {exc}", "check `farm tracker status`") from exc
+            raise TrackerError(f"tracker at {tracker} dropped the request for {key!r}: {exc}",
+                               "check `farm tracker status`") from exc
     finally:
         sock.close()
     if reply[0] != TrackerCode.SUCCESS:
@@ -75,6 +76,6 @@ def _request(tracker: TrackerAddress, key: str, timeout_s: float, session_timeou
         return rpc.connect(host, port, matchkey, session_timeout=session_timeout_s)
     except Exception as exc:  # TVM raises bare RuntimeError/TVMError here
         raise DeviceLost(
-            f"server for {key!r} at {host}:{port} was assigned but refused the connection: {exc}",
+            f"server for {key!r} at {host}:{port} was assigned but refused the connection: {message_line(exc)}",
             "the server may have died; check `farm devices` and the server log",
         ) from exc

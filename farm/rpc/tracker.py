@@ -121,14 +121,14 @@ def parse_summary(raw: dict) -> TrackerSummary:
     for item in raw.get("server_info", []):
         name = item["key"].split(":", 1)[1] if ":" in item["key"] else item["key"]  # "server:KEY"
         if name.startswith("proxy[") and name.endswith("]"):  # "server:proxy[k1,k2]": a proxy relaying iOS apps
-            keys = [k for k in name[6:-1].split(",") if k]
+            server_keys = [k for k in name[6:-1].split(",") if k]
         else:
-            keys = [name]
+            server_keys = [name]
         host, port = item["addr"][0], int(item["addr"][1])
-        for key in keys:
+        for key in server_keys:
             servers.append((key, str(host), port))
             counts[key] = counts.get(key, 0) + 1
-    keys = {}
+    keys: dict[str, KeyStatus] = {}
     for key, info in raw.get("queue_info", {}).items():
         # a server the queue lists as free is registered even before its UPDATE_INFO reached server_info (a proxy's
         # app, just connected): never fewer servers than free ones

@@ -29,7 +29,8 @@ from farm.store.tuning import TuningMixin
 __all__ = ["Store", "SCHEMA_VERSION", "exists"]
 
 TABLES = ("runs", "samples", "summaries", "copies", "checks", "devices", "models", "artifacts", "tune_records",
-          "tune_workloads", "tune_sessions", "sweeps", "alerts", "probes", "copy_curves", "copy_curve_samples")
+          "tune_workloads", "tune_sessions", "tune_cost_models", "sweeps", "alerts", "probes", "copy_curves",
+          "copy_curve_samples")
 
 
 class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin):
@@ -86,8 +87,8 @@ class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin):
             with self._db.transaction(migrating=True) as db:
                 if self._summary_rule() != SUMMARY_RULE:  # another farm did it meanwhile
                     self._summarize_stored(db)
-                    db.execute("INSERT INTO meta VALUES ('summary_rule', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                               (SUMMARY_RULE,))
+                    db.execute("INSERT INTO meta VALUES ('summary_rule', ?)"
+                               " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (SUMMARY_RULE,))
 
     def _summary_rule(self) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key='summary_rule'").fetchone()

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from farm.errors import StoreError, first_line
+from farm.errors import StoreError, message_line
 from farm.store.schema import postgres_ddl, sqlite_ddl
 
 URL_PREFIXES = ("postgresql://", "postgres://")
@@ -104,7 +104,7 @@ class Backend:
         return StoreError(f"{message.format(self.location)}: {self.reason(exc)}", backend_hint(exc, default))
 
     def reason(self, exc: Exception) -> str:
-        return first_line(exc)
+        return message_line(exc)
 
     def execute(self, sql: str, params: Any = ()) -> "Rows":
         with self.translated():
@@ -241,7 +241,7 @@ class Row(tuple):
 
     names: tuple[str, ...] = ()
 
-    def __getitem__(self, key):  # type: ignore[override]
+    def __getitem__(self, key):
         if isinstance(key, str):
             return tuple.__getitem__(self, self.names.index(key))
         return tuple.__getitem__(self, key)
@@ -269,8 +269,7 @@ class PostgresBackend(Backend):
         try:
             self.db = psycopg.connect(url, autocommit=True, row_factory=_row_factory, connect_timeout=10)
         except psycopg.Error as exc:
-            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else exc.__class__.__name__
-            raise StoreError(f"cannot connect to results database {self.location}: {reason}",
+            raise StoreError(f"cannot connect to results database {self.location}: {message_line(exc)}",
                              "check the URL (postgresql://USER@HOST:PORT/DBNAME), that the server runs and the "
                              "database exists (createdb DBNAME)") from exc
         if readonly:
@@ -279,10 +278,8 @@ class PostgresBackend(Backend):
 
     def reason(self, exc: Exception) -> str:
         """The server's own one-line message (its text goes on with the statement and a caret), else the
-        client's first line (a lost connection)."""
-        primary = getattr(getattr(exc, "diag", None), "message_primary", None)
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        return primary or (lines[0] if lines else type(exc).__name__)
+        client's (a lost connection)."""
+        return getattr(getattr(exc, "diag", None), "message_primary", None) or message_line(exc)
 
     @staticmethod
     def _sql(sql: str) -> str:

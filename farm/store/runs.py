@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, fields
-from typing import Any
+from typing import Any, Sequence
 
 from farm.records import Artifact, BenchResult, CopyCurve, Device, ModelSource
 from farm.stats import Summary, summarize_groups
@@ -31,7 +31,8 @@ def insert_summaries(db: Backend, keys: list[tuple[int, str, int]], sizes: list[
 def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_id: int | None,
                limit: int | None, status: str | None = None) -> tuple[str, list[Any]]:
     """A subquery selecting run ids, and its parameters."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if status is not None:
         where.append("r.status = ?")
         params.append(status)
@@ -109,7 +110,8 @@ class RunsMixin:
                 db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                                [(run_id, "copy", copy.output_index, i, v, copy.number)
                                 for i, v in enumerate(copy.samples_s)])
-            series = [((run_id, "steady", 0), result.steady_samples_s),
+            series: list[tuple[tuple[int, str, int], Sequence[float]]] = [
+                      ((run_id, "steady", 0), result.steady_samples_s),
                       ((run_id, "steady_wall", 0), result.steady_wall_samples_s),
                       *(((run_id, "copy", c.output_index), c.samples_s) for c in result.copies)]
             series = [(k, list(v)) for k, v in series if len(v)]
@@ -171,7 +173,7 @@ class RunsMixin:
         where, params = run_filter(device, model, latest_only, sweep_id, limit, status)
         rows = self._db.tuples(f"SELECT run_id, metric, series, {SUMMARY_COLUMNS} FROM summaries WHERE run_id IN ({where})",
                                params)
-        return {(r[0], r[1], r[2]): Summary(*r[3:-1], bool(r[-1])) for r in rows}
+        return {(r[0], r[1], r[2]): Summary(*r[3:-1] + (bool(r[-1]),)) for r in rows}
 
     def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                    sweep_id: int | None = None, limit: int | None = None,

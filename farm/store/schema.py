@@ -19,13 +19,15 @@ SCHEMA_VERSION history:
      artifact: artifact_key '') and runs.runtime_version; a series' latest run is per runtime too (index
      runs_series); alerts.runtime, and an alert is one per (sweep, device, model, tuned, runtime, metric): the
      table is rebuilt for the new key (ids kept; PostgreSQL's id sequence moved past them: RESEQUENCE)
+ 10  tune_cost_models: the XGBoost cost model of a tuning key (farm/costmodel.py's .npz, base64: data only),
+     saved after each session and loaded by the next one
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -147,6 +149,11 @@ MIGRATIONS: dict[int, str] = {
     DROP TABLE alerts;
     ALTER TABLE alerts_v9 RENAME TO alerts;
     RESEQUENCE alerts
+    """,
+    10: """
+    CREATE TABLE tune_cost_models (
+        tuning_key TEXT PRIMARY KEY, body TEXT NOT NULL, format TEXT NOT NULL, samples INTEGER NOT NULL,
+        session_id INTEGER, updated_at TEXT NOT NULL);
     """,
 }
 

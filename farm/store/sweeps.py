@@ -57,7 +57,8 @@ class SweepsMixin:
                    confirmation=CASE WHEN excluded.confirmation = '{}' THEN alerts.confirmation
                                      ELSE excluded.confirmation END""",
                 (stamp, stamp, verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
-                 verdict.get("runtime", "tvm"), verdict["metric"], verdict["run_id"], verdict["baseline_run_id"], status or verdict["status"],
+                 verdict.get("runtime", "tvm"), verdict["metric"], verdict["run_id"], verdict["baseline_run_id"],
+                 status or verdict["status"],
                  verdict["value"], verdict["z"], verdict["change"], json.dumps(verdict["baseline"]),
                  json.dumps(method), json.dumps(confirmation or {})))
             row = db.execute("SELECT id FROM alerts WHERE sweep_id=? AND device=? AND model=? AND tuned=? AND runtime=?"

@@ -8,6 +8,7 @@ files from anywhere merge cleanly.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 
@@ -55,6 +56,21 @@ class TuningMixin:
                                     (tuning_key, _sha(wsha + body), wsha, body, run_s, session_id, stamp))
                 added += cursor.rowcount
         return added
+
+    def save_cost_model(self, tuning_key: str, body: bytes, format: str, samples: int, session_id: int | None) -> None:
+        """Keep the tuning key's cost model (``costmodel.dump_cost_model``'s bytes), replacing the previous one."""
+        with self._db.transaction() as db:
+            db.execute("INSERT INTO tune_cost_models (tuning_key, body, format, samples, session_id, updated_at) "
+                       "VALUES (?,?,?,?,?,?) ON CONFLICT (tuning_key) DO UPDATE SET body=excluded.body, "
+                       "format=excluded.format, samples=excluded.samples, session_id=excluded.session_id, "
+                       "updated_at=excluded.updated_at",
+                       (tuning_key, base64.b64encode(body).decode("ascii"), format, samples, session_id, now()))
+
+    def cost_model(self, tuning_key: str) -> tuple[bytes, str, int] | None:
+        """The tuning key's saved cost model: (bytes, format, samples), or None."""
+        row = self._db.execute("SELECT body, format, samples FROM tune_cost_models WHERE tuning_key=?",
+                               (tuning_key,)).fetchone()
+        return None if row is None else (base64.b64decode(row["body"]), row["format"], int(row["samples"]))
 
     def tuning_lines(self, tuning_key: str) -> tuple[list[str], list[str]]:
         """The JSON database files' lines for ``tuning_key``: (workload lines, record lines)."""

@@ -1,0 +1,104 @@
+"""Where a model's time is before tuning: each tuning task's untuned time on the device, and the trials it gets.
+
+Untuned CPU code is naive loops, and a model's time sits in a few tasks (convnet: one conv is ~90 % of it,
+while MetaSchedule's first round gives ``mean`` and ``max_pool2d`` as many trials as the conv). Before a search,
+``profile_tasks`` builds each task's PrimFunc as it is (TVM's default lowering, no schedule), runs it once on
+the device through one session (zeros for its buffers; ``time_evaluator``: warm-up discarded, 3 repeats of at
+least 20 ms) and ``allocate_trials`` shares the budget by each task's share of the model's time (untuned time ×
+call sites). A task below ``min_share`` gets no search. GPU targets need a schedule to build at all: they are not
+profiled, and MetaSchedule's own task scheduler shares the trials.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+
+from typing import Any
+
+from farm.errors import FarmError, message_line
+from farm.records import Device, TrackerAddress
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MIN_SHARE = 0.01  # a task under 1 % of the model's untuned time is not searched
+PROFILE_MIN_REPEAT_MS = 20  # each of the 3 repeats runs the task for at least this long
+
+
+@dataclass(frozen=True)
+class TaskShare:
+    """One task's place in the model's untuned time, and its trials this session."""
+
+    name: str
+    weight: int  # call sites of the task in the model
+    untuned_s: float | None  # one call, untuned, on the device (None: not profiled)
+    share: float | None  # weight × untuned_s / the model's sum (None: not profiled)
+    trials: int
+
+
+def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: Any,
+                  toolchain: str, timeout_s: float) -> list[float]:
+    """Each task's untuned time per call on ``device`` (seconds), in one session. Raises FarmError.
+    (TVM is imported here: the CLI reads this module's defaults without it.)"""
+    import numpy as np
+    import tvm
+    from tvm.driver import build
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.rpc.session import request_session
+
+    session = request_session(tracker, device.key, timeout_s, max(60.0, timeout_s))
+    dev = session.cpu(0)
+    times = []
+    work = tempfile.mkdtemp(prefix="farm-profile-")
+    for index, task in enumerate(tasks):
+        mod = task.dispatched[0]
+        path = os.path.join(work, f"task{index}.so")
+        try:
+            lib = build(mod, target=target)
+            if toolchain:
+                from tvm.support import cc
+
+                lib.export_library(path, fcompile=cc.cross_compiler(toolchain))
+            else:
+                lib.export_library(path)
+            session.upload(path, os.path.basename(path))
+            remote = session.load_module(os.path.basename(path))
+            infos = ms.arg_info.ArgInfo.from_prim_func(mod[mod.get_global_vars()[0]])
+            args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)
+                    for info in infos]
+            timer = remote.time_evaluator(remote.entry_name, dev, number=1, repeat=3,
+                                          min_repeat_ms=PROFILE_MIN_REPEAT_MS)
+            times.append(float(min(timer(*args).results)))
+        except Exception as exc:  # TVM's errors: the profile is advice, the search goes on without it
+            raise FarmError(f"could not time task {task.task_name} untuned on {device.name}: {message_line(exc)}",
+                            "tuning shares the trials by MetaSchedule's own scheduler instead") from exc
+        finally:
+            try:
+                session.remove(os.path.basename(path))
+            except Exception:
+                pass
+    return times
+
+
+def allocate_trials(names: list[str], weights: list[int], times: list[float] | None, budget: int,
+                    min_share: float) -> list[TaskShare]:
+    """Share ``budget`` trials by each task's share of the model's untuned time (largest remainders); tasks below
+    ``min_share`` get none. Without ``times`` (not profiled) every task is left to MetaSchedule (trials 0, share
+    None)."""
+    if times is None:
+        return [TaskShare(n, w, None, None, 0) for n, w in zip(names, weights)]
+    costs = [w * t for w, t in zip(weights, times)]
+    total = sum(costs) or 1.0
+    shares = [c / total for c in costs]
+    eligible = [i for i, s in enumerate(shares) if s >= min_share]
+    eligible_total = sum(shares[i] for i in eligible) or 1.0
+    exact = {i: budget * shares[i] / eligible_total for i in eligible}
+    trials = {i: math.floor(v) for i, v in exact.items()}
+    for i in sorted(exact, key=lambda i: exact[i] - trials[i], reverse=True)[:budget - sum(trials.values())]:
+        trials[i] += 1
+    return [TaskShare(n, w, t, s, trials.get(i, 0))
+            for i, (n, w, t, s) in enumerate(zip(names, weights, times, shares))]
