@@ -88,6 +88,27 @@ def write_inventory(path: Path, devices: str, port: int, host: str = "127.0.0.1"
     return path
 
 
+def unreachable_phone(path: Path, key: str, tracker_port: int) -> tuple[Path, str]:
+    """An inventory of one phone behind an adb port where nothing listens (its adb server is gone), and the adb
+    shell prefix a server record on it carries: its state can only be "unknown"."""
+    import json
+    import sys
+
+    from farm.rpc.processes import free_port
+
+    adb_port = free_port()
+    inventory = write_inventory(path, f"""
+[devices.phone]
+kind = "android"
+key = "{key}"
+serial = "stand-in:5555"
+adb = "127.0.0.1:{adb_port}"
+server_port = {free_port()}
+target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
+""", tracker_port)
+    return inventory, json.dumps([sys.executable, "-m", "farm.devices.adb_shell", "127.0.0.1", str(adb_port), "stand-in:5555"])
+
+
 def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user or a cron job would."""

@@ -12,7 +12,7 @@ import pytest
 
 from farm.cli import build_parser
 from farm.rpc.processes import free_port
-from tests.conftest import run_farm, write_inventory
+from tests.conftest import run_farm, unreachable_phone, write_inventory
 
 
 def _digest(path):
@@ -124,18 +124,8 @@ def test_a_phone_server_farm_cannot_reach_is_kept_neither_restarted_nor_forgotte
     from farm.inventory import load_inventory
     from farm.rpc.processes import ManagedProcess, process_state, update_records
 
-    adb_port = free_port()  # nothing listens: the adb server is gone
-    inventory = write_inventory(tmp_path / "devices.toml", f"""
-[devices.phone]
-kind = "android"
-key = "gone-phone"
-serial = "stand-in:5555"
-adb = "127.0.0.1:{adb_port}"
-server_port = {free_port()}
-target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
-""", free_port())
+    inventory, remote = unreachable_phone(tmp_path / "devices.toml", "gone-phone", free_port())  # its adb server is gone
     home = Path(farm_env["FARM_HOME"])
-    remote = json.dumps([sys.executable, "-m", "farm.devices.adb_shell", "127.0.0.1", str(adb_port), "stand-in:5555"])
     record = ManagedProcess("server", "phone", "gone-phone", 4242, 9000, "stand-in:5555:/data/server.log", time.time(),
                             "farm-rpc-server", remote)
     update_records(home, lambda current: [record])

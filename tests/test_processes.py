@@ -22,7 +22,7 @@ import pytest
 from farm.errors import FarmError
 from farm.records import TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, start_tracker, stop_process
-from tests.conftest import run_farm, write_inventory
+from tests.conftest import run_farm, unreachable_phone, write_inventory
 
 DELAY_ENV = "FARM_TEST_REGISTRY_DELAY_S"  # processes.REGISTRY_DELAY_ENV, spelled out: this test also runs on code
 # from before the hook, where the delay was put into load_records by hand to show the records it lost
@@ -225,19 +225,9 @@ def test_farm_down_on_a_corrupt_registry_stops_nothing_and_says_so(tmp_path, far
 def test_serve_keeps_a_server_whose_host_did_not_answer(tracker, tmp_path, farm_env):
     """A phone's server whose adb server is gone (state unknown) is neither forgotten nor started twice by
     `farm serve`: processes.py promises nobody restarts or forgets it."""
-    adb_port = free_port()  # nothing listens there
-    inventory = write_inventory(tmp_path / "devices.toml", f"""
-[devices.phone]
-kind = "android"
-key = "reg-phone"
-serial = "stand-in:5555"
-adb = "127.0.0.1:{adb_port}"
-server_port = {free_port()}
-target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
-""", tracker.port)
+    inventory, remote = unreachable_phone(tmp_path / "devices.toml", "reg-phone", tracker.port)
     home = Path(farm_env["FARM_HOME"])
     home.mkdir()
-    remote = json.dumps([sys.executable, "-m", "farm.devices.adb_shell", "127.0.0.1", str(adb_port), "stand-in:5555"])
     record = {**RECORD, "name": "phone", "key": "reg-phone", "marker": "farm-rpc-server", "remote": remote,
               "started_at": time.time()}
     (home / "processes.json").write_text(json.dumps([record]))
