@@ -286,3 +286,24 @@ def test_resume_only_what_never_finished_and_say_so_in_plain_words(inventory_fil
     assert finished.returncode == 0 and f"sweep {done} is done: nothing to resume" in finished.stderr
     alone = run_farm("--devices", str(inventory_file), "sweep", "--if-incomplete", env=farm_env)
     assert alone.returncode == 1 and "error: --if-incomplete goes with --resume" in alone.stderr
+
+
+def test_a_cpu_fallback_that_needs_the_missing_toolchain_is_not_attempted(farm_net, tmp_path, monkeypatch):
+    """mate10's case: its GPU build failed for want of the NDK; its CPU build needs the NDK too, so the fallback is
+    not attempted and the stored reason says why."""
+    monkeypatch.delenv("TVM_NDK_CC", raising=False)
+    inv = parse_inventory(farm_net.inventory_text('''
+[devices.phone-gpu]
+kind = "remote"
+key = "test-phone-gpu"
+target = { kind = "opencl", device = "mali" }
+host = { kind = "llvm", mtriple = "aarch64-linux-android" }
+fallback = "cpu"
+'''))
+    with Store(tmp_path / "r.db") as store:
+        cell = bench_cell(inv.tracker, inv.devices["phone-gpu"], load_model("mlp"), store, tmp_path / "cache", FAST)
+        rows = run_rows(store)
+    assert cell.result.failed_step == "compile" and cell.fallback is None
+    assert "no Android NDK compiler is configured" in cell.result.reason
+    assert "no CPU fallback: the CPU build needs the same toolchain" in cell.result.reason
+    assert [(r.device, r.failed_step) for r in rows] == [("phone-gpu", "compile")]  # nothing stored for phone-gpu@cpu
