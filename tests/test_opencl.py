@@ -107,7 +107,10 @@ def test_fp16_fails_on_pocl_with_the_driver_reason_and_the_sweep_measures_the_cp
                     "--variant", "fp16", "--repeat", "5", "--min-repeat-ms", "5", env=farm_env, timeout=600)
     db = sqlite3.connect(farm_env["FARM_DB"])
     runs = db.execute("SELECT id, device, model, status, failed_step, reason, fallback_of, steady_clock FROM runs "
-                      "ORDER BY id").fetchall()
+                      "WHERE runtime = 'tvm' ORDER BY id").fetchall()
+    references = db.execute("SELECT device, model, runtime, status FROM runs WHERE runtime != 'tvm' ORDER BY id").fetchall()
+    # onnxruntime on the OpenCL device's host CPU, beside each cell (the fallback's CPU cell has its own)
+    assert ("pocl", "convnet@fp16", "onnxruntime", "ok") in references and ("pocl", "mlp", "onnxruntime", "ok") in references
     gpu_fp16 = [r for r in runs if r[1] == "pocl" and r[2] == "convnet@fp16"]
     assert gpu_fp16 and all(r[3] == "failed" and r[4] == "first" for r in gpu_fp16), runs
     # POCL has no cl_khr_fp16: the OpenCL compiler's own words are stored
