@@ -104,7 +104,8 @@ def test_onnx_package_model_on_opencl_passes_its_check(gpu_farm, farm_env):
 @needs_runtime
 def test_fp16_fails_on_pocl_with_the_driver_reason_and_the_sweep_measures_the_cpu_instead(gpu_farm, farm_env, tmp_path):
     proc = run_farm("--devices", str(gpu_farm), "--json", "sweep", "--device", "pocl", "--model", "convnet",
-                    "--variant", "fp16", "--repeat", "5", "--min-repeat-ms", "5", env=farm_env, timeout=600)
+                    "--variant", "fp16", "--repeat", "5", "--min-repeat-ms", "5", "--report-dir", str(tmp_path / "reports"),
+                    env=farm_env, timeout=600)
     db = sqlite3.connect(farm_env["FARM_DB"])
     runs = db.execute("SELECT id, device, model, status, failed_step, reason, fallback_of, steady_clock FROM runs "
                       "WHERE runtime = 'tvm' ORDER BY id").fetchall()

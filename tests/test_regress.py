@@ -144,7 +144,11 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(slowdown):
     assert alert["confirmation"]["wilcoxon_p"] < 0.01 and alert["confirmation"]["rounds"] >= 8
     assert alert["baseline"]["n"] >= 5 and alert["method"]["baseline_n"] == 20
     html = Path(out["report"]).read_text()
-    assert html.count('alt="trend of steady') == 1 and html.count('alt="distribution of baseline and current steady') == 1
+    # one trend and one distribution per steady alert: TVM's, and onnxruntime's when the bigger model moved it too
+    steady_alerts = [a for a in stored["alerts"] if a["metric"] == "steady"]
+    assert 1 <= len(steady_alerts) <= 2 and {a["runtime"] for a in steady_alerts} <= {"tvm", "onnxruntime"}
+    assert html.count('alt="trend of steady') == len(steady_alerts)
+    assert html.count('alt="distribution of baseline and current steady') == len(steady_alerts)
     assert 'alt="heatmap of steady latency change' in html
 
 
