@@ -105,7 +105,7 @@ def cell_inputs(model: ModelSource, config: BenchConfig, reference_file: str | N
     """A cell's inputs, the outputs its runs are checked against, what those are, and the config whose tolerance
     checks them: a reference file or test_data_set folder, else the model's shipped test data, else its runtime's."""
     inputs = make_inputs(model, config.seed)
-    reference_name = {"torch": "torch", "tflite": "litert"}.get(model.frontend, "onnxruntime")
+    reference_name = runtime_name(model)
     shipped = shipped_test_data(model)
     reference: list[np.ndarray] | None
     try:
@@ -130,22 +130,27 @@ def cell_inputs(model: ModelSource, config: BenchConfig, reference_file: str | N
     return inputs, reference, reference_name, config
 
 
+CellInputs = tuple[dict[str, np.ndarray], list[np.ndarray] | None, str, BenchConfig]  # what cell_inputs returns
+
+
 def measure_cell(
     tracker: TrackerAddress, device: Device, model: ModelSource, artifact: Artifact, config: BenchConfig,
-    reference_file: str | None = None, progress: Progress | None = None,
+    reference_file: str | None = None, progress: Progress | None = None, prepared: CellInputs | None = None,
 ) -> BenchResult:
+    """``prepared``: the cell's ``cell_inputs`` when the caller has them (``run_cell`` computes them once a cell)."""
     say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
-    inputs, reference, reference_name, config = cell_inputs(model, config, reference_file)
+    inputs, reference, reference_name, config = prepared or cell_inputs(model, config, reference_file)
     return bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
 
 
-def reference_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> CellResult | None:
+def reference_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
+                   prepared: CellInputs | None = None) -> CellResult | None:
     """The cell's model in its reference runtime (onnxruntime, LiteRT, torch) where the device's kind runs one
     (this host's CPU), with the cell's inputs, reference and statistics; stored as that runtime's run. None where
     no reference runtime runs: farm never passes a host figure off as a device's."""
     if reference_unavailable(device):
         return None
-    inputs, reference, reference_name, config = cell_inputs(model, ctx.config, ctx.reference_file)
+    inputs, reference, reference_name, config = prepared or cell_inputs(model, ctx.config, ctx.reference_file)
     result = bench_reference(device, model, inputs, reference, config, reference_name,
                              reference_threads(effective_target(device)), ctx.say(device, model))
     return CellResult(store.record_result(result, device, model, None, ctx.sweep_id), result, None)
@@ -207,6 +212,7 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
 
     Each stored TVM attempt goes to ``stored``; the last one is returned, with its fallback and reference run.
     A ``StoreError`` is raised."""
+    prepared: CellInputs | None = None  # inputs and reference outputs: computed once, for TVM's run and the reference's
     while True:
         if isinstance(artifact, FarmError):
             result = compile_failure(device, model, ctx.config, artifact)
@@ -214,8 +220,9 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
             try:
                 waited = cool_down(device, first, ctx.say(device, model))
                 first = False
+                prepared = prepared or cell_inputs(model, ctx.config, ctx.reference_file)
                 result = with_health(measure_cell(ctx.tracker, device, model, artifact, ctx.config, ctx.reference_file,
-                                                  ctx.progress), waited, device)
+                                                  ctx.progress, prepared=prepared), waited, device)
             except Exception as exc:  # never a lost cell: stored as failed, the device's next cells go on
                 log.exception("%s × %s: unexpected error while measuring", device.name, model.name)
                 result = crashed_cell(device, model, ctx.config, exc)
@@ -241,7 +248,7 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         if stored:
             stored(fallback)
     if ctx.reference_runtime:
-        cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model))
+        cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model, prepared))
     return cell
 
 
