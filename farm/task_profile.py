@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass
-
-from typing import Any
+from typing import Any, Callable
 
 from farm.errors import FarmError, message_line
 from farm.records import Device, TrackerAddress
@@ -40,8 +37,9 @@ class TaskShare:
 
 
 def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: Any,
-                  toolchain: str, timeout_s: float) -> list[float]:
-    """Each task's untuned time per call on ``device`` (seconds), in one session. Raises FarmError.
+                  export: Callable[[Any], str], timeout_s: float) -> list[float]:
+    """Each task's untuned time per call on ``device`` (seconds), in one session; ``export`` writes a built module
+    as a library the device loads (the one tuning's candidates use). Raises FarmError.
     (TVM is imported here: the CLI reads this module's defaults without it.)"""
     import numpy as np
     import tvm
@@ -53,20 +51,12 @@ def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: 
     session = request_session(tracker, device.key, timeout_s, max(60.0, timeout_s))
     dev = session.cpu(0)
     times = []
-    work = tempfile.mkdtemp(prefix="farm-profile-")
     for index, task in enumerate(tasks):
         mod = task.dispatched[0]
-        path = os.path.join(work, f"task{index}.so")
+        name = f"task{index}.so"
         try:
-            lib = build(mod, target=target)
-            if toolchain:
-                from tvm.support import cc
-
-                lib.export_library(path, fcompile=cc.cross_compiler(toolchain))
-            else:
-                lib.export_library(path)
-            session.upload(path, os.path.basename(path))
-            remote = session.load_module(os.path.basename(path))
+            session.upload(export(build(mod, target=target)), name)
+            remote = session.load_module(name)
             infos = ms.arg_info.ArgInfo.from_prim_func(mod[mod.get_global_vars()[0]])
             args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)
                     for info in infos]
@@ -78,7 +68,7 @@ def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: 
                             "tuning shares the trials by MetaSchedule's own scheduler instead") from exc
         finally:
             try:
-                session.remove(os.path.basename(path))
+                session.remove(name)
             except Exception:
                 pass
     return times

@@ -347,7 +347,8 @@ def _profile(tracker: TrackerAddress, device: Device, tasks: list, tvm_target, t
         return None
     say(f"timing {len(tasks)} task(s) untuned on {device.name} to share {config.trials} trials by time")
     try:
-        return profile_tasks(tracker, device, tasks, tvm_target, toolchain, config.request_timeout_s)
+        return profile_tasks(tracker, device, tasks, tvm_target, functools.partial(_export, toolchain),
+                             config.request_timeout_s)
     except FarmError as exc:
         say(f"{exc.message}; {exc.hint}")
         return None
