@@ -177,3 +177,52 @@ max_cooldown_s = 5
     for pid in (first["pid"], second["pid"], third["pid"]):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE \
             or "farm-rpc-server" not in " ".join(psutil.Process(pid).cmdline()), pid
+
+
+def test_standin_phone_gpu_runs_opencl_on_arm64_pocl_and_a_phone_without_libopencl_falls_back(phone, tmp_path,
+                                                                                                farm_env):
+    """The phone's GPU path end to end over adb: farm's bundle with TVM's OpenCL runtime, pushed, run under qemu on
+    a sysroot with Debian's arm64 POCL (the stand-in's vendor driver). The same phone without a driver (the plain
+    cross sysroot: no libOpenCL.so) is a stored failure, measured on its CPU instead."""
+    from tests.test_emulated import needs_pocl_arm64
+
+    sysroot = needs_pocl_arm64()
+    serial, adb = phone
+    device_dir = tmp_path / "phone-data" / "farm"
+    devices = ""
+    for name, root in (("phone-gpu", sysroot), ("phone-nogpu", "/usr/aarch64-linux-gnu")):
+        devices += f"""
+[devices.{name}]
+kind = "android"
+key = "test-{name}"
+serial = "{serial}"
+adb = "{adb}"
+server_port = {free_port()}
+device_dir = "{device_dir}"
+launcher = ["qemu-aarch64", "-L", "{root}"]
+target = {{ kind = "opencl", device = "mali" }}
+host = {{ kind = "llvm", mtriple = "aarch64-linux-gnu", mattr = ["+neon"] }}
+emulated = true
+fallback = "cpu"
+"""
+    env = {**farm_env, "FARM_DEVICES": str(write_inventory(tmp_path / "devices.toml", devices, free_port()))}
+    try:
+        assert run_farm("tracker", "start", env=env).returncode == 0
+        serve = run_farm("serve", "--json", env=env)
+        assert serve.returncode == 0, serve.stderr
+        runs = {}
+        for name in ("phone-gpu", "phone-nogpu"):
+            bench = run_farm("bench", "--device", name, "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
+                             "--json", env=env)
+            runs[name] = (bench.returncode, json.loads(bench.stdout))
+    finally:
+        run_farm("down", env=env)
+    code, gpu = runs["phone-gpu"]
+    assert code == 0 and gpu["status"] == "ok" and gpu["check"]["status"] == "passed" and gpu["emulated"] is True
+    assert gpu["kernel_cache"] == f"cleared ({device_dir}/kernel-cache-test-phone-gpu)"
+    assert gpu["steady_clock"] == "kernel" and len(gpu["steady_wall_samples_s"]) == 3 and gpu["first_run_warm_s"] > 0
+    assert any((device_dir / "kernel-cache-test-phone-gpu").rglob("*.so"))  # POCL's built kernels, on the phone
+    code, nogpu = runs["phone-nogpu"]
+    assert code == 1 and nogpu["status"] == "failed" and nogpu["failed_step"] == "load"
+    assert "Cannot open libOpenCL" in nogpu["reason"]
+    assert nogpu["fallback"]["status"] == "ok" and nogpu["fallback"]["device"] == "phone-nogpu@cpu"

@@ -9,13 +9,16 @@
    own 127.0.0.1:T, and ``adb forward tcp:P tcp:P`` for the phone's ``server_port`` P, so the
    address the tracker hands out (127.0.0.1:P on this host) reaches the phone. Each phone
    needs its own ``server_port``;
-4. start the server with ``setsid nohup`` on the phone, registered under the device's key,
+4. start the server with ``setsid nohup`` on the phone, registered under the device's key, with the
+   GPU driver's kernel cache in ``device_dir`` (``--kernel-cache``: cleared for cold first runs),
    and record its PID with a ``python -m farm.devices.adb_shell`` prefix, so ``farm down``, the watchdog
    (``farm serve --watch``) and ``is_running`` act on the phone.
 
 The default bundle is farm's aarch64 build against glibc (``devices/board.py``, with TVM's OpenCL runtime:
 ``opencl_runtime.board_with_opencl``): it runs
-on the stand-in phone under qemu (``launcher``) and on aarch64 Linux. A real Android phone
+on the stand-in phone under qemu (``launcher``) and on aarch64 Linux. The stand-in's GPU is Debian's arm64
+POCL: ``launcher = ["qemu-aarch64", "-L", SYSROOT]`` with the sysroot ``python -m farm.devices.pocl_arm64``
+prints (``pocl_arm64.py``). A real Android phone
 needs a bionic build of the TVM runtime and server: set ``server_bundle`` to that folder
 (README: "Android phones"). Fields: ``serial``, ``server_port`` (both required), ``adb``
 (the adb server, default 127.0.0.1:$ANDROID_ADB_SERVER_PORT or 5037), ``device_dir``
@@ -212,8 +215,9 @@ def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[Mana
     phone.forward(f"tcp:{port}", f"tcp:{port}")
     launcher = " ".join(shlex.quote(str(part)) for part in device.options.get("launcher", []))
     log_path = f"{device_dir}/server-{device.key}.log"
+    kernel_cache = f"{device_dir}/kernel-cache-{device.key}"  # the GPU driver's, emptied for a cold first run
     server = (f"{launcher} ./{SERVER} --tracker 127.0.0.1:{tracker.port} --key {shlex.quote(device.key)}"
-              f" --host 127.0.0.1 --port {port}").strip()
+              f" --host 127.0.0.1 --port {port} --kernel-cache {shlex.quote(kernel_cache)}").strip()
     started = shell(phone, f"cd {shlex.quote(device_dir)} && (setsid nohup {server} > {shlex.quote(log_path)} 2>&1"
                            f" < /dev/null & echo $!)")
     pid = started.strip().splitlines()[-1:] or [""]

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from farm.devices.board import SERVER, Board, ensure_board, missing_tools
+from farm.devices.board import SERVER, SYSROOT, Board, ensure_board, missing_tools
 from farm.devices.kind import DeviceKind, Field
 from farm.devices.opencl_runtime import board_with_opencl
+from farm.devices.pocl_arm64 import ensure_sysroot
 from farm.errors import DeviceError
 from farm.records import Device, HostCPU, TrackerAddress, target_kind
 from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
@@ -34,9 +35,21 @@ def check_prerequisites() -> None:
         raise DeviceError(f"the emulated aarch64 board needs {', '.join(missing)}", SETUP_HINT)
 
 
-def board_command(board: Board, tracker: TrackerAddress, key: str, port: int) -> list[str]:
+def board_command(board: Board, tracker: TrackerAddress, key: str, port: int, kernel_cache: Path) -> list[str]:
     return [QEMU, "-L", str(board.sysroot), str(board.server), "--tracker", str(tracker), "--key", key,
-            "--host", "127.0.0.1", "--port", str(port)]
+            "--host", "127.0.0.1", "--port", str(port), "--kernel-cache", str(kernel_cache)]
+
+
+def sysroot_for(device: Device, progress) -> Path:
+    """The arm64 POCL sysroot for a device with an OpenCL target (its GPU driver), else the cross toolchain's;
+    the plain one, with a warning, where POCL cannot be had here (the OpenCL cell then fails and falls back)."""
+    if target_kind(device.target) != "opencl":
+        return SYSROOT
+    try:
+        return ensure_sysroot(progress)
+    except DeviceError as exc:
+        log.warning("%s: no OpenCL driver for the emulated board: %s (%s)", device.name, exc.message, exc.hint)
+        return SYSROOT
 
 
 class Qemu(DeviceKind):
@@ -61,12 +74,16 @@ class Qemu(DeviceKind):
 
     def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
         check_prerequisites()
-        board = ensure_board(progress=lambda msg: log.warning("%s: %s", device.name, msg))
-        folder = board_with_opencl(board.server.parent, progress=lambda msg: log.warning("%s: %s", device.name, msg))
-        board = Board(folder / board.server.name, board.sysroot, board.versions)
+        def say(msg: str) -> None:
+            log.warning("%s: %s", device.name, msg)
+
+        board = ensure_board(progress=say)
+        folder = board_with_opencl(board.server.parent, progress=say)
+        board = Board(folder / board.server.name, sysroot_for(device, say), board.versions)
         port = device.options.get("server_port") or free_port()
         log_path = state_dir / f"server-{device.name}.log"
-        proc = spawn(board_command(board, tracker, device.key, port), log_path)
+        proc = spawn(board_command(board, tracker, device.key, port, state_dir / f"kernel-cache-{device.name}"),
+                     log_path)
         time.sleep(0.2)
         if proc.poll() is not None:
             raise DeviceError(f"the emulated board {device.name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")

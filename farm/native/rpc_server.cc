@@ -9,10 +9,18 @@
 //
 // Device runtimes found beside the executable (libtvm_runtime_opencl.so, TVM's OpenCL runtime built
 // with its opencl_wrapper, which opens the phone's libOpenCL.so at first use) are loaded at start,
-// as are those named with --load. Sessions also get farm.WallTimeEvaluator: per-call wall time on
-// the device, each call followed by a device sync (on OpenCL TVM's own timer sums kernel events).
+// as are those named with --load. Sessions also get, as farm's Python server offers them (farm/rpc/server.py):
+// - farm.WallTimeEvaluator: per-call wall time on the device, each call followed by a device sync (on
+//   OpenCL TVM's own timer sums kernel events);
+// - farm.ClearKernelCache: empties the driver's on-disk kernel cache, --kernel-cache DIR, which the
+//   server names to the driver (POCL_CACHE_DIR, CUDA_CACHE_PATH) before any session starts, so a cold
+//   measurement really builds its kernels; TVM's own programs live in the session's child and die with it;
+// - farm.MemoryStats(reset_peak): the serving process's memory as JSON {"rss_bytes", "peak_bytes",
+//   "total_bytes"} from /proc (VmRSS, VmHWM, MemTotal); then, if reset_peak, the peak is reset
+//   (5 > /proc/self/clear_refs). Each session is a forked child, so this is the model's process.
 //
 // usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090] [--load LIB]...
+//                        [--kernel-cache DIR]
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -32,6 +40,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -49,6 +59,7 @@ constexpr int32_t kTrackerMagic = 0x2F271;
 constexpr int kPut = 3, kUpdateInfo = 5, kGetPendingMatchkeys = 7;
 
 std::string g_workdir;
+std::string g_kernel_cache;
 
 void Log(const std::string& msg) {
   std::fprintf(stderr, "farm-rpc-server: %s\n", msg.c_str());
@@ -230,9 +241,49 @@ tvm::ffi::Function WallTimeEvaluator(tvm::ffi::Module mod, tvm::ffi::String name
   });
 }
 
+// The driver's kernel cache folder, emptied (and made again); the folder's name, "" when there is none.
+std::string ClearKernelCache() {
+  if (g_kernel_cache.empty()) return "";
+  std::string clear = "rm -rf '" + g_kernel_cache + "' && mkdir -p '" + g_kernel_cache + "'";
+  if (std::system(clear.c_str()) != 0) Log("could not clear the kernel cache " + g_kernel_cache);
+  return g_kernel_cache;
+}
+
+// A "Name:   123 kB" line's value in bytes from a /proc file; -1 when absent.
+int64_t ProcKilobytes(const std::string& path, const std::string& name) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + ":", 0) == 0) {
+      std::istringstream fields(line.substr(name.size() + 1));
+      int64_t kb = -1;
+      fields >> kb;
+      return kb < 0 ? -1 : kb * 1024;
+    }
+  }
+  return -1;
+}
+
+std::string JsonBytes(int64_t value) { return value < 0 ? "null" : std::to_string(value); }
+
+std::string MemoryStats(int reset_peak) {
+  std::string stats = "{\"rss_bytes\": " + JsonBytes(ProcKilobytes("/proc/self/status", "VmRSS")) +
+                      ", \"peak_bytes\": " + JsonBytes(ProcKilobytes("/proc/self/status", "VmHWM")) +
+                      ", \"total_bytes\": " + JsonBytes(ProcKilobytes("/proc/meminfo", "MemTotal")) + "}";
+  if (reset_peak != 0) {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+  }
+  return stats;
+}
+
 void RegisterServerEnv() {
   namespace ffi = tvm::ffi;
   ffi::Function::SetGlobal("farm.WallTimeEvaluator", ffi::Function::FromTyped(WallTimeEvaluator), true);
+  ffi::Function::SetGlobal("farm.ClearKernelCache",
+                           ffi::Function::FromTyped([]() -> ffi::String { return ClearKernelCache(); }), true);
+  ffi::Function::SetGlobal("farm.MemoryStats",
+                           ffi::Function::FromTyped([](int reset) -> ffi::String { return MemoryStats(reset); }), true);
   ffi::Function::SetGlobal(
       "tvm.rpc.server.workpath",
       ffi::Function::FromTyped([](ffi::String path) -> ffi::String { return g_workdir + "/" + std::string(path); }),
@@ -276,6 +327,9 @@ void Serve(int conn, int timeout_s) {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "--tracker HOST:PORT --key KEY [--host H] [--port P] [--load LIB]... [--kernel-cache DIR]";
+
 int main(int argc, char** argv) {
   std::string tracker_host, key, host = "127.0.0.1";
   int tracker_port = 0, port = 9090;
@@ -295,11 +349,18 @@ int main(int argc, char** argv) {
       port = std::atoi(value.c_str());
     } else if (flag == "--load") {
       loads.push_back(value);
+    } else if (flag == "--kernel-cache") {
+      g_kernel_cache = value;
     } else {
-      Die("unknown option " + flag + " (usage: --tracker HOST:PORT --key KEY [--host H] [--port P] [--load LIB])");
+      Die("unknown option " + flag + " (usage: " + kUsage + ")");
     }
   }
-  if (tracker_host.empty() || key.empty()) Die("usage: --tracker HOST:PORT --key KEY [--host H] [--port P] [--load LIB]");
+  if (tracker_host.empty() || key.empty()) Die(std::string("usage: ") + kUsage);
+  if (!g_kernel_cache.empty()) {  // before any driver starts: the children inherit it
+    ClearKernelCache();
+    setenv("POCL_CACHE_DIR", g_kernel_cache.c_str(), 1);
+    setenv("CUDA_CACHE_PATH", g_kernel_cache.c_str(), 1);
+  }
   std::string self = argv[0];
   std::string here = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
   LoadRuntime(here + "/libtvm_runtime_opencl.so", false);  // absent on CPU-only bundles
