@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set farm up on a fresh machine: a virtualenv in .venv with the pinned dependencies.
 #   bash tools/setup.sh          # what `farm demo` needs, with its OpenCL device where it can be had (see --opencl)
-#   bash tools/setup.sh --emulation  # plus Debian's qemu-user and aarch64 cross g++ (the emulated board)
+#   bash tools/setup.sh --emulation  # plus Debian's qemu-user and aarch64 cross g++ (the emulated board), and
+#                                    # Debian's arm64 POCL as the emulated phone's GPU driver (cached in ~/.cache/farm)
 #   bash tools/setup.sh --opencl     # an OpenCL implementation (Debian's POCL) and TVM's OpenCL runtime, built from
 #                                    # TVM's sources (TVM_SOURCE_DIR, else ../shared/tvm-src) against the wheel; the
 #                                    # default tries it too and goes on without it (--no-opencl skips it)
@@ -86,6 +87,13 @@ if [ "$want_opencl" = 1 ] && [ -f /usr/include/CL/cl.h ]; then
   # Without TVM's sources there is nothing to build: a warning (OpenCL devices and tests are skipped), not a failure.
   .venv/bin/python -c "import sys; from farm.devices.opencl_runtime import main; sys.exit(main())" >&2 \
     || { [ "$need_opencl" = 0 ] && echo "warning: TVM's OpenCL runtime was not built (see above); the demo runs without its OpenCL device" >&2; } \
+    || exit 1
+fi
+if [ "$want_emulation" = 1 ]; then
+  # The emulated phone's GPU driver: Debian's arm64 POCL in a sysroot for qemu-user (about 50 MB of packages,
+  # downloaded once into ~/.cache/farm with a private arm64 package list; nothing is installed on this host)
+  .venv/bin/python -m farm.devices.pocl_arm64 >&2 \
+    || { [ "$want_test" = 0 ] && echo "warning: no arm64 POCL (see above): emulated OpenCL devices fail and fall back to their CPU" >&2; } \
     || exit 1
 fi
 echo "farm is set up: .venv/bin/farm --help" >&2
