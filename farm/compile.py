@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -187,7 +188,9 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     if meta_path.exists():
         try:
             meta = json.loads(meta_path.read_text())
-            if Path(meta["path"]).exists() and _digest(Path(meta["path"])) == meta["file_digest"]:
+            if "params_bytes" not in meta:  # written before farm read planned memory: built again to read it
+                log.info("rebuilding %s: its metadata has no planned memory", meta_path)
+            elif Path(meta["path"]).exists() and _digest(Path(meta["path"])) == meta["file_digest"]:
                 # the key includes the pipeline version: metadata written before it was recorded has this one
                 return Artifact(**{"pipeline_version": PIPELINE_VERSION, **meta, "cached": True})
         except (ValueError, KeyError, TypeError):
@@ -195,13 +198,17 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     start = time.perf_counter()
     tvm_target = make_target(target)
     tuned_tasks = total_tasks = 0
+    built = _BuiltModule()
     try:
-        if tuning is not None:
-            executable, tuned_tasks, total_tasks = _compile_tuned(model, tvm_target, tuning, device.export == "system-lib")
-        elif device.export == "system-lib":
-            executable = relax.build(import_model(model), tvm_target, system_lib=True)
-        else:
-            executable = tvm.compile(import_model(model), tvm_target)
+        with tvm.transform.PassContext(instruments=[built]):
+            if tuning is not None:
+                executable, tuned_tasks, total_tasks = _compile_tuned(model, tvm_target, tuning,
+                                                                      device.export == "system-lib")
+            elif device.export == "system-lib":
+                executable = relax.build(import_model(model), tvm_target, system_lib=True)
+            else:
+                executable = tvm.compile(import_model(model), tvm_target)
+        memory = planned_memory(built.module, "gpu" in tvm_target.keys) if built.module is not None else {}
     except BuildError:
         raise
     except Exception as exc:
@@ -234,10 +241,72 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         export=device.export, toolchain=toolchain or "default", tvm_version=tvm.__version__,
         file_digest=_digest(path), build_s=time.perf_counter() - start,
         tuning_digest=tuning.digest if tuning else "", tuned_tasks=tuned_tasks, total_tasks=total_tasks,
-        pipeline_version=PIPELINE_VERSION,
+        pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),
+        planned_host_bytes=memory.get("planned_host_bytes"), planned_device_bytes=memory.get("planned_device_bytes"),
+        planned_dynamic=memory.get("planned_dynamic", 0),
     )
     meta_path.write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
     return artifact
+
+
+@tvm.instrument.pass_instrument
+class _BuiltModule:
+    """Keeps the last module with Relax functions that an outermost pass returned: the Relax pipeline's output,
+    which the VM code generator turns into the executable (the TIR passes that follow see PrimFuncs only).
+    Observed, not chosen: TVM picks the pipeline (a GPU target's own, with DLight) as it always does."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.module: tvm.IRModule | None = None
+
+    def run_before_pass(self, mod, info) -> None:
+        self.depth += 1
+
+    def run_after_pass(self, mod, info) -> None:
+        self.depth -= 1
+        if self.depth == 0 and any(isinstance(f, relax.Function) for f in mod.functions.values()):
+            self.module = mod
+
+
+ALLOC_STORAGE = {"relax.vm.alloc_storage": (1, 2), "relax.memory.alloc_storage": (1, 3)}  # op -> (device, dtype) args
+
+
+def planned_memory(mod: tvm.IRModule, gpu: bool) -> dict[str, int]:
+    """What the built module plans to hold, from its IR (``relax.analysis.estimate_memory_usage`` only prints text):
+
+    - ``params_bytes``: its constant tensors (the weights, each tensor once), which the VM places on its first
+      device, the target's;
+    - ``planned_host_bytes`` / ``planned_device_bytes``: the sizes of its storage allocations (``alloc_storage``,
+      Relax's memory planning) of static size, by where they live: the device index names the VM's device (the
+      module's ``vdevice`` list when it has one; else 0 is the target's device, a GPU's, and the rest the host);
+    - ``planned_dynamic``: allocations whose size is known only at run time (not in the sums)."""
+    tensors: dict[Any, int] = {}
+    sums = {"planned_host_bytes": 0, "planned_device_bytes": 0, "planned_dynamic": 0}
+    vdevices = list((mod.global_infos or {}).get("vdevice", []))
+
+    def on_device(index: int) -> bool:
+        if index < len(vdevices):
+            return "gpu" in vdevices[index].target.keys
+        return gpu and index == 0
+
+    def visit(expr) -> None:
+        if isinstance(expr, tvm.ir.expr.GenericConst) and isinstance(expr.value, tvm.runtime.Tensor):
+            tensors[expr.value] = math.prod(int(d) for d in expr.value.shape) * expr.value.dtype.itemsize
+        elif isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ALLOC_STORAGE:
+            device_arg, dtype_arg = ALLOC_STORAGE[expr.op.name]
+            dims = [d.value if isinstance(d, tvm.tirx.IntImm) else None for d in expr.args[0].values]
+            if None in dims:
+                sums["planned_dynamic"] += 1
+                return
+            nbytes = math.prod(dims) * expr.args[dtype_arg].value.itemsize  # type: ignore[arg-type]
+            index = expr.args[device_arg]
+            index = int(index.value) if hasattr(index, "value") else 0
+            sums["planned_device_bytes" if on_device(index) else "planned_host_bytes"] += nbytes
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return {"params_bytes": sum(tensors.values()), **sums}
 
 
 def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool):

@@ -1,46 +1,93 @@
-"""A sweep's regressions: its verdicts stored as alerts and, when asked, each steady-latency candidate
-confirmed on its device by rerunning the baseline's and tonight's artifacts interleaved.
+"""A sweep's regressions: its verdicts stored as alerts, grouped into findings (``farm/findings.py``) and, when
+asked, each finding confirmed on its devices by rerunning a few representative series' baseline and tonight's
+artifacts interleaved, within a device-time budget; the findings stored with their triage state.
 
 ``farm sweep --confirm`` and ``farm regressions`` call ``detect_and_confirm``; the CLI only parses and
 prints. Works on records: the artifacts and the model's signature come back from the store as
 ``Artifact`` and ``ModelSource``.
+
+Confirmation on a budget (#22): 600 steady candidates of a mass regression, each rerun for 8-16 rounds, are hours of
+device time. A finding is confirmed by its representatives (``findings.representatives``: the largest z, spread over
+its devices or models), findings in rank order, until ``budget_min`` device-minutes are spent; what was left
+unconfirmed is stored with the sweep (``Store.save_budget``) and the report says so. Upgrade findings are never rerun
+(a device's server runs one TVM): "unconfirmable: runtime changed".
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from farm.errors import FarmError
+from farm.findings import DEFAULT_BUDGET_MIN, UNCONFIRMABLE, Finding, record, sweep_findings, sweep_verdicts
 from farm.records import Alert, BenchConfig, Device, TrackerAddress
-from farm.regress import METHOD, SeriesVerdict, confirm, detect
+from farm.regress import METHOD, SeriesVerdict, confirm
 from farm.results import run_rows
+from farm.series import by_sweep
 from farm.store import Store
 
 Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
 
 
+@dataclass(frozen=True)
+class SweepRegressions:
+    """What ``detect_and_confirm`` found in a sweep: its alerts, its findings (best first, with triage state) and
+    the confirmation budget (budget_s, spent_s, rerun, left_unconfirmed)."""
+
+    sweep_id: int
+    alerts: list[Alert]
+    findings: list[Finding]
+    budget: dict[str, Any]
+
+
 def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: bool = False,
                        tracker: TrackerAddress | None = None, devices: dict[str, Device] | None = None,
-                       config: BenchConfig = BenchConfig(), progress: Progress | None = None) -> tuple[list[Alert], int]:
-    """Store the sweep's (the latest's when ``sweep_id`` is None) candidate and improved verdicts as alerts;
-    with ``confirm_candidates``, rerun each steady candidate on its device (``tracker``, ``devices``) and store
-    the confirmation. Returns the sweep's alerts and its id."""
+                       config: BenchConfig = BenchConfig(), progress: Progress | None = None,
+                       budget_min: float = DEFAULT_BUDGET_MIN) -> SweepRegressions:
+    """Store the sweep's (the latest's when ``sweep_id`` is None) candidate and improved verdicts as alerts, upgrade
+    verdicts beside them (``findings.sweep_verdicts``); group them into findings; with ``confirm_candidates``,
+    rerun each finding's representatives on their devices (``tracker``, ``devices``) while ``budget_min``
+    device-minutes last; store the findings and the budget."""
     sweep = store.sweep(sweep_id)
     if sweep is None:
         raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
                         "run farm sweep first; regressions compare sweeps")
-    verdicts = [v for v in detect(run_rows(store), sweep["id"]) if v.status in ("candidate", "improved")]
-    for verdict in verdicts:
-        store.save_alert(verdict, METHOD.to_json())
-        if not (confirm_candidates and verdict.status == "candidate" and verdict.metric == "steady"):
-            continue
-        if verdict.runtime != "tvm":  # a reference runtime's series has no artifacts to rerun: the control, left
-            continue                     # as the candidate it is (it says whether the device or the model moved)
-        status, detail = _confirm_one(store, tracker, devices or {}, verdict, config, progress)
-        store.save_alert(verdict, METHOD.to_json(), status, detail)
-    return store.alerts(sweep["id"]), sweep["id"]
+    sweep_id = int(sweep["id"])
+    rows = run_rows(store)
+    verdicts = sweep_verdicts(rows, sweep_id, by_sweep(rows, keep_unstable_of=sweep_id))
+    moved = [v for v in verdicts if v.status in ("candidate", "improved", "changed")]  # changed: planned memory
+    for verdict in moved:
+        upgrade = (verdict.baseline or {}).get("context_change")
+        store.save_alert(verdict, METHOD.to_json(), verdict.status if upgrade else None,
+                         {"reason": f"{UNCONFIRMABLE} ({upgrade})"} if upgrade else None)
+    findings = sweep_findings(store, sweep_id, rows, verdicts)
+    budget_s, spent_s, rerun = budget_min * 60.0, 0.0, 0
+    if confirm_candidates:
+        by_series = {_series(v): v for v in moved}
+        alerts = {a.id: a for a in store.alerts(sweep_id)}
+        for finding in findings:
+            for alert_id in finding.representatives if finding.direction == "slower" else ():
+                alert = alerts[alert_id]
+                rerunnable = by_series.get(_series(alert))
+                if rerunnable is None or "rounds" in alert.confirmation or spent_s >= budget_s:
+                    continue
+                started = time.monotonic()
+                status, detail = _confirm_one(store, tracker, devices or {}, rerunnable, config, progress)
+                spent_s += time.monotonic() - started
+                rerun += 1
+                store.save_alert(rerunnable, METHOD.to_json(), status, detail)
+        findings = sweep_findings(store, sweep_id, rows, verdicts)  # confirmation moves their evidence and rank
+    left = sum(1 for f in findings if f.direction == "slower" and f.representatives and not f.reruns)
+    if confirm_candidates:  # a review without reruns keeps what an earlier one spent
+        store.save_budget(sweep_id, budget_s, spent_s, rerun, left)
+    budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}), "left_unconfirmed": left}
+    return SweepRegressions(sweep_id, store.alerts(sweep_id), record(store, sweep_id, findings), budget)
+
+
+def _series(row: Alert | SeriesVerdict) -> tuple:
+    return row.device, row.model, row.tuned, row.runtime, row.metric
 
 
 def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device], verdict: SeriesVerdict,

@@ -3,7 +3,9 @@
     1 session   request a server for the device's key (bounded wait)
     2 upload    push the artifact (timed)
     3 load      load the module and create the Relax VM (timed); the driver's kernel cache is
-                cleared first where the server offers it (farm's GPU server), so this is a cold start
+                cleared first where the server offers it (farm's GPU server), so this is a cold start.
+                Where the server offers ``farm.MemoryStats`` (farm's servers), the session process's RSS
+                before and after the load, and its peak over load, first run and steady runs (``_Memory``)
     4 first     cold first run, host wall clock around call + device sync (timed: GPU kernels built)
     4 warm      a second load of the same artifact and its first run (kernels from the driver's cache)
     5 steady    ``time_evaluator`` on the device: warm-up discarded, every repeat kept raw. On OpenCL
@@ -19,6 +21,7 @@ what was measured before it is kept. Nothing here raises for a device failure.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -49,7 +52,10 @@ STEADY_CLOCK = {"cpu": "wall", "opencl": "kernel"}
 # Device types whose TVM timer sees only kernels: copies (blocking: clFinish) are timed with the CPU's clock
 KERNEL_ONLY_TIMERS = ("opencl",)
 CPU_DEVICE_TYPE = 1
-SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache")  # farm.rpc.server registers them
+SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache", "farm.MemoryStats")  # farm's servers have them
+MEMORY_MEASURED = "RSS of the process serving the session (VmRSS, VmHWM); GPU driver allocations are not in it"
+MEMORY_EMULATED = "RSS of qemu's process (its translator and code cache too): emulated, never compare with hardware"
+MEMORY_UNMEASURED = "not measured: the device's server has no farm.MemoryStats (a stock TVM server, iOS)"
 MAX_NUMBER = 100_000
 COPY_CURVE_BYTES = tuple(4096 * 4**i for i in range(8))  # 4 KiB … 64 MiB
 
@@ -97,17 +103,21 @@ def bench_artifact(
         context["kernel_cache"] = "cpu code" if device_type == "cpu" else \
             f"cleared ({helpers['farm.ClearKernelCache']()})" if "farm.ClearKernelCache" in helpers else "not controlled"
         fields["steady_clock"] = STEADY_CLOCK.get(device_type, "device")
+        memory = _Memory(helpers.get("farm.MemoryStats"), fields, context, device.emulated)
+        memory.read("rss_before_load_bytes", reset_peak=True)
         t0 = time.perf_counter()
         lib = session.load_module(remote_name)
         dev = session.device(device_type, 0)
         vm = relax.VirtualMachine(lib, dev)
         fields["load_s"] = time.perf_counter() - t0
+        memory.read("rss_after_load_bytes")
 
         step = "first"
         say(step, "first run (cold)")
         args = [tvm.runtime.tensor(value, dev) for value in inputs.values()]
         fields["first_run_s"], result = _first_run(vm, dev, args)
         outputs = _unpack(session, result)
+        memory.read(reset_peak=True, peak=True)  # the peak of load and first run; the warm load holds two copies
 
         step = "warm"
         say(step, "second load, first run (warm)")
@@ -115,6 +125,7 @@ def bench_artifact(
         vm = relax.VirtualMachine(session.load_module(remote_name), dev)
         fields["load_warm_s"] = time.perf_counter() - t0
         fields["first_run_warm_s"], _ = _first_run(vm, dev, args)
+        memory.read(reset_peak=True)  # its peak (two copies of the model at once) is left out
 
         step = "steady"
         vm.set_input("main", *args)
@@ -131,6 +142,7 @@ def bench_artifact(
             say(step, f"{config.repeat} repeats × {number} calls (wall time: call + sync)")
             fields["steady_wall_number"] = number
             fields["steady_wall_samples_s"] = tuple(float(v) for v in wall(number, config.repeat))
+        memory.read(peak=True)
 
         step = "copy"
         say(step, f"{len(outputs)} output(s)")
@@ -172,8 +184,31 @@ def _result(device, artifact, config, context, started_at, fields, status, step,
     return BenchResult(
         device=device.name, key=device.key, model=artifact.model_name, model_digest=artifact.model_digest,
         status=status, reason=reason, failed_step=step, hint=hint, artifact_key=artifact.cache_key,
-        config=config, context=context, started_at=started_at, **fields,
+        config=config, context=context, started_at=started_at, params_bytes=artifact.params_bytes,
+        planned_host_bytes=artifact.planned_host_bytes, planned_device_bytes=artifact.planned_device_bytes, **fields,
     )
+
+
+class _Memory:
+    """The session process's memory through the server's ``farm.MemoryStats`` (JSON: rss_bytes, peak_bytes,
+    total_bytes), into the run's fields and context; without it (a stock TVM server, iOS) nothing is read and
+    the context says "not measured", never a guess. ``rss_peak_bytes`` is the highest peak (VmHWM) of the readings
+    marked ``peak``, each covering the time since the reset before it."""
+
+    def __init__(self, stats: Callable[[int], str] | None, fields: dict[str, Any], context: dict[str, Any],
+                 emulated: bool) -> None:
+        self.stats, self.fields, self.context = stats, fields, context
+        context["memory"] = MEMORY_UNMEASURED if stats is None else MEMORY_EMULATED if emulated else MEMORY_MEASURED
+
+    def read(self, field: str = "", reset_peak: bool = False, peak: bool = False) -> None:
+        if self.stats is None:
+            return
+        reading = json.loads(self.stats(int(reset_peak)))
+        self.context.setdefault("memory_total_bytes", reading.get("total_bytes"))  # the device's RAM: will it fit?
+        if field:
+            self.fields[field] = reading.get("rss_bytes")
+        if peak and reading.get("peak_bytes") is not None:
+            self.fields["rss_peak_bytes"] = max(reading["peak_bytes"], self.fields.get("rss_peak_bytes") or 0)
 
 
 def _server_helpers(session) -> dict[str, Any]:

@@ -197,6 +197,11 @@ class Artifact:
     tuned_tasks: int = 0  # tasks that received a record
     total_tasks: int = 0
     pipeline_version: int = 0  # how farm lowered it (compile.PIPELINE_VERSION); 0 = not known
+    # planned memory, read from the module Relax's pipeline built (compile.planned_memory); None = not known
+    params_bytes: int | None = None  # the constants the executable holds (weights), each tensor once
+    planned_host_bytes: int | None = None  # Relax memory planning's storage allocations (alloc_storage, static
+    planned_device_bytes: int | None = None  # shapes) in host memory and in the target's device (GPU) memory
+    planned_dynamic: int = 0  # storage allocations of dynamic size, not in the sums above
 
 
 @dataclass(frozen=True)
@@ -331,6 +336,16 @@ class BenchResult:
     runtime: str = "tvm"  # tvm, or the reference runtime timed beside it: onnxruntime | litert | torch (no artifact)
     runtime_version: str = ""  # the reference runtime's version (TVM's is in the context)
     copies: tuple[CopyTiming, ...] = ()
+    # planned memory, the artifact's (Artifact.params_bytes …), carried onto the run; None for a reference runtime
+    params_bytes: int | None = None
+    planned_host_bytes: int | None = None
+    planned_device_bytes: int | None = None
+    # measured: the session's server process RSS (farm.MemoryStats; VmRSS, VmHWM) before and after the load and its
+    # peak over the steady runs; GPU driver allocations are not in it, and under qemu it is qemu's own. None: the
+    # server cannot say (a stock TVM server, iOS)
+    rss_before_load_bytes: int | None = None
+    rss_after_load_bytes: int | None = None
+    rss_peak_bytes: int | None = None
     check: CheckResult = CheckResult("skipped", detail="not reached")
     config: BenchConfig = BenchConfig()
     context: dict[str, Any] = field(default_factory=dict)

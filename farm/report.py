@@ -12,8 +12,9 @@ import jinja2
 import farm
 from farm.results import Run, Versus, run_rows, versus_reference
 from farm.figures import figure_png, figure_pool, pyplot
-from farm.review import PLOTTED_CELLS, review_figures, stacked_png, sweep_review, worst_first
-from farm.stats import format_duration, model_label, nonempty_median
+from farm.review import BYTE_METRICS, PLOTTED_CELLS, review_figures, stacked_png, sweep_review, worst_first
+from farm.stats import format_bytes as format_bytes_si
+from farm.stats import format_duration, memory_text, model_label, nonempty_median
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
@@ -31,15 +32,19 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env.filters["ms"] = format_duration
     env.filters["bytes"] = format_bytes
     env.filters["model_label"] = model_label  # {{ a.model|model_label(a.tuned) }}
+    env.filters["memory"] = run_memory_text  # {{ r|memory }}
+    env.filters["value"] = metric_value  # {{ a.value|value(a.metric) }}: bytes or seconds
     curves = _copy_curves(store)
     alerts = sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else []
-    figures = 4 + (review_figures(alerts) if sweep_id is not None else 0)
+    figures = 5 + (review_figures(alerts) if sweep_id is not None else 0)
     with figure_pool(figures) as pool:  # drawn in worker processes where that is safe, while this goes on
         distribution = pool.submit(_distribution_png, _distribution_data(store, ok))
         phases = pool.submit(stacked_png, ok)
         copies = pool.submit(_copy_curves_png, curves) if curves else None
         compared = [v for v in versus.values() if v.ratio is not None]
         versus_png = pool.submit(_versus_png, _versus_data(compared)) if compared else None
+        memory = _memory_data(ok)
+        memory_png = pool.submit(_memory_png, memory) if memory else None
         review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
         html = env.get_template("report.html").render(
             title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -47,11 +52,12 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
             db_path=str(store.path), runs=latest, failures=failures, any_emulated=any(r.emulated for r in latest),
             distribution_png=distribution.result(), phases_png=phases.result(), cells_ok=len(ok),
             plotted_cells=PLOTTED_CELLS, folded_rows=FOLDED_ROWS,
-            alerts=alerts, sweep_id=sweep_id,
+            alerts=review["alerts"] if review is not None else alerts, sweep_id=sweep_id,
             review=review, variants=_variant_rows(latest),
             copy_curves=curves, copy_sizes=sorted({n for c in curves for _, n in c["by_size"]}),
             copy_curves_png=copies.result() if copies else "",
             versus=versus, versus_rows=[versus[r.run_id] for r in latest], versus_png=versus_png.result() if versus_png else "",
+            memory_png=memory_png.result() if memory_png else "",
         )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,6 +72,54 @@ def format_bytes(nbytes: int) -> str:
         if nbytes >= size and nbytes % size == 0:
             return f"{nbytes // size} {unit}"
     return f"{nbytes} B"
+
+
+def metric_value(value: float | None, metric: str) -> str:
+    """A regression metric's value with its unit: bytes for memory metrics (``regress.BYTE_METRICS``), else time."""
+    return format_bytes_si(value) if metric in BYTE_METRICS else format_duration(value)
+
+
+def run_memory_text(run: Run) -> str:
+    """A run's planned and measured memory in words (``stats.memory_text``)."""
+    return memory_text(run.params_bytes, run.planned_host_bytes, run.planned_device_bytes, run.rss_peak_increase_bytes,
+                       run.emulated)
+
+
+def _memory_data(rows: list[Run], most: int = PLOTTED_CELLS) -> list[tuple[str, float, float, float | None]]:
+    """(cell label, params MB, planned activations MB, peak RSS increase MB or None) per TVM cell with planned
+    memory; with more than ``most`` cells, the ``most`` with the most parameters."""
+    rows = [r for r in rows if not r.is_reference and r.params_bytes is not None]
+    rows = sorted(sorted(rows, key=lambda r: -(r.params_bytes or 0))[:most], key=lambda r: (r.device, r.model, r.tuned))
+    return [(f"{r.device} · {model_label(r.model, r.tuned)}" + (" (emulated)" if r.emulated else ""),
+             (r.params_bytes or 0) / 1e6, (r.planned_bytes or 0) / 1e6,
+             None if r.rss_peak_increase_bytes is None else r.rss_peak_increase_bytes / 1e6) for r in rows]
+
+
+def _memory_png(data: list[tuple[str, float, float, float | None]]) -> str:
+    """Per device × model: params, planned activations and measured peak RSS increase, grouped horizontal bars (MB)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.55 * len(data)))
+    ys = range(len(data))
+
+    def bars(values: list[float | None]) -> list[float]:  # log axis: nothing drawn for 0 or not measured
+        return [v if v and v > 0 else float("nan") for v in values]
+
+    ax.barh([y - 0.27 for y in ys], bars([p for _, p, _, _ in data]), height=0.27, label="params (planned)",
+            color="tab:blue")
+    ax.barh(list(ys), bars([a for _, _, a, _ in data]), height=0.27, label="activations (planned)", color="tab:green")
+    ax.barh([y + 0.27 for y in ys], bars([r for *_, r in data]), height=0.27, color="tab:red",
+            label="process peak RSS above its RSS before load (measured)")
+    ax.set_xscale("log")
+    low = min((v for _, *values in data for v in values if v and v > 0), default=1.0)
+    for y, (*_, rss) in zip(ys, data):
+        if rss is None:
+            ax.text(low, y + 0.27, "not measured", va="center", fontsize=7, color="#555")
+    ax.set_yticks(list(ys), [label for label, *_ in data], fontsize=7)
+    ax.set_xlabel("MB (log scale)")
+    ax.set_ylim(len(data) - 0.5, -0.6)
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3)
+    ax.grid(True, axis="x", alpha=0.3)
+    return figure_png(fig)
 
 
 def _copy_curves(store: Store) -> list[dict[str, Any]]:

@@ -15,18 +15,22 @@ import numpy as np
 
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
 from farm.figures import InlineExecutor, figure_png, pyplot
+from farm.findings import Finding, sweep_findings, sweep_verdicts
 from farm.records import Alert
-from farm.regress import METHOD, SeriesVerdict, detect, series_value
+from farm.regress import BYTE_METRICS, METHOD, SeriesVerdict, series_value
 from farm.results import run_rows
 from farm.runs import Run
 from farm.series import by_sweep, series_key
-from farm.stats import bootstrap_median_ci, hottest, model_label, time_unit
+from farm.stats import bootstrap_median_ci, byte_unit, hottest, model_label, time_unit
 from farm.store import Store
 
 HEAT_LIMIT = 0.20  # colour scale of the heatmap saturates at ±20 %
 PLOTTED_CELLS = 40  # past this many cells a figure shows the ones that matter most, and says so
 LABELLED_CELLS = 300  # heatmap cells that get a printed value
 THERMAL_RISE_C = 5.0  # a cell that warmed the device this much is a thermal event
+EVIDENCE_ALERTS = 10  # alerts drawn (trend + distribution each: ≤ 20 figures), the top findings' first (#22)
+EVIDENCE_PER_FINDING = 3  # ... at most this many of one finding while later findings have none
+SENTENCES = 10  # findings written out as sentences; the rest are a folded table
 
 
 def label(row: Run | SeriesVerdict) -> str:
@@ -35,7 +39,35 @@ def label(row: Run | SeriesVerdict) -> str:
 
 def review_figures(alerts: list[Alert]) -> int:
     """How many figures ``sweep_review`` draws for a sweep with ``alerts`` (for ``figures.figure_pool``)."""
-    return 2 * len(alerts) + 2
+    return 2 * min(len(alerts), EVIDENCE_ALERTS) + 2
+
+
+def evidence_alerts(findings: list[Finding], alerts: list[Alert], most: int = EVIDENCE_ALERTS) -> list[Alert]:
+    """The alerts whose evidence is drawn: the findings' in rank order (representatives first, then by z; at most
+    ``EVIDENCE_PER_FINDING`` of one finding in a first pass), then any other alert, worst first, up to ``most``."""
+    by_id = {a.id: a for a in alerts}
+    order = [[by_id[i] for i in dict.fromkeys(f.representatives + tuple(
+        s["alert"] for s in sorted(f.series, key=lambda s: -abs(s["z"] or 0.0)))) if i in by_id] for f in findings]
+    chosen: dict[int, Alert] = {}
+    for limit in (EVIDENCE_PER_FINDING, len(alerts)):
+        for group in order:
+            for alert in group[:limit]:
+                if len(chosen) < most:
+                    chosen.setdefault(alert.id, alert)
+    for alert in sorted(alerts, key=worst_first):
+        if len(chosen) < most:
+            chosen.setdefault(alert.id, alert)
+    return list(chosen.values())
+
+
+def review_order(findings: list[Finding], alerts: list[Alert]) -> list[Alert]:
+    """Alerts in reading order: by their finding's rank (the strongest z first inside one), then the alerts of no
+    finding, worst first."""
+    rank: dict[int, tuple[int, float]] = {}
+    for i, f in enumerate(findings):
+        for s in f.series:
+            rank.setdefault(s["alert"], (i, -abs(s["z"] or 0.0)))
+    return sorted(alerts, key=lambda a: (rank.get(a.id, (len(findings), 0.0)), worst_first(a)))
 
 
 def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> dict[str, Any]:
@@ -45,9 +77,10 @@ def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> d
     rows = run_rows(store)
     current = [r for r in rows if r.sweep_id == sweep_id]
     accepted = by_sweep(rows, keep_unstable_of=sweep_id)  # each series' accepted run per sweep, once
-    verdicts = detect(rows, sweep_id, accepted=accepted)
-    alerts = sorted(store.alerts(sweep_id), key=worst_first)
-    evidence = [alert_evidence(store, rows, a, accepted, pool) for a in alerts]
+    verdicts = sweep_verdicts(rows, sweep_id, accepted)  # upgrades beside the baselines' verdicts
+    findings = sweep_findings(store, sweep_id, rows, verdicts)
+    alerts = review_order(findings, store.alerts(sweep_id))
+    evidence = {a.id: alert_evidence(store, rows, a, accepted, pool) for a in evidence_alerts(findings, alerts)}
     heatmap = pool.submit(heatmap_png, verdicts)
     drift = drift_view(rows, pool)  # computed here while the figures above are drawn
     sweep = store.sweep(sweep_id) or {"spec": {}}
@@ -59,7 +92,12 @@ def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> d
                                - {(r.device, r.model) for r in current if r.status == "ok"}),
         "unstable_cells": [(r.device, label(r)) for r in current if r.status == "ok" and r.unstable],
         "geomean": geomean_by_device(verdicts),
-        "evidence": [resolved(e) for e in evidence],
+        "findings": findings,
+        "sentences": SENTENCES,
+        "new_findings": sum(f.first_sweep in (None, sweep_id) for f in findings),
+        "budget": store.budget(sweep_id),
+        "alerts": alerts,
+        "evidence": {alert_id: resolved(e) for alert_id, e in evidence.items()},
         "heatmap_png": heatmap.result(),
         "quality": quality_rows([r for r in current if r.status == "ok"]),
         "reference": reference,
@@ -124,18 +162,23 @@ def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_seri
         current_ci = bootstrap_median_ci(new) if len(new) >= 2 else (None, None)
     else:
         old, new, current_ci = list(base["values"]), [alert.value], (None, None)
-    z_limit = METHOD.thresholds[alert.metric].z
+    z_limit = METHOD.thresholds[alert.metric].z if alert.metric in METHOD.thresholds else 0.0  # planned: no band
     evidence = {"id": alert.id, "baseline_ci": ci, "current_ci": current_ci,
                 "trend_png": pool.submit(trend_png, alert, history, z_limit),
                 "distribution_png": pool.submit(distribution_png, alert, old, new)}
     return evidence
 
 
+def unit_of(metric: str, values: list[float]):
+    """The axis unit of a metric's values: bytes for memory metrics (``regress.BYTE_METRICS``), else time."""
+    return byte_unit(values) if metric in BYTE_METRICS else time_unit(values)
+
+
 def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float) -> str:
     plt = pyplot()
     base = baseline_of_alert(alert)
     fig, ax = plt.subplots(figsize=(5.2, 2.6))
-    unit = time_unit([v for _, v, _ in history] + [alert.value, base["centre"]])
+    unit = unit_of(alert.metric, [v for _, v, _ in history] + [alert.value, base["centre"]])
     xs = [s for s, _, _ in history]
     ys = [v / unit.seconds for _, v, _ in history]
     ax.plot(xs, ys, "o-", color="tab:blue", markersize=3, linewidth=1, label="nightly value")
@@ -154,7 +197,7 @@ def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: floa
 def distribution_png(alert: Alert, old: list[float], new: list[float]) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.2, 2.6))
-    unit = time_unit(list(old) + list(new))
+    unit = unit_of(alert.metric, list(old) + list(new))
     data = [[v / unit.seconds for v in old], [v / unit.seconds for v in new]]
     ax.boxplot(data, showfliers=False)
     rng = np.random.default_rng(0)

@@ -56,10 +56,18 @@ class Run(Record):
     steady_wall: Summary | None
     copy_s: tuple[float | None, ...]  # each output's median get_output time
     copy_bytes: tuple[int, ...]
+    # planned memory (its artifact's) and the session process's RSS (None: not known, not measured)
+    params_bytes: int | None = None
+    planned_host_bytes: int | None = None
+    planned_device_bytes: int | None = None
+    rss_before_load_bytes: int | None = None
+    rss_after_load_bytes: int | None = None
+    rss_peak_bytes: int | None = None
 
     VIEWS = ("steady_n", "steady_median_s", "steady_p10_s", "steady_p90_s", "steady_ci_low_s", "steady_ci_high_s",
              "steady_cv", "unstable", "steady_wall_n", "steady_wall_median_s", "steady_wall_p10_s",
-             "steady_wall_p90_s", "copy_share")
+             "steady_wall_p90_s", "copy_share", "planned_bytes", "rss_load_increase_bytes", "rss_peak_increase_bytes",
+             "memory_total_bytes")
 
     steady_n = property(lambda self: self.steady.n if self.steady else 0)
     steady_median_s = property(lambda self: self.steady.median if self.steady else None)
@@ -73,6 +81,32 @@ class Run(Record):
     steady_wall_median_s = property(lambda self: self.steady_wall.median if self.steady_wall else None)
     steady_wall_p10_s = property(lambda self: self.steady_wall.p10 if self.steady_wall else None)
     steady_wall_p90_s = property(lambda self: self.steady_wall.p90 if self.steady_wall else None)
+
+    @property
+    def planned_bytes(self) -> int | None:
+        """Relax's planned activations, host and device (GPU) memory together."""
+        if self.planned_host_bytes is None and self.planned_device_bytes is None:
+            return None
+        return (self.planned_host_bytes or 0) + (self.planned_device_bytes or 0)
+
+    @property
+    def rss_load_increase_bytes(self) -> int | None:
+        """What loading the model added to the session process's RSS."""
+        if self.rss_after_load_bytes is None or self.rss_before_load_bytes is None:
+            return None
+        return self.rss_after_load_bytes - self.rss_before_load_bytes
+
+    @property
+    def rss_peak_increase_bytes(self) -> int | None:
+        """The process's peak RSS over load, first run and steady runs, above its RSS before load (regress: peak_rss)."""
+        if self.rss_peak_bytes is None or self.rss_before_load_bytes is None:
+            return None
+        return self.rss_peak_bytes - self.rss_before_load_bytes
+
+    @property
+    def memory_total_bytes(self) -> int | None:
+        """The device's RAM, where its server could read it."""
+        return self.context.get("memory_total_bytes")
 
     @property
     def copy_share(self) -> float | None:

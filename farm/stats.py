@@ -217,6 +217,42 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds / unit.seconds:.3g} {unit.name}"
 
 
+BYTE_UNITS = (TimeUnit("GB", 1e9), TimeUnit("MB", 1e6), TimeUnit("kB", 1e3), TimeUnit("B", 1.0))  # "seconds": bytes
+
+
+def byte_unit(values_bytes) -> TimeUnit:
+    """The decimal unit (kB, MB, GB: TFLite's and AI Hub's) that shows byte counts as readable numbers, as
+    ``time_unit`` does for seconds; the unit's size in bytes is its ``seconds`` field."""
+    top = max((abs(v) for v in values_bytes), default=0.0)
+    return next((unit for unit in BYTE_UNITS if top >= unit.seconds), BYTE_UNITS[-1])
+
+
+def format_bytes(nbytes: float | None, signed: bool = False) -> str:
+    """Bytes with a readable unit: 4.8 MB, 312 kB, +9.6 MB with ``signed`` ('' for None)."""
+    if nbytes is None:
+        return ""
+    unit = byte_unit([nbytes])
+    return f"{nbytes / unit.seconds:{'+' if signed else ''}.3g} {unit.name}"
+
+
+def memory_text(params: int | None, planned_host: int | None, planned_device: int | None,
+                peak_increase: int | None, emulated: bool = False) -> str:
+    """A run's memory in words: 'params 4.8 MB · planned activations 1.2 MB · process peak RSS +9.6 MB'. Device
+    (GPU) memory is named apart; an RSS not read says 'not measured', and under emulation '(emulated)'. The one
+    wording: farm bench, the report."""
+    parts = []
+    if params is not None:
+        parts.append(f"params {format_bytes(params)}")
+    if planned_host is not None or planned_device is not None:
+        planned = f"planned activations {format_bytes((planned_host or 0) + (planned_device or 0))}"
+        if planned_device:
+            planned += f" ({format_bytes(planned_device)} GPU, {format_bytes(planned_host or 0)} host)"
+        parts.append(planned)
+    rss = "not measured" if peak_increase is None else format_bytes(peak_increase, signed=True)
+    parts.append(f"process peak RSS {rss}" + (" (emulated)" if emulated and peak_increase is not None else ""))
+    return " · ".join(parts)
+
+
 def model_label(model: str, tuned: bool, runtime: str = "tvm") -> str:
     """A model as tables and figures name it: 'mlp', 'mlp (tuned)' when tuning records were compiled in, or
     'mlp [onnxruntime]' for a reference runtime's series. The one label of a series' model: the report (a Jinja

@@ -411,6 +411,25 @@ PACK_MANIFEST = "farm-pack.json"  # a records pack: what it was tuned for, what 
 PACK_FORMAT = 1
 
 
+def replay_earlier_records(store: Store, device: Device, model: ModelSource) -> tuple[int, int, str, str] | None:
+    """On a tuning key with no records (the night of a TVM upgrade: keys include the TVM version), the same target's
+    records under the newest earlier TVM version, copied into this version's key as a session of their own:
+    (session id, records copied, that TVM version, this key); None when the key has records or nothing earlier
+    exists. The caller validates them (``nightly``) and rejects the session if they make the model slower."""
+    target = effective_target(device)
+    key = tuning_key(target)
+    if store.tuning_lines(key)[1]:
+        return None
+    earlier = store.earlier_tuning(target, tvm.__version__)
+    if earlier is None:
+        return None
+    from_key, version = earlier
+    session_id = store.start_tune_session(device, model, key, target, tvm.__version__, 0)
+    copied = store.copy_tuning(from_key, key, session_id)
+    store.finish_tune_session(session_id, "done", f"replayed {copied} record(s) of TVM {version}", 0)
+    return session_id, copied, version, key
+
+
 def export_database(store: Store, device: Device, out_dir: Path) -> TuningSet:
     """Write the store's records for ``device`` as a pack: MetaSchedule's JSON database files (any MetaSchedule
     reads them), the cost model (``costmodel``'s .npz: plain arrays and xgboost's own model file) and a manifest

@@ -30,12 +30,14 @@ ALLOWED = {
     "reference": {"errors", "records", "devices", "measure", "models", "__init__"},  # runtimes timed beside TVM
     "sweep": {"errors", "records", "compile", "devices", "measure", "models", "reference", "rpc", "store"},  # rpc: tracker
     "figures": set(),
-    "review": {"drift", "figures", "records", "regress", "results", "runs", "series", "stats", "store"},
+    "findings": {"records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
+    "review": {"drift", "figures", "findings", "records", "regress", "results", "runs", "series", "stats", "store"},
     "report": {"figures", "results", "review", "stats", "store", "__init__"},
     "costmodel": {"errors"},  # MetaSchedule's XGBoost model as data
     "task_profile": {"errors", "records", "rpc"},  # each task's untuned time on the device, the trials it gets
     "tune": {"compile", "costmodel", "errors", "records", "rpc", "store", "sweep", "task_profile"},
-    "confirmation": {"errors", "measure", "models", "records", "regress", "results", "store"},
+    "nightly": {"compile", "errors", "records", "results", "runs", "stats", "store", "sweep", "tune"},
+    "confirmation": {"errors", "findings", "measure", "models", "records", "regress", "results", "series", "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
     "dashboard": {"errors", "records", "results", "rpc", "stats", "store"},
     "cli": {"*"},
@@ -204,9 +206,12 @@ CATCHERS = {
     "farm.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving",
     "farm.devices": "the watchdog reports a restart that failed and keeps watching; a server it cannot stop stays recorded",
     "farm.devices.adb_shell": "a program of its own (python -m): error: and exit 1, as the CLI",
-    "farm.devices.emulated": "prerequisites(): what this host lacks, as text (farm devices --kinds)",
+    "farm.devices.emulated": "prerequisites(): what this host lacks, as text (farm devices --kinds); no arm64 POCL: "
+                             "the board without a GPU driver (a warning)",
     "farm.devices.health": "a device whose health cannot be read: the gate's outcome 'unreadable', and measure on",
     "farm.devices.opencl_runtime": "missing(): what this host lacks; a bundle without OpenCL; main(): setup.sh's step",
+    "farm.devices.pocl_arm64": "main(): setup.sh's step, error: and exit 1, as the CLI",
+    "farm.nightly": "a tuning session or validation that fails is a line of the night's outcome; the sweep stands",
     "farm.measure": "a failed session is a stored failed run at step 'session'; a failed copy curve a failed curve",
     "farm.reference": "a reference runtime that fails is its stored failed result; the TVM figure stands",
     "farm.rpc.probe": "a probe's state: busy or unreachable, with the reason",

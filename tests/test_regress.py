@@ -31,8 +31,9 @@ def test_judge_verdicts():
     assert judge(1.10, HISTORY[:3]).status == "no-baseline"
     assert judge(1.10, HISTORY, unstable=True).status == "unstable"
     # load times need a larger change than steady latency
-    assert judge(1.04, HISTORY, "steady").status == "candidate"
-    assert judge(1.04, HISTORY, "load").status == "ok"
+    assert judge(1.045, HISTORY, "steady").status == "candidate"  # z 2.0, +4.5 %
+    assert judge(1.035, HISTORY, "steady").status == "ok"  # +3.5 % but z 1.6: the screen is z ≥ 2
+    assert judge(1.045, HISTORY, "load").status == "ok"
     strict = Method(thresholds={"steady": Thresholds(5.0, 0.2)})
     assert judge(1.10, HISTORY, method=strict).status == "ok"
 
@@ -231,3 +232,20 @@ def test_detect_judges_the_run_by_sweep_picks():
                 assert (v.status, v.z, v.change) == (expected.status, expected.z, expected.change)
     statuses = {v.status for s in (6, 9, 12) for v in detect(runs, s)}
     assert "unstable" in statuses and "ok" in statuses  # the generated histories exercise both
+
+
+def test_an_upgrade_is_compared_with_the_old_contexts_last_nights_until_it_has_a_baseline():
+    """The upgrade rule (series.context_changes): the new TVM's nights, median of those so far, judged against the old
+    context's last accepted nights with judge's rule, for the nights the new context has no baseline of its own."""
+    from farm.regress import detect, detect_upgrades
+
+    history = [_night(s, v) for s, v in enumerate([1.00, 1.01, 0.99, 1.00, 1.02, 1.00], start=1)]
+    upgraded = [_night(s, 1.10, tvm="0.28.0") for s in range(7, 13)]
+    first = {v.metric: v for v in detect_upgrades([*history, upgraded[0]], 7)}["steady"]
+    assert (first.status, first.baseline["context_change"], first.baseline_run_id) == ("candidate", "TVM 0.27.0 → 0.28.0", 6)
+    assert first.change == pytest.approx(0.10) and first.baseline["n"] == 6 and first.baseline["new_nights"] == 1
+    assert {v.metric: v for v in detect([*history, upgraded[0]], 7)}["steady"].status == "no-baseline"  # still restarts
+    fifth = {v.metric: v for v in detect_upgrades([*history, *upgraded[:5]], 11)}["steady"]
+    assert fifth.baseline["new_nights"] == 5 and fifth.value == 1.10
+    assert detect_upgrades([*history, *upgraded], 12) == []  # 5 nights before it: the new TVM's own baseline judges
+    assert detect_upgrades([*history, _night(7, 1.10)], 7) == []  # no context change, nothing to compare

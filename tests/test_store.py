@@ -128,6 +128,13 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    for table in ("finding_sweeps", "findings", "confirmation_budgets"):
+        db.execute(f"DROP TABLE {table}")  # schema 12
+    for table, column in [*(("artifacts", c) for c in ("params_bytes", "planned_host_bytes", "planned_device_bytes",
+                                                      "planned_dynamic")),
+                          *(("runs", c) for c in ("params_bytes", "planned_host_bytes", "planned_device_bytes",
+                                                  "rss_before_load_bytes", "rss_after_load_bytes", "rss_peak_bytes"))]:
+        db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")  # schema 11
     db.execute("DROP TABLE tune_cost_models")  # schema 10
     db.execute("DROP INDEX runs_series")
     db.execute("ALTER TABLE runs DROP COLUMN runtime")

@@ -16,7 +16,7 @@ from farm.errors import FarmError, message_line
 
 from farm.cli.common import (Parser, add_bench_options, add_progress, add_variant_options, address, byte_size, count,
                              default_db, non_negative_float, port, positive_float, positive_int, sweep_id,
-                             sweep_or_latest)
+                             sweep_or_latest, triage, add_budget_option)
 from farm.cli.lab import cmd_tracker, cmd_serve, cmd_down, cmd_devices, cmd_dashboard, cmd_phones
 from farm.cli.measuring import cmd_models, cmd_compile, cmd_bench, cmd_copies, cmd_results, cmd_report, cmd_demo, cmd_compare
 from farm.cli.tuning import cmd_tune
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default="reports", help="where the HTML report goes (default reports/)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--confirm", action="store_true", help=f"confirm regression candidates by interleaved reruns ({_ROUNDS})")
+    add_budget_option(p)
     add_progress(p)
     add_bench_options(p)
 
@@ -249,10 +250,23 @@ def build_parser() -> argparse.ArgumentParser:
             "--confirm reruns old and new artifacts on the device in rounds (a fresh load of both per round, run\n"
             f"interleaved: {_ROUNDS}) and needs Wilcoxon p < {METHOD.p_confirm:g} over the rounds\n"
             "(strict). Alerts are stored with method, parameters, baseline and confirmation, so every verdict\n"
-            "can be reproduced.")
+            "can be reproduced.\n\n"
+            "Alerts are grouped into findings, printed first, best first: an upgrade (the runs' TVM, pipeline or\n"
+            "target changed: its new nights compared with the old context's last nights, unconfirmable by rounds,\n"
+            "the reference runtime as control), changed tuning records, several models across the sweep, a model\n"
+            "across devices, a device across models, a single series. --confirm reruns a few representatives of\n"
+            "each finding within --confirm-budget device-minutes. Findings keep a triage state across nights:\n\n"
+            "  farm regressions --triage 12:acknowledged     # or expected, fixed, new\n"
+            "  farm regressions --fail-on new               # CI: exit 1 on a new (untriaged) confirmed finding")
     p.add_argument("--sweep", type=sweep_id, help="sweep id (default: the latest)")
     p.add_argument("--confirm", action="store_true",
-                   help=f"rerun candidates' old and new artifacts interleaved on the device ({_ROUNDS})")
+                   help=f"rerun findings' representatives, old and new artifacts interleaved on the device ({_ROUNDS})")
+    add_budget_option(p)
+    p.add_argument("--triage", action="append", type=triage, default=[], metavar="ID:STATE",
+                   help="set a finding's triage state: new, acknowledged, expected or fixed (repeatable)")
+    p.add_argument("--fail-on", choices=["new", "new-any"],
+                   help="exit 1 when a finding in triage state new exists: confirmed (new) or any (new-any: "
+                        "upgrades cannot be confirmed)")
     add_progress(p)
     add_bench_options(p)
 

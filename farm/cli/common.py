@@ -171,6 +171,26 @@ def sweep_or_latest(text: str) -> int | str:
     return "latest" if text == "latest" else sweep_id(text)
 
 
+TRIAGE_STATES = ("new", "acknowledged", "expected", "fixed")  # store/findings.py's, named here without importing the store
+
+
+def triage(text: str) -> tuple[int, str]:
+    """ID:STATE, a finding's id (farm regressions lists them) and its triage state."""
+    number, sep, state = text.partition(":")
+    if not sep or not number.isdigit() or int(number) < 1 or state not in TRIAGE_STATES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ID:STATE (STATE one of {', '.join(TRIAGE_STATES)}; "
+                                         "e.g. 12:acknowledged)")
+    return int(number), state
+
+
+def add_budget_option(p: argparse.ArgumentParser) -> None:
+    from farm.findings import DEFAULT_BUDGET_MIN
+
+    p.add_argument("--confirm-budget", type=_number(float, 0.0, False, "a number of at least 0"),
+                   default=DEFAULT_BUDGET_MIN, metavar="MIN",
+                   help=f"device-minutes --confirm may spend, findings in rank order (default {DEFAULT_BUDGET_MIN:g})")
+
+
 def byte_size(text: str) -> int:
     """An argparse type: 4096, 4K, 4KiB, 64M, 1G (powers of 1024)."""
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}

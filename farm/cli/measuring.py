@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
-from farm.stats import median, nonempty_median, versus_text
+from farm.stats import format_bytes, median, memory_text, nonempty_median, versus_text
 
 from farm.cli.common import (home_dir, emit_json, print_table, progress_printer, duration, load_with_variant,
                               load_inventory_of, bench_config, require_db, tuning_sets)
@@ -148,6 +148,11 @@ def bench_json(cell, device) -> dict:
         "artifact": cell.artifact.path if cell.artifact else None, "emulated": device.emulated,
         "tuned_tasks": cell.artifact.tuned_tasks if cell.artifact else 0,
         "fallback_of": r.fallback_of,
+        "memory": {"params_bytes": r.params_bytes, "planned_host_bytes": r.planned_host_bytes,
+                   "planned_device_bytes": r.planned_device_bytes, "rss_before_load_bytes": r.rss_before_load_bytes,
+                   "rss_after_load_bytes": r.rss_after_load_bytes, "rss_peak_bytes": r.rss_peak_bytes,
+                   "total_bytes": r.context.get("memory_total_bytes"), "measured": r.context.get("memory"),
+                   "text": bench_memory_text(r, device.emulated)},
     }
     if r.steady_clock == "kernel":
         data["steady_kernel_samples_s"] = data["steady_samples_s"]
@@ -175,8 +180,17 @@ def print_bench(cell) -> None:
               f"({len(r.steady_wall_samples_s)} repeats × {r.steady_wall_number} calls)")
     for c in r.copies:
         print(f"  copy output {c.output_index} ({c.nbytes} B): {duration(median(c.samples_s))}")
+    if r.params_bytes is not None or r.rss_before_load_bytes is not None:
+        print(f"  memory: {bench_memory_text(r, r.context.get('emulated', False))}")
     err = r.check.max_abs_err
     print(f"  check: {r.check.status}" + (f" (max abs error {err:.3g})" if err is not None else ""))
+
+
+def bench_memory_text(r, emulated: bool) -> str:
+    """'params 4.8 MB · planned activations 1.2 MB · process peak RSS +9.6 MB' (stats.memory_text) of a result."""
+    peak = None if r.rss_peak_bytes is None or r.rss_before_load_bytes is None else \
+        r.rss_peak_bytes - r.rss_before_load_bytes
+    return memory_text(r.params_bytes, r.planned_host_bytes, r.planned_device_bytes, peak, emulated)
 
 
 def cmd_copies(args) -> int:
@@ -223,10 +237,11 @@ def cmd_results(args) -> int:
         emit_json(rows)
     else:
         table = [{**r, "steady": duration(r.steady_median_s), "load": duration(r.load_s), "first": duration(r.first_run_s),
-                  "warm": duration(r.first_run_warm_s), "clock": r.steady_clock, "wall": duration(r.steady_wall_median_s)}
+                  "warm": duration(r.first_run_warm_s), "clock": r.steady_clock, "wall": duration(r.steady_wall_median_s),
+                  "params": format_bytes(r.params_bytes), "peak_rss": format_bytes(r.rss_peak_increase_bytes, signed=True)}
                  for r in rows]
         print_table(table, ["run_id", "started_at", "device", "model", "status", "failed_step", "load", "first", "warm",
-                            "steady", "clock", "wall", "check"])
+                            "steady", "clock", "wall", "params", "peak_rss", "check"])
     return 0
 
 

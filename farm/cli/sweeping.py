@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import FarmError
-from farm.records import Alert, BenchConfig, Inventory
-from farm.stats import median, model_label
+from farm.findings import DEFAULT_BUDGET_MIN
+from farm.records import BenchConfig, Inventory
+from farm.stats import format_bytes, median, model_label
 
 from farm.cli.common import (home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config,
                               require_db)
 
 
 if TYPE_CHECKING:  # the store and the confirmation are imported where a verb needs them
-    from farm.confirmation import Progress
+    from farm.confirmation import Progress, SweepRegressions
     from farm.store import Store
 
 UNFINISHED = ("running", "incomplete")  # a sweep's status when it was killed, or a worker ended early
@@ -30,6 +31,7 @@ def cmd_sweep(args) -> int:
 
     inventory = load_inventory_of(args)
     sweep_id = None
+    budget = None  # the sweep file's [tune]: a fresh sweep's, never a resumed one's
     if args.if_incomplete and args.resume is None:
         raise FarmError("--if-incomplete goes with --resume", "farm sweep --resume --if-incomplete")
     if args.resume is not None:
@@ -54,6 +56,15 @@ def cmd_sweep(args) -> int:
         spec, sweep_id = SweepSpec.from_json(sweep["spec"]), sweep["id"]
     else:
         file_spec = _sweep_file(args.file) if args.file else {}
+        if "tune" in file_spec:
+            from farm.nightly import TuneBudget
+
+            tune = file_spec["tune"]
+            budget = TuneBudget(float(tune["minutes"]), int(tune.get("trials", 64)), tuple(tune.get("devices", ())),
+                                tune.get("models"))
+            if unknown := [d for d in budget.devices if d not in inventory.devices]:
+                raise FarmError(f"{args.file}: [tune] devices names unknown device(s): {', '.join(unknown)}",
+                                "name devices of the inventory (farm devices)")
         devices = tuple(args.device or file_spec.get("devices") or inventory.devices)
         models = tuple(args.model or file_spec.get("models") or BUILTINS)
         reference = args.reference if args.reference is not None else file_spec.get("reference", "mlp")
@@ -68,8 +79,10 @@ def cmd_sweep(args) -> int:
                         progress=progress_printer(args.progress), sweep_id=sweep_id)
     report = None
     with Store(args.db) as store:
-        alerts, _ = _detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
-                                       progress_printer(args.progress))
+        reviewed = _detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
+                                       progress_printer(args.progress), args.confirm_budget)
+        alerts = reviewed.alerts
+        tuning = _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) if budget else []
         if not args.no_report:
             from farm.report import render_report
 
@@ -84,6 +97,8 @@ def cmd_sweep(args) -> int:
                    "skipped": outcome.skipped, "report": str(report) if report else None,
                    "alerts": [{"device": a.device, "model": a.model, "runtime": a.runtime, "metric": a.metric,
                                "status": a.status, "change": a.change, "z": a.z} for a in alerts],
+                   "findings": reviewed.findings,
+                   "tuning": [asdict(t) for t in tuning],
                    "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
                               "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason,
                               "steady_median_s": median(c.result.steady_samples_s)}
@@ -95,9 +110,13 @@ def cmd_sweep(args) -> int:
             med = median(c.result.steady_samples_s)
             print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(med):>10s}"
                   + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
+        for t in tuning:
+            print(f"  tuned {t.device} · {t.model}: {t.status}" + (f" ({t.reason})" if t.reason else ""))
+        for finding in reviewed.findings:
+            print(f"  finding {finding.finding_id} [{finding.kind}, {finding.state}]: {finding.sentence}")
         for a in alerts:
             runtime = "" if a.runtime == "tvm" else f" [{a.runtime}]"
-            print(f"  alert: {a.device} · {a.model}{runtime} · {a.metric}: {a.status} ({a.change:+.1%}, z {a.z:.1f})")
+            print(f"  alert: {a.device} · {a.model}{runtime} · {a.metric}: {a.status} ({alert_change(a)})")
         if report:
             print(f"report: {report}")
     if outcome.missing:
@@ -114,6 +133,24 @@ def cmd_sweep(args) -> int:
 BENCH_KEYS = {f.name: float if "float" in str(f.type) else int for f in fields(BenchConfig)}
 SWEEP_FILE_HINT = ('a sweep file: devices = ["cpu"], models = ["mlp"], variants = ["fp32"], reference = "mlp", '
                    "[bench] repeat = 20, [shapes.MODEL] input = [1, 3, 224, 224]")
+
+
+TUNE_HINT = ("[tune] minutes = 20 (per device key, after measuring), trials = 64 (per model at most), "
+             'models = 2 and devices = ["x86-local"] (both optional)')
+
+
+def _nightly_tuning(inventory: Inventory, spec, sweep_id: int, budget, db: str) -> list:
+    """The sweep file's [tune] budget, spent after measuring and confirming (``nightly.tune_after_sweep``)."""
+    from farm.models import load_model_variant
+    from farm.nightly import tune_after_sweep
+
+    models = {}
+    for name in spec.cell_models():
+        model = load_model_variant(name, spec.shapes.get(name.rpartition("@")[0] if "@" in name else name))
+        models[model.name] = model
+    return tune_after_sweep(inventory.tracker, inventory.devices, spec.devices, sweep_id, models, spec.config, budget,
+                            db, home_dir() / "cache", home_dir() / "tune",
+                            lambda message: print(f"tune: {message}", file=sys.stderr))  # a few lines a night
 
 
 def _sweep_file(path: str) -> dict[str, Any]:
@@ -134,10 +171,23 @@ def _sweep_file(path: str) -> dict[str, Any]:
     def bad(what: str) -> FarmError:
         return FarmError(f"{path}: {what}", SWEEP_FILE_HINT)
 
-    unknown = set(data) - {"devices", "models", "reference", "bench", "variants", "shapes"}
+    unknown = set(data) - {"devices", "models", "reference", "bench", "variants", "shapes", "tune"}
     if unknown:
         raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}",
-                        "allowed: devices, models, variants, reference, [bench], [shapes.MODEL]")
+                        "allowed: devices, models, variants, reference, [bench], [shapes.MODEL], [tune]")
+    tune = data.get("tune", {})
+    if not isinstance(tune, dict) or set(tune) - {"minutes", "trials", "devices", "models"}:
+        raise FarmError(f"{path}: [tune] takes minutes, trials, models and devices", TUNE_HINT)
+    if "tune" in data:
+        minutes = tune.get("minutes")
+        if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0:
+            raise FarmError(f"{path}: [tune] minutes = {minutes!r} is not a positive number", TUNE_HINT)
+        for key in ("trials", "models"):
+            value = tune.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise FarmError(f"{path}: [tune] {key} = {value!r} is not a positive whole number", TUNE_HINT)
+        if not (isinstance(tune.get("devices", []), list) and all(isinstance(v, str) for v in tune.get("devices", []))):
+            raise FarmError(f"{path}: [tune] devices must be a list of names", TUNE_HINT)
     for key in ("devices", "models", "variants"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(v, str) for v in data[key])):
             raise bad(f"{key} must be a list of names")
@@ -169,16 +219,49 @@ def cmd_regressions(args) -> int:
     require_db(args.db)
     inventory = load_inventory_of(args) if args.confirm else None
     with Store(args.db) as store:
-        alerts, sweep_id = _detect_and_confirm(store, inventory, args.sweep,
-                                              args.confirm, bench_config(args), progress_printer(args.progress))
+        for finding_id, state in args.triage:
+            store.set_finding_state(finding_id, state)
+        reviewed = _detect_and_confirm(store, inventory, args.sweep, args.confirm, bench_config(args),
+                                       progress_printer(args.progress), args.confirm_budget)
+    alerts, sweep_id, findings = reviewed.alerts, reviewed.sweep_id, reviewed.findings
+    failing = [f for f in findings if f.state == "new" and f.direction == "slower"
+               and (args.fail_on == "new-any" or (args.fail_on == "new" and f.confirmed))]
     if args.json:
-        emit_json({"sweep_id": sweep_id, "alerts": alerts})
+        emit_json({"sweep_id": sweep_id, "findings": findings, "budget": reviewed.budget, "alerts": alerts})
     else:
-        print(f"sweep {sweep_id}: {len(alerts)} alert(s)")
-        print_table([{**a, "change": f"{a.change:+.1%}", "z": f"{a.z:.1f}", "value": duration(a.value),
-                      "centre": duration(a.baseline["centre"] if a.baseline else None)} for a in alerts],
+        new = [f for f in findings if f.first_sweep == sweep_id]
+        print(f"sweep {sweep_id}: {len(findings)} finding(s), {len(new)} new since the last review; {len(alerts)} alert(s)")
+        for title, group in (("new", new), ("ongoing", [f for f in findings if f.first_sweep != sweep_id])):
+            for f in group:
+                print(f"  [{f.finding_id}] {title}, {'untriaged' if f.state == 'new' else f.state}: {f.sentence}")
+        budget = reviewed.budget
+        print(f"confirmation: {budget['rerun']} series rerun, {budget['spent_s'] / 60:.1f} of {budget['budget_s'] / 60:g} "
+              f"device-minutes; {budget['left_unconfirmed']} finding(s) left unconfirmed")
+        print_table([{**a, "change": "" if a.change is None else f"{a.change:+.1%}",
+                      "z": "-" if a.z is None else f"{a.z:.1f}", "value": metric_value(a.metric, a.value),
+                      "centre": metric_value(a.metric, a.baseline["centre"] if a.baseline else None)} for a in alerts],
                     ["device", "model", "runtime", "metric", "status", "value", "centre", "change", "z"])
+    if failing:
+        print(f"error: {len(failing)} new {'confirmed ' if args.fail_on == 'new' else ''}finding(s) in sweep {sweep_id}: "
+              f"{failing[0].sentence}", file=sys.stderr)
+        print("hint: triage them: farm regressions --triage ID:acknowledged (or expected, fixed)", file=sys.stderr)
+        return 1
     return 0
+
+
+def metric_value(metric: str, value: float | None) -> str:
+    """A regression metric's value with its unit: bytes for memory metrics, else time."""
+    from farm.regress import BYTE_METRICS
+
+    return format_bytes(value) if metric in BYTE_METRICS else duration(value)
+
+
+def alert_change(alert) -> str:
+    """'+12.0%, z 3.1', or for planned memory (deterministic, no z) the change and its value."""
+    change = "" if alert.change is None else f"{alert.change:+.1%}"
+    if alert.z is None:
+        return f"{change}, now {metric_value(alert.metric, alert.value)}".lstrip(", ")
+    return f"{change}, z {alert.z:.1f}"
 
 
 def cmd_drift(args) -> int:
@@ -199,15 +282,17 @@ def cmd_drift(args) -> int:
     print(f"{args.metric}: {len(series)} series with enough sweeps, {changed} changed level")
     print_table([{"device": s["device"], "model": model_label(s["model"], s["tuned"]),
                   "change_points": ",".join(map(str, s["change_points"])) or "-",
-                  "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {duration(g['median'])}" for g in s["segments"]),
+                  "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {metric_value(args.metric, g['median'])}"
+                                        for g in s["segments"]),
                   "first_to_last": f"{s['total_change']:+.1%}"} for s in shown],
                 ["device", "model", "change_points", "segments", "first_to_last"])
     return 0
 
 
 def _detect_and_confirm(store: Store, inventory: Inventory | None, sweep_id: int | None, confirm: bool,
-                        config: BenchConfig, progress: Progress | None = None) -> tuple[list[Alert], int]:
+                        config: BenchConfig, progress: Progress | None = None,
+                        budget_min: float = DEFAULT_BUDGET_MIN) -> SweepRegressions:
     from farm.confirmation import detect_and_confirm
 
     return detect_and_confirm(store, sweep_id, confirm, inventory.tracker if inventory else None,
-                              inventory.devices if inventory else None, config, progress)
+                              inventory.devices if inventory else None, config, progress, budget_min)

@@ -16,6 +16,10 @@ It registers, in the server's worker before any session forks from it:
 - ``farm.ClearKernelCache()`` → empties the driver's on-disk kernel cache (``--kernel-cache``:
   POCL_CACHE_DIR, and CUDA_CACHE_PATH for NVIDIA's OpenCL) so the next first run builds its
   kernels cold. Returns the folder it cleared.
+- ``farm.MemoryStats(reset_peak)`` → a JSON object ``{"rss_bytes", "peak_bytes", "total_bytes"}``: VmRSS and
+  VmHWM of the process serving the session (a session's forked child, where the model loads) and the
+  machine's MemTotal (null where unreadable); then, when ``reset_peak`` is non-zero, the peak is reset to the
+  current RSS (``5`` written to ``/proc/self/clear_refs``). farm's native server answers the same.
 
 The library is loaded in the worker (``import tvm`` there runs in a fresh process, not a fork
 of this one), so each session's OpenCL context is created fresh in its own child.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import json
 import logging
 import os
 import shutil
@@ -55,6 +60,28 @@ def wall_time_evaluator(mod, name: str, dev_type: int, dev_id: int, number: int,
         return bytearray(struct.pack("@" + "d" * len(values), *values))
 
     return tvm.runtime.convert(timer)
+
+
+def _proc_kib(path: str, names: tuple[str, ...]) -> dict[str, int | None]:
+    """Fields of a /proc file of ``Name:  N kB`` lines, in bytes (None when a name is missing)."""
+    found: dict[str, int | None] = dict.fromkeys(names)
+    try:
+        for line in Path(path).read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in found and value.split():
+                found[name] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return found
+
+
+def memory_stats(reset_peak: int) -> str:
+    status = _proc_kib("/proc/self/status", ("VmRSS", "VmHWM"))
+    total = _proc_kib("/proc/meminfo", ("MemTotal",))["MemTotal"]
+    if reset_peak:
+        with open("/proc/self/clear_refs", "w") as f:  # 5: reset the peak RSS (VmHWM) to the current RSS
+            f.write("5")
+    return json.dumps({"rss_bytes": status["VmRSS"], "peak_bytes": status["VmHWM"], "total_bytes": total})
 
 
 def clear_kernel_cache() -> str:
@@ -97,6 +124,7 @@ def register(library: str | None) -> None:
         ctypes.CDLL(library, ctypes.RTLD_GLOBAL)
     tvm.register_global_func("farm.WallTimeEvaluator", wall_time_evaluator, override=True)
     tvm.register_global_func("farm.ClearKernelCache", clear_kernel_cache, override=True)
+    tvm.register_global_func("farm.MemoryStats", memory_stats, override=True)
 
 
 def main(argv: list[str] | None = None) -> None:

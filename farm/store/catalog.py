@@ -57,4 +57,6 @@ class CatalogMixin:
                         model_digest=row["model_digest"], target=row["target"], export=row["export"],
                         toolchain=row["toolchain"], tvm_version=row["tvm_version"], file_digest=row["file_digest"],
                         build_s=row["build_s"], cached=True, tuning_digest=row["tuning_digest"] or "",
-                        tuned_tasks=row["tuned_tasks"] or 0, total_tasks=row["total_tasks"] or 0)
+                        tuned_tasks=row["tuned_tasks"] or 0, total_tasks=row["total_tasks"] or 0,
+                        params_bytes=row["params_bytes"], planned_host_bytes=row["planned_host_bytes"],
+                        planned_device_bytes=row["planned_device_bytes"], planned_dynamic=row["planned_dynamic"] or 0)

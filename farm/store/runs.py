@@ -75,22 +75,30 @@ class RunsMixin:
             db.execute("INSERT INTO models VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
                        (model.digest, model.name, model.origin,
                         json.dumps([asdict(s) for s in model.inputs]), stamp))
-            if artifact is not None:
+            if artifact is not None:  # planned memory filled in on a row stored before farm read it
                 db.execute(
                     """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,
-                       tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks)
-                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING""",
+                       tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks,
+                       params_bytes, planned_host_bytes, planned_device_bytes, planned_dynamic)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (cache_key) DO UPDATE SET
+                       params_bytes = COALESCE(artifacts.params_bytes, excluded.params_bytes),
+                       planned_host_bytes = COALESCE(artifacts.planned_host_bytes, excluded.planned_host_bytes),
+                       planned_device_bytes = COALESCE(artifacts.planned_device_bytes, excluded.planned_device_bytes),
+                       planned_dynamic = excluded.planned_dynamic""",
                     (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
                      artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
-                     artifact.build_s, stamp, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks))
+                     artifact.build_s, stamp, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks,
+                     artifact.params_bytes, artifact.planned_host_bytes, artifact.planned_device_bytes,
+                     artifact.planned_dynamic))
             config = result.config
             run_id = db.insert_id(
                 """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                    failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
                    min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
                    load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of, runtime,
-                   runtime_version)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   runtime_version, params_bytes, planned_host_bytes, planned_device_bytes, rss_before_load_bytes,
+                   rss_after_load_bytes, rss_peak_bytes)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
                  result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
                  result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
@@ -98,7 +106,9 @@ class RunsMixin:
                  result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
                  int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt, result.load_warm_s,
                  result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of,
-                 result.runtime, result.runtime_version))
+                 result.runtime, result.runtime_version, result.params_bytes, result.planned_host_bytes,
+                 result.planned_device_bytes, result.rss_before_load_bytes, result.rss_after_load_bytes,
+                 result.rss_peak_bytes))
             db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                            [(run_id, "steady", 0, i, v, result.steady_number or 0)
                             for i, v in enumerate(result.steady_samples_s)]

@@ -21,13 +21,20 @@ SCHEMA_VERSION history:
      table is rebuilt for the new key (ids kept; PostgreSQL's id sequence moved past them: RESEQUENCE)
  10  tune_cost_models: the XGBoost cost model of a tuning key (farm/costmodel.py's .npz, base64: data only),
      saved after each session and loaded by the next one
+ 11  memory (#21): artifacts.params_bytes/planned_host_bytes/planned_device_bytes/planned_dynamic (planned memory
+     read from the built module), the same three on runs (carried from the run's artifact), and runs'
+     rss_before_load_bytes/rss_after_load_bytes/rss_peak_bytes (the session process's RSS; NULL: not measured).
+     BIGINT: bytes pass PostgreSQL's 32-bit INTEGER
+ 12  findings (#22): a finding (farm/findings.py) per key with its triage state (new | acknowledged | expected |
+     fixed) and its first and last sweep; finding_sweeps, its body as each sweep ranked it; confirmation_budgets,
+     what a sweep's confirmation spent and left unconfirmed
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 12
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -154,6 +161,33 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE tune_cost_models (
         tuning_key TEXT PRIMARY KEY, body TEXT NOT NULL, format TEXT NOT NULL, samples INTEGER NOT NULL,
         session_id INTEGER, updated_at TEXT NOT NULL);
+    """,
+    11: """
+    ALTER TABLE artifacts ADD COLUMN params_bytes BIGINT;
+    ALTER TABLE artifacts ADD COLUMN planned_host_bytes BIGINT;
+    ALTER TABLE artifacts ADD COLUMN planned_device_bytes BIGINT;
+    ALTER TABLE artifacts ADD COLUMN planned_dynamic INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN params_bytes BIGINT;
+    ALTER TABLE runs ADD COLUMN planned_host_bytes BIGINT;
+    ALTER TABLE runs ADD COLUMN planned_device_bytes BIGINT;
+    ALTER TABLE runs ADD COLUMN rss_before_load_bytes BIGINT;
+    ALTER TABLE runs ADD COLUMN rss_after_load_bytes BIGINT;
+    ALTER TABLE runs ADD COLUMN rss_peak_bytes BIGINT;
+    """,
+    12: """
+    CREATE TABLE findings (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, kind TEXT NOT NULL, metric TEXT NOT NULL,
+        first_sweep INTEGER NOT NULL, last_sweep INTEGER NOT NULL, state TEXT NOT NULL DEFAULT 'new',
+        note TEXT NOT NULL DEFAULT '', created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+    CREATE INDEX findings_key ON findings (key, last_sweep);
+    CREATE TABLE finding_sweeps (
+        finding_id INTEGER NOT NULL REFERENCES findings(id), sweep_id INTEGER NOT NULL, position INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (finding_id, sweep_id));
+    CREATE INDEX finding_sweeps_sweep ON finding_sweeps (sweep_id, position);
+    CREATE TABLE confirmation_budgets (
+        sweep_id INTEGER PRIMARY KEY, budget_s REAL NOT NULL, spent_s REAL NOT NULL, rerun INTEGER NOT NULL,
+        left_unconfirmed INTEGER NOT NULL, updated_at TEXT NOT NULL);
     """,
 }
 

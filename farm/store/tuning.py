@@ -72,11 +72,44 @@ class TuningMixin:
                                (tuning_key,)).fetchone()
         return None if row is None else (base64.b64decode(row["body"]), row["format"], int(row["samples"]))
 
-    def tuning_lines(self, tuning_key: str) -> tuple[list[str], list[str]]:
-        """The JSON database files' lines for ``tuning_key``: (workload lines, record lines)."""
+    def tuning_lines(self, tuning_key: str, without_session: int | None = None) -> tuple[list[str], list[str]]:
+        """The JSON database files' lines for ``tuning_key``: (workload lines, record lines). Records a rejected
+        session added (``judge_tune_session``) are left out: they made a model slower; so are ``without_session``'s
+        (the set as it was before that session)."""
         workloads = self._db.execute(
             "SELECT sha, line FROM tune_workloads WHERE tuning_key=? ORDER BY rowid", (tuning_key,)).fetchall()
         index = {row["sha"]: i for i, row in enumerate(workloads)}
         records = self._db.execute(
-            "SELECT workload_sha, body FROM tune_records WHERE tuning_key=? ORDER BY rowid", (tuning_key,)).fetchall()
+            "SELECT workload_sha, body FROM tune_records WHERE tuning_key=? AND (session_id IS NULL OR session_id "
+            "NOT IN (SELECT id FROM tune_sessions WHERE status='rejected' OR id=?)) ORDER BY rowid",
+            (tuning_key, -1 if without_session is None else without_session)).fetchall()
         return [row["line"] for row in workloads], [f"[{index[r['workload_sha']]}, {r['body']}]" for r in records]
+
+    def judge_tune_session(self, session_id: int, kept: bool, reason: str) -> None:
+        """The verdict on a session's records after the model was measured with them: kept, or ``rejected`` (its
+        records then compile into nothing; they stay stored, for the record)."""
+        with self._db.transaction() as db:
+            if kept:
+                db.execute("UPDATE tune_sessions SET reason=? WHERE id=?", (reason, session_id))
+            else:
+                db.execute("UPDATE tune_sessions SET status='rejected', reason=? WHERE id=?", (reason, session_id))
+
+    def tune_session(self, session_id: int) -> dict | None:
+        rows = self._db.dicts("SELECT * FROM tune_sessions WHERE id=?", (session_id,))
+        return rows[0] if rows else None
+
+    def earlier_tuning(self, target: dict, tvm_version: str) -> tuple[str, str] | None:
+        """(tuning key, TVM version) of the newest session for the same target under another TVM version whose
+        key holds records: what a TVM upgrade replays instead of starting from nothing."""
+        row = self._db.execute(
+            "SELECT s.tuning_key, s.tvm_version FROM tune_sessions s WHERE s.target=? AND s.tvm_version<>? AND "
+            "EXISTS (SELECT 1 FROM tune_records r WHERE r.tuning_key=s.tuning_key) ORDER BY s.id DESC LIMIT 1",
+            (json.dumps(target), tvm_version)).fetchone()
+        return None if row is None else (row["tuning_key"], row["tvm_version"])
+
+    def copy_tuning(self, from_key: str, to_key: str, session_id: int) -> int:
+        """Replay ``from_key``'s records (rejected ones left out) into ``to_key`` as ``session_id``'s; returns how many."""
+        workloads, records = self.tuning_lines(from_key)
+        parsed = [json.loads(line) for line in records]
+        return self.add_tuning_lines(to_key, workloads, [(index, json.dumps(body), None) for index, body in parsed],
+                                     session_id)

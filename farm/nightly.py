@@ -1,0 +1,208 @@
+"""A sweep's nightly tuning: after measuring, spend the sweep file's ``[tune]`` budget on each device key.
+
+    [tune]
+    minutes = 20             # per device key, each night, after the sweep's measurements (and --confirm)
+    trials = 64              # at most per model and session
+    models = 2               # optional: at most this many models per key a night (default: while minutes last)
+    devices = ["x86-local"]  # optional: only these devices' keys (default: every device of the sweep)
+
+Which models: on a device where a reference runtime ran, those whose TVM time is furthest from it (TVM ÷
+reference, largest first); elsewhere those with the most untuned time (steady median × the share of tasks
+without records). Each is tuned (``tune.tune_model``) while the key's minutes last; the next night compiles
+with the new records (the artifact cache is keyed by the tuning digest).
+
+Tuning never ships a regression. After a session added records the model is compiled twice, with the record
+set as it was before the session and with the new one, both measured on the device now, one after the other;
+unless the new set's steady median is no slower, the session is marked ``rejected`` and its records compile
+into nothing from then on (``Store.tuning_lines``).
+
+A TVM upgrade does not wipe the farm's tuning. Records are keyed by target and TVM version, so on the night of
+an upgrade a key has none. The newest records of the same target under an earlier TVM version are then
+replayed into it (a session of their own) and validated the same way, against the untuned model: compiled,
+checked, measured, kept only if not slower. They are also the warm start of that night's search.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from farm.compile import compile_model
+from farm.errors import FarmError
+from farm.records import BenchConfig, Device, ModelSource, TrackerAddress, TuningSet
+from farm.results import run_rows, versus_reference
+from farm.runs import Run
+from farm.store import Store
+from farm.stats import median, nonempty_median
+from farm.sweep import cell_inputs, measure_cell
+from farm.tune import TuneConfig, replay_earlier_records, tune_model
+
+log = logging.getLogger(__name__)
+
+MIN_SESSION_S = 60.0  # a key's budget with less than this left starts no new session
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TuneBudget:
+    """A sweep file's ``[tune]`` table."""
+
+    minutes: float
+    trials: int = 64
+    devices: tuple[str, ...] = ()
+    models: int | None = None  # at most this many models per key a night
+
+
+@dataclass(frozen=True)
+class NightTuning:
+    """What one night's tuning did for one device key and model."""
+
+    device: str
+    model: str
+    why: str  # why this model was picked (its distance from the reference, or its untuned time)
+    status: str  # kept | rejected | no-new-records | failed | replayed-kept | replayed-rejected
+    session_id: int | None = None
+    new_records: int = 0
+    trials: int = 0
+    before_s: float | None = None  # steady median with the record set before the session
+    after_s: float | None = None  # ... and with the new set
+    reason: str = ""
+
+
+def rank_models(runs: list[Run], device: str) -> list[tuple[str, str]]:
+    """(model, why) for ``device``'s measured models, the most worth tuning first: furthest from the reference
+    runtime where one ran, then the others by untuned time (steady median × share of tasks without records)."""
+    tvm_runs, versus = versus_reference([r for r in runs if r.device == device])
+    ok = [r for r in tvm_runs if r.status == "ok" and r.steady_median_s and r.fallback_of is None]
+    by_ratio = sorted((r for r in ok if versus[r.run_id].ratio is not None),
+                      key=lambda r: -(versus[r.run_id].ratio or 0.0))
+    rest = [r for r in ok if versus[r.run_id].ratio is None]
+    untuned = {r.run_id: (r.steady_median_s or 0.0) * (1 - r.tuned_tasks / r.total_tasks if r.total_tasks else 1.0)
+               for r in rest}
+    ranked = [(r.model, f"TVM {versus[r.run_id].ratio:.2f}× {versus[r.run_id].reference.runtime}")  # type: ignore[union-attr]
+              for r in by_ratio]
+    ranked += [(r.model, f"{untuned[r.run_id] * 1e3:.3g} ms untuned") for r in sorted(rest, key=lambda r: -untuned[r.run_id])]
+    seen: set[str] = set()
+    return [(m, why) for m, why in ranked if not (m in seen or seen.add(m))]  # type: ignore[func-returns-value]
+
+
+def not_slower(before: list[float], after: list[float]) -> bool:
+    """The rule that keeps a record set: its steady median is no slower than the previous set's."""
+    return bool(after) and (not before or nonempty_median(after) <= nonempty_median(before))
+
+
+def tune_after_sweep(tracker: TrackerAddress, devices: dict[str, Device], sweep_devices: tuple[str, ...],
+                     sweep_id: int, models: dict[str, ModelSource], config: BenchConfig, budget: TuneBudget,
+                     db_path: str | Path, cache_dir: Path, work_root: Path, say: Say | None = None) -> list[NightTuning]:
+    """Spend ``budget`` on each device key of the sweep (one device per key: its servers are alike), after its
+    measurements. ``models``: the sweep's models by stored name (variant and shapes included). Never raises for a
+    device: a failure is a line of the outcome."""
+    tell = say or (lambda message: None)
+    chosen: dict[str, Device] = {}
+    for name in budget.devices or sweep_devices:
+        device = devices[name]
+        if device.export == "so":
+            chosen.setdefault(device.key, device)
+        else:
+            tell(f"{name}: not tuned (exports {device.export!r}; tuning measures shared libraries)")
+    done: list[NightTuning] = []
+    with Store(db_path) as store:
+        runs = run_rows(store, sweep_id=sweep_id)
+        for device in chosen.values():
+            deadline = time.monotonic() + budget.minutes * 60
+            ranked = [(m, why) for m, why in rank_models(runs, device.name) if m in models]
+            if not ranked:
+                tell(f"{device.name}: nothing to tune (no model measured ok tonight)")
+                continue
+            tell(f"{device.name}: tuning for {budget.minutes:g} min, models by need: "
+                 + ", ".join(f"{m} ({why})" for m, why in ranked))
+            replayed = _replay_earlier(tracker, device, models[ranked[0][0]], ranked[0][1], store, cache_dir, config,
+                                       tell)
+            if replayed is not None:
+                done.append(replayed)
+            for name, why in ranked[:budget.models]:
+                left = deadline - time.monotonic()
+                if left < MIN_SESSION_S:
+                    break
+                done.append(_tune_one(tracker, device, models[name], why, store, cache_dir, work_root, config,
+                                      TuneConfig(trials=budget.trials, minutes=left / 60), tell))
+    return done
+
+
+def _tune_one(tracker: TrackerAddress, device: Device, model: ModelSource, why: str, store: Store, cache_dir: Path,
+              work_root: Path, bench: BenchConfig, config: TuneConfig, tell: Say) -> NightTuning:
+    tell(f"{device.name} · {model.name}: tuning ({why})")
+    try:
+        outcome = tune_model(tracker, device, model, store, work_root, config, progress=lambda m: log.info("%s", m))
+    except FarmError as exc:
+        tell(f"{device.name} · {model.name}: tuning failed: {exc.message}")
+        return NightTuning(device.name, model.name, why, "failed", reason=exc.message)
+    if outcome.new_records == 0:
+        tell(f"{device.name} · {model.name}: {outcome.trials_done} trial(s), no new records")
+        return NightTuning(device.name, model.name, why, "no-new-records", outcome.session_id, 0, outcome.trials_done)
+    key = outcome.tuning_key
+    before = TuningSet(key, *map(tuple, store.tuning_lines(key, without_session=outcome.session_id)))
+    after = TuningSet(key, *map(tuple, store.tuning_lines(key)))
+    kept, before_s, after_s, reason = _validate(tracker, device, model, bench, cache_dir, before, after)
+    store.judge_tune_session(outcome.session_id, kept, reason)
+    tell(f"{device.name} · {model.name}: {outcome.trials_done} trial(s), {outcome.new_records} new record(s): {reason}")
+    return NightTuning(device.name, model.name, why, "kept" if kept else "rejected", outcome.session_id,
+                       outcome.new_records, outcome.trials_done, before_s, after_s, reason)
+
+
+def _replay_earlier(tracker: TrackerAddress, device: Device, model: ModelSource, why: str, store: Store,
+                    cache_dir: Path, bench: BenchConfig, tell: Say) -> NightTuning | None:
+    """On a key with no records (the night of a TVM upgrade), the same target's records under the newest earlier
+    TVM version (``tune.replay_earlier_records``), validated on ``model`` against the untuned model; None when
+    there is nothing to replay."""
+    replayed = replay_earlier_records(store, device, model)
+    if replayed is None:
+        return None
+    session_id, copied, version, key = replayed
+    now = (store.tune_session(session_id) or {}).get("tvm_version", "")
+    tell(f"{device.name}: no records for TVM {now}; replaying {copied} record(s) of TVM {version} on {model.name}")
+    kept, before_s, after_s, reason = _validate(tracker, device, model, bench, cache_dir, TuningSet(key, (), ()),
+                                                TuningSet(key, *map(tuple, store.tuning_lines(key))))
+    reason = f"TVM {version} → {now}: {reason}"
+    store.judge_tune_session(session_id, kept, reason)
+    tell(f"{device.name} · {model.name}: {reason}")
+    return NightTuning(device.name, model.name, why, "replayed-kept" if kept else "replayed-rejected", session_id,
+                       copied, 0, before_s, after_s, reason)
+
+
+def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench: BenchConfig, cache_dir: Path,
+              before: TuningSet, after: TuningSet) -> tuple[bool, float | None, float | None, str]:
+    """Compile ``model`` with each record set and measure both now, on the device, with the same inputs and
+    check: (kept, before's steady median, after's, why)."""
+    prepared = cell_inputs(model, bench)
+    medians: list[float | None] = []
+    samples: list[list[float]] = []
+    for tuning in (before, after):
+        try:
+            artifact = compile_model(model, device, cache_dir, tuning)
+        except FarmError as exc:
+            if tuning is before:
+                medians.append(None)
+                samples.append([])
+                continue
+            return False, medians[0], None, f"rejected: the new records do not compile ({exc.message})"
+        result = measure_cell(tracker, device, model, artifact, bench, prepared=prepared)
+        if result.status != "ok" or (result.check is not None and result.check.status == "failed"):
+            if tuning is before:
+                medians.append(None)
+                samples.append([])
+                continue
+            why = result.reason if result.status != "ok" else f"its output check failed ({result.check.detail})"
+            return False, medians[0], None, f"rejected: measured with the new records, {why[:300]}"
+        samples.append(list(result.steady_samples_s))
+        medians.append(median(result.steady_samples_s))
+    before_s, after_s = medians
+    kept = not_slower(samples[0], samples[1])
+    if before_s is None:
+        return kept, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run)"  # type: ignore[operator]
+    change = f"{before_s / after_s:.2f}× faster" if kept else f"{after_s / before_s:.2f}× slower: records not used"  # type: ignore[operator]
+    return kept, before_s, after_s, (f"{'kept' if kept else 'rejected'}: {before_s * 1e3:.3g} ms → "
+                                     f"{after_s * 1e3:.3g} ms ({change})")  # type: ignore[operator]

@@ -1,0 +1,188 @@
+"""Findings (#22): databases written through Store with planted ground truth; `farm --json regressions` and the report
+must name exactly the planted findings, ranked as planted. No TVM: runs are written as a sweep would store them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, CopyTiming, Device, InputSpec, ModelSource
+from farm.store import Store
+from tests.conftest import env_in, run_farm
+
+DEVICES = [f"dev{d}" for d in range(6)]
+MODELS = [f"m{m}" for m in range(8)]
+NIGHTS = 8
+COPY_S = 1.4e-6  # an output copy of a few bytes: its nightly swings are noise below the timer's resolution
+
+
+def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "0.27.0", same_artifact=lambda d, m: False,
+          reference: bool = False, tuned=lambda night, device, model: 0, nights: int = NIGHTS, seed: int = 3,
+          copy_effect=lambda night, device: 1.25 if night == NIGHTS and device == "dev0" else 1.0) -> None:
+    """NIGHTS sweeps of DEVICES × MODELS: steady levels of 1-10 ms with 0.4 % night-to-night noise and 1 % sample
+    noise, load and first run steady, one output copy of ~1.4 µs swinging by 8 % (noise); ``effect`` multiplies a
+    series' level on a night; ``tvm`` names each night's TVM; a series whose effect moved it gets a new artifact
+    unless ``same_artifact`` (a driver, not the code); ``reference``: onnxruntime runs beside each cell, unaffected
+    by TVM; ``tuned``: tasks with a record (of 10); ``copy_effect``: a copy's swing (by default 25 % on one device
+    the last night: 0.35 µs)."""
+    rng = np.random.default_rng(seed)
+    base = {(d, m): 1e-3 * (1 + 9 * rng.random()) for d in DEVICES for m in MODELS}
+    target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+    devices = {d: Device(d, "remote", d, target) for d in DEVICES}
+    sources = {m: ModelSource(m, f"builtin:{m}", f"digest-{m}", b"", (InputSpec("x", (1, 8), "float32"),)) for m in MODELS}
+    config = BenchConfig(repeat=20)
+    with Store(db) as store:
+        for night in range(1, nights + 1):
+            sweep_id = store.start_sweep({"devices": DEVICES, "models": MODELS})
+            version = tvm(night)
+            for (device, model), level in base.items():
+                factor = effect(night, device, model)
+                for runtime in ("tvm", "onnxruntime") if reference else ("tvm",):
+                    moved = runtime == "tvm" and factor != 1.0
+                    value = level * (factor if runtime == "tvm" else 0.7) * (1 + rng.normal(0, 0.004))
+                    tasks = tuned(night, device, model) if runtime == "tvm" else 0
+                    key = f"{device}-{model}-{version}-{tasks}" + ("-new" if moved and not same_artifact(device, model) else "")
+                    artifact = None if runtime != "tvm" else Artifact(
+                        key, "/nonexistent", model, f"digest-{model}", target, "so", "default", version, "f", 1.0,
+                        tuning_digest=f"t{tasks}" if tasks else "", tuned_tasks=tasks, total_tasks=10 if tasks else 0)
+                    result = BenchResult(
+                        device=device, key=device, model=model, model_digest=f"digest-{model}", status="ok",
+                        artifact_key=key if artifact else "", load_s=0.02 * (1 + rng.normal(0, 0.004)),
+                        first_run_s=0.05 * (1 + rng.normal(0, 0.004)), steady_number=10,
+                        steady_samples_s=tuple(float(v) for v in value * (1 + rng.normal(0, 0.01, 20))),
+                        copies=(CopyTiming(0, 40, (1, 10), "float32", 1000, tuple(
+                            float(v) for v in COPY_S * copy_effect(night, device) * (1 + rng.normal(0, 0.08))
+                            * (1 + rng.normal(0, 0.01, 5)))),),
+                        runtime=runtime, runtime_version="1.20.0" if runtime != "tvm" else "",
+                        check=CheckResult("passed", 1e-6), config=config, started_at=f"2026-01-{night:02d}T02:00:00+00:00",
+                        context={"farm_version": "1.0", "tvm_version": version, "target": target, "pipeline_version": 2})
+                    store.record_result(result, devices[device], sources[model], artifact, sweep_id=sweep_id)
+            store.finish_sweep(sweep_id, "done")
+
+
+def regressions(db: Path, *args: str) -> dict:
+    out = run_farm("--json", "regressions", *args, env={**env_in(db.parent), "FARM_DB": str(db)})
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+def report(db: Path) -> str:
+    html = db.parent / "report.html"
+    out = run_farm("report", "--sweep", str(NIGHTS), "--out", str(html), env={**env_in(db.parent), "FARM_DB": str(db)})
+    assert out.returncode == 0, out.stderr
+    return html.read_text()
+
+
+MASS = set(MODELS[:4])  # half the models, 12 % slower everywhere
+DRIVER = "dev5"  # its driver: every model 15 % slower, the same artifacts
+SINGLE = ("dev1", "m6")  # one series, 20 % slower
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("mixed") / "results.db"
+
+    def effect(night, device, model):
+        if night != NIGHTS:
+            return 1.0
+        factor = 1.12 if model in MASS else 1.0
+        factor *= 1.15 if device == DRIVER else 1.0
+        return factor * (1.20 if (device, model) == SINGLE else 1.0)
+    plant(db, effect, same_artifact=lambda d, m: d == DRIVER and m not in MASS)
+    return db
+
+
+def test_mixed_night_names_exactly_the_planted_findings_ranked_as_planted(mixed):
+    out = regressions(mixed)
+    findings = out["findings"]
+    kinds = [(f["kind"], f["direction"], f["metric"]) for f in findings]
+    assert kinds == [("sweep", "slower", "steady"), ("device", "slower", "steady"), ("series", "slower", "steady")], \
+        [f["sentence"] for f in findings]
+    mass, driver, single = findings
+    assert set(mass["models"]) == MASS and mass["devices"] == DEVICES and mass["k"] == 24 and mass["n"] == 48
+    assert 0.11 < mass["change"] < 0.13 and mass["ci"][0] < mass["change"] < mass["ci"][1]
+    assert mass["sentence"].startswith("4 models are 12.") and "on 6/6 devices" in mass["sentence"]
+    assert driver["devices"] == [DRIVER] and driver["k"] == 8 and driver["n"] == 8  # all its models
+    assert 0.14 < driver["change"] < 0.16  # the driver's own change: the models the mass regression did not move too
+    assert "same artifacts as the baseline: the device changed" in driver["sentence"]
+    assert (single["devices"], single["models"]) == ([SINGLE[0]], [SINGLE[1]]) and 0.18 < single["change"] < 0.22
+    # each finding lists its series and alerts; every alert it names is one of the sweep's
+    ids = {a["id"] for a in out["alerts"]}
+    assert all(set(f["alerts"]) <= ids and len(f["series"]) == f["k"] for f in findings)
+    # the copies swung too (alerts), but 8 % of 1.4 µs is below the timer's resolution: never a finding
+    assert any(a["metric"] == "copy" for a in out["alerts"])
+    assert all(f["metric"] == "steady" for f in findings)
+
+
+def test_the_report_reads_like_a_review(mixed):
+    out = regressions(mixed)
+    html = report(mixed)
+    text = re.sub(r"<[^>]+>", "", html)
+    first = [text.index(f["sentence"].replace("→", "→")) for f in out["findings"]]
+    assert first == sorted(first)  # in rank order, one sentence each
+    assert text.index(out["findings"][0]["sentence"]) < text.index("Latest run per device × model")  # before any table
+    assert html.count("<img") <= 24
+
+
+def test_noise_only_nights_have_no_findings(tmp_path):
+    db = tmp_path / "results.db"
+    plant(db)
+    out = regressions(db)
+    assert out["findings"] == []
+    assert "No findings" in report(db)
+
+
+def test_a_tvm_upgrade_is_a_finding_with_its_control(tmp_path):
+    db = tmp_path / "results.db"
+    slowed = {"m0", "m1", "m2"}
+    plant(db, lambda night, device, model: 1.10 if night == NIGHTS and model in slowed else 1.0,
+          tvm=lambda night: "0.28.0" if night == NIGHTS else "0.27.0", reference=True,
+          tuned=lambda night, device, model: 10 if model == "m7" and night < NIGHTS else 0)
+    out = regressions(db)
+    findings = out["findings"]
+    assert [(f["kind"], f["cause"], f["split"]) for f in findings if f["metric"] == "steady"] == [
+        ("upgrade", "TVM 0.27.0 → 0.28.0", "same tuning coverage")], [f["sentence"] for f in findings]
+    upgrade = findings[0]
+    assert set(upgrade["models"]) == slowed and upgrade["devices"] == DEVICES and upgrade["k"] == 18
+    assert 0.09 < upgrade["change"] < 0.11
+    assert upgrade["confidence"] == "unconfirmable: runtime changed"
+    assert upgrade["control"].startswith("onnxruntime unchanged on 6/6 devices")
+    assert upgrade["sentence"].startswith("3 models are ") and "since TVM 0.27.0 → 0.28.0" in upgrade["sentence"]
+    # the baselines still restarted: regress's own verdicts of the new context have no baseline
+    assert all(a["baseline"].get("context_change") == "TVM 0.27.0 → 0.28.0" for a in out["alerts"] if a["runtime"] == "tvm")
+
+
+def test_an_upgrade_that_dropped_the_tuning_records_is_its_own_finding(tmp_path):
+    db = tmp_path / "results.db"
+    plant(db, lambda night, device, model: 1.5 if night == NIGHTS and model == "m7" else 1.0,
+          tvm=lambda night: "0.28.0" if night == NIGHTS else "0.27.0",
+          tuned=lambda night, device, model: 10 if model == "m7" and night < NIGHTS else 0)
+    findings = regressions(db)["findings"]
+    assert [(f["kind"], f["split"], f["models"]) for f in findings] == [
+        ("upgrade", "tuning records dropped", ["m7"])], [f["sentence"] for f in findings]
+
+
+def test_triage_state_carries_across_nights_and_fail_on_new(tmp_path):
+    db = tmp_path / "results.db"
+    plant(db, lambda night, device, model: 1.3 if night >= NIGHTS - 1 and (device, model) == SINGLE else 1.0)
+    env = {**env_in(tmp_path), "FARM_DB": str(db)}
+    first = json.loads(run_farm("--json", "regressions", "--sweep", str(NIGHTS - 1), env=env).stdout)["findings"]
+    assert [f["state"] for f in first] == ["new"] and first[0]["first_sweep"] == NIGHTS - 1
+    # CI: no confirmed finding (nothing rerun), so --fail-on new passes; new-any fails on the new one
+    assert run_farm("regressions", "--fail-on", "new", env=env).returncode == 0
+    failing = run_farm("regressions", "--sweep", str(NIGHTS - 1), "--fail-on", "new-any", env=env)
+    assert failing.returncode == 1 and "error: 1 new finding(s)" in failing.stderr
+    acked = run_farm("--json", "regressions", "--sweep", str(NIGHTS - 1), "--triage", f"{first[0]['finding_id']}:acknowledged",
+                     env=env)
+    assert json.loads(acked.stdout)["findings"][0]["state"] == "acknowledged"
+    # the next night the slowdown persists: the same finding, still acknowledged, ongoing
+    later = json.loads(run_farm("--json", "regressions", "--sweep", str(NIGHTS), env=env).stdout)["findings"]
+    assert [(f["finding_id"], f["state"], f["first_sweep"]) for f in later] == [
+        (first[0]["finding_id"], "acknowledged", NIGHTS - 1)]
+    assert run_farm("regressions", "--fail-on", "new-any", env=env).returncode == 0
+    bad = run_farm("regressions", "--triage", "1:done", env=env)
+    assert bad.returncode == 2 and "is not ID:STATE" in bad.stderr

@@ -1,0 +1,72 @@
+"""Nightly tuning: a sweep file's [tune] budget spent after measuring, on the models furthest from their reference
+runtime; a record set kept only if the model is not slower with it; an earlier TVM version's records replayed."""
+
+import json
+import sqlite3
+
+from farm.nightly import not_slower
+from farm.store import Store
+from tests.conftest import run_farm
+from tests.test_store import DEVICE
+
+
+def test_a_sweep_tunes_the_model_furthest_from_onnxruntime_keeps_what_is_faster_and_replays_an_upgrade(
+        farm_net, inventory_file, farm_env, tmp_path):
+    night = tmp_path / "night.toml"
+    night.write_text('devices = ["cpu-a"]\nmodels = ["mlp", "convnet"]\nreference = "none"\n'
+                     "[bench]\nrepeat = 5\nmin_repeat_ms = 5\n[tune]\nminutes = 4\ntrials = 8\nmodels = 1\n")
+    sweep = ("--devices", str(inventory_file), "--json", "sweep", "--file", str(night), "--no-report")
+    first = run_farm(*sweep, env=farm_env, timeout=900)
+    assert first.returncode == 0, first.stderr
+    tuning = json.loads(first.stdout)["tuning"]
+    # convnet is ~14× slower than onnxruntime untuned, mlp faster: convnet is picked, and only it (models = 1)
+    assert [(t["device"], t["model"]) for t in tuning] == [("cpu-a", "convnet")], first.stderr
+    assert "onnxruntime" in tuning[0]["why"] and tuning[0]["new_records"] > 0
+    assert tuning[0]["status"] == "kept" and tuning[0]["after_s"] <= tuning[0]["before_s"], tuning
+    db = sqlite3.connect(farm_env["FARM_DB"])
+    session = db.execute("SELECT status, reason, tuning_key FROM tune_sessions WHERE id=?",
+                         (tuning[0]["session_id"],)).fetchone()
+    assert session[0] != "rejected" and session[1].startswith("kept: ")
+    # the night of a TVM upgrade: the records exist only under an earlier version's key
+    key = session[2]
+    with db:
+        for table in ("tune_sessions", "tune_records", "tune_workloads"):
+            db.execute(f"UPDATE {table} SET tuning_key='earlier-key' WHERE tuning_key=?", (key,))
+        db.execute("UPDATE tune_sessions SET tvm_version='0.26.0' WHERE tuning_key='earlier-key'")
+    night.write_text(night.read_text().replace("minutes = 4", "minutes = 0.5"))  # no time for a search of its own
+    second = run_farm(*sweep, env=farm_env, timeout=900)
+    assert second.returncode == 0, second.stderr
+    replayed = json.loads(second.stdout)["tuning"]
+    assert [(t["model"], t["status"]) for t in replayed] == [("convnet", "replayed-kept")], second.stderr
+    assert replayed[0]["new_records"] == db.execute(
+        "SELECT COUNT(*) FROM tune_records WHERE tuning_key='earlier-key'").fetchone()[0]
+    assert "TVM 0.26.0 → " in replayed[0]["reason"]
+    compiled = json.loads(run_farm("--devices", str(inventory_file), "compile", "--device", "cpu-a", "--model",
+                                   "convnet", "--json", env=farm_env).stdout)
+    assert [a["tuned_tasks"] > 0 for a in compiled] == [True]  # the next night compiles with the replayed records
+
+
+def test_a_rejected_session_s_records_compile_into_nothing(tmp_path):
+    with Store(tmp_path / "r.db") as store:
+        from farm.models import load_model
+
+        model = load_model("mlp")
+        kept = store.start_tune_session(DEVICE, model, "k", {"kind": "llvm"}, "0.27.0", 8)
+        bad = store.start_tune_session(DEVICE, model, "k", {"kind": "llvm"}, "0.27.0", 8)
+        store.add_tuning_lines("k", ['["w0"]'], [(0, '["good"]', 1e-3)], kept)
+        store.add_tuning_lines("k", ['["w0"]'], [(0, '["slow"]', 2e-3)], bad)
+        assert store.tuning_lines("k")[1] == ['[0, ["good"]]', '[0, ["slow"]]']
+        assert store.tuning_lines("k", without_session=bad)[1] == ['[0, ["good"]]']  # the set before it
+        store.judge_tune_session(bad, False, "rejected: 1 ms → 2 ms")
+        assert store.tuning_lines("k")[1] == ['[0, ["good"]]']
+        assert store.tune_session(bad)["status"] == "rejected" and store.tune_session(kept)["status"] == "running"
+        assert store.earlier_tuning({"kind": "llvm"}, "0.28.0") == ("k", "0.27.0")
+        assert store.earlier_tuning({"kind": "llvm"}, "0.27.0") is None  # the same version: nothing to replay
+        replay = store.start_tune_session(DEVICE, model, "k2", {"kind": "llvm"}, "0.28.0", 0)
+        assert store.copy_tuning("k", "k2", replay) == 1 and store.tuning_lines("k2")[1] == ['[0, ["good"]]']
+
+
+def test_the_keep_rule():
+    assert not_slower([1.0, 1.1, 1.2], [0.5, 0.6, 0.7]) and not_slower([1.0], [1.0])
+    assert not not_slower([1.0, 1.0, 1.0], [1.0, 1.1, 1.1]) and not not_slower([1.0], [])
+    assert not_slower([], [2.0])  # the previous set did not run: anything that runs is better
