@@ -36,13 +36,15 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env.filters["value"] = metric_value  # {{ a.value|value(a.metric) }}: bytes or seconds
     curves = _copy_curves(store)
     alerts = sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else []
-    figures = 5 + (review_figures(alerts) if sweep_id is not None else 0)
+    figures = 6 + (review_figures(alerts) if sweep_id is not None else 0)
     with figure_pool(figures) as pool:  # drawn in worker processes where that is safe, while this goes on
         distribution = pool.submit(_distribution_png, _distribution_data(store, ok))
         phases = pool.submit(stacked_png, ok)
         copies = pool.submit(_copy_curves_png, curves) if curves else None
         compared = [v for v in versus.values() if v.ratio is not None]
         versus_png = pool.submit(_versus_png, _versus_data(compared)) if compared else None
+        trajectories, coverage_drops = tuning_trajectories(store.trajectories())
+        trajectories_png = pool.submit(_trajectories_png, trajectories) if trajectories else None
         memory = _memory_data(ok)
         memory_png = pool.submit(_memory_png, memory) if memory else None
         review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
@@ -58,6 +60,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
             copy_curves_png=copies.result() if copies else "",
             versus=versus, versus_rows=[versus[r.run_id] for r in latest], versus_png=versus_png.result() if versus_png else "",
             memory_png=memory_png.result() if memory_png else "",
+            trajectories=trajectories, coverage_drops=coverage_drops,
+            trajectories_png=trajectories_png.result() if trajectories_png else "",
         )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +195,81 @@ def _distribution_png(data: list[tuple[str, list[float]]]) -> str:
     ax.set_xticks(range(1, len(data) + 1), [label for label, _ in data], fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("steady latency per call (ms)")
+    return figure_png(fig)
+
+
+TRAJECTORIES = 12  # cells whose per-night tuning trajectory is drawn (those furthest from their reference)
+
+
+def tuning_trajectories(rows: list[dict[str, Any]], most: int = TRAJECTORIES,
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per device × model that was ever tuned, its nights (sweeps): TVM's steady median with the night's coverage
+    (tuned tasks / tasks), TVM untuned where measured, the reference runtime's; the ``most`` furthest from their
+    reference (else slowest) first. And every night whose coverage dropped from the night before (a TVM upgrade
+    that found no records, a rejected record set): (cells, drops), from ``Store.trajectories`` rows."""
+    cells: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for row in rows:  # oldest first: a night's last attempt wins
+        night = cells.setdefault((row["device"], row["model"]), {}).setdefault(row["sweep_id"], {})
+        night["reference" if row["runtime"] != "tvm" else "tuned" if row["tuned"] else "untuned"] = row
+    trajectories: list[dict[str, Any]] = []
+    drops: list[dict[str, Any]] = []
+    for (device, model), nights in cells.items():
+        if not any("tuned" in n for n in nights.values()):
+            continue
+        points, previous = [], None
+        for sweep_id in sorted(nights):
+            night = nights[sweep_id]
+            tvm = night.get("tuned") or night.get("untuned")
+            coverage = tvm["tuned_tasks"] / tvm["total_tasks"] if tvm and tvm["total_tasks"] else 0.0
+            if tvm and previous is not None and coverage < previous[0]:
+                drops.append({"device": device, "model": model, "sweep_id": sweep_id,
+                              "before": previous[1], "after": f"{tvm['tuned_tasks']}/{tvm['total_tasks']}",
+                              "tvm": f"{previous[2]} → {tvm['tvm_version']}" if previous[2] != tvm["tvm_version"]
+                              else tvm["tvm_version"]})
+            if tvm:
+                previous = (coverage, f"{tvm['tuned_tasks']}/{tvm['total_tasks']}", tvm["tvm_version"])
+            points.append({"sweep_id": sweep_id, "coverage": coverage,
+                           **{kind: night[kind]["median"] if kind in night else None
+                              for kind in ("tuned", "untuned", "reference")}})
+        last = points[-1]
+        tvm_last = last["tuned"] or last["untuned"]
+        ratio = tvm_last / last["reference"] if tvm_last and last["reference"] else None
+        trajectories.append({"device": device, "model": model, "points": points, "ratio": ratio, "last_s": tvm_last})
+    trajectories.sort(key=lambda t: (-(t["ratio"] or 0.0), -(t["last_s"] or 0.0)))
+    return trajectories[:most], drops
+
+
+def _trajectories_png(cells: list[dict[str, Any]]) -> str:
+    """Small multiples, one per device × model: ms per night (log) of TVM tuned (coverage at each point), TVM
+    untuned and the reference runtime."""
+    plt = pyplot()
+    from matplotlib import ticker
+
+    columns = min(3, len(cells))
+    rows = math.ceil(len(cells) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.4 * rows), squeeze=False)
+    for ax, cell in zip(axes.flat, cells):
+        nights = [p["sweep_id"] for p in cell["points"]]
+        for kind, style in (("untuned", dict(color="0.55", marker=".")), ("tuned", dict(color="tab:blue", marker="o")),
+                            ("reference", dict(color="tab:orange", linestyle="--", marker="."))):
+            xs = [n for n, p in zip(nights, cell["points"]) if p[kind]]
+            ax.plot(xs, [p[kind] * 1000 for p in cell["points"] if p[kind]], label=kind, markersize=3, **style)
+        for n, p in zip(nights, cell["points"]):
+            if p["tuned"]:
+                ax.annotate(f"{p['coverage']:.0%}", (n, p["tuned"] * 1000), fontsize=6, textcoords="offset points",
+                            xytext=(0, 4), ha="center", color="tab:blue")
+        ax.set_yscale("log")
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 3.2, not 3.2×10⁰
+            axis(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.set_title(f"{cell['device']} · {cell['model']}", fontsize=8)
+        ax.tick_params(labelsize=6)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(cells):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.supxlabel("sweep (night)", fontsize=7)
+    fig.supylabel("steady ms per call (log)", fontsize=7)
+    fig.tight_layout()
     return figure_png(fig)
 
 

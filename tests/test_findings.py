@@ -186,3 +186,24 @@ def test_triage_state_carries_across_nights_and_fail_on_new(tmp_path):
     assert run_farm("regressions", "--fail-on", "new-any", env=env).returncode == 0
     bad = run_farm("regressions", "--triage", "1:done", env=env)
     assert bad.returncode == 2 and "is not ID:STATE" in bad.stderr
+
+
+def test_the_report_shows_tuning_per_night_and_the_night_coverage_dropped(tmp_path):
+    """Tuning coverage per night beside TVM's and onnxruntime's times: m0 gets records from night 3 on; the TVM
+    upgrade of night 7 finds none for its version, and that night is listed as a coverage drop."""
+    db = tmp_path / "r.db"
+    plant(db, tvm=lambda night: "0.27.0" if night < 7 else "0.28.0", reference=True,
+          tuned=lambda night, device, model: 6 if model == "m0" and device == "dev0" and 3 <= night < 7 else 0)
+    html = report(db)
+    assert 'id="tuning"' in html and "per-night tuning trajectories" in html
+    drops = re.findall(r'<tr class="coverage-drop">(.*?)</tr>', html, re.S)
+    cells = [re.sub(r"<[^>]+>", "|", d).replace("\n", "") for d in drops]
+    assert len(cells) == 1 and "dev0" in cells[0] and "m0" in cells[0] and "6/10" in cells[0] and "0/0" in cells[0]
+    assert "0.27.0 → 0.28.0" in cells[0] and "|7|" in cells[0]
+
+
+def test_no_tuning_no_trajectory_section(tmp_path):
+    db = tmp_path / "r.db"
+    plant(db)
+    html = report(db)
+    assert 'id="versus"' in html and 'id="tuning"' not in html  # nothing was ever tuned: no such section
