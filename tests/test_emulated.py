@@ -186,6 +186,12 @@ fallback = "cpu"
         assert out["first_run_cold_s"] > 0 and out["first_run_warm_s"] > 0
         assert out["steady_clock"] == "kernel" and len(out["steady_kernel_samples_s"]) == 3
         assert len(out["steady_wall_samples_s"]) == 3 and out["copy_s"][0]["bytes"] == 40
+        # memory through the native server's farm.MemoryStats: qemu's own process, so marked emulated
+        memory = out["memory"]
+        assert memory["measured"].startswith("RSS of qemu's process") and "(emulated)" in memory["text"]
+        assert memory["params_bytes"] == 38440 and memory["planned_device_bytes"] > 0
+        assert memory["rss_peak_bytes"] >= memory["rss_after_load_bytes"] > memory["rss_before_load_bytes"] > 0
+        assert memory["total_bytes"] > 0
     # each cold run found the cache empty and POCL built every kernel binary in it anew
     assert all(built and all(built) for built in built_after), built_after
     assert copies.returncode == 0, copies.stderr
