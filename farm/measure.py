@@ -121,11 +121,13 @@ def bench_artifact(
 
         step = "warm"
         say(step, "second load, first run (warm)")
+        lib = vm = None  # the first copy is freed before the second load: the steady peak holds one copy
+        memory.read(reset_peak=True)
         t0 = time.perf_counter()
         vm = relax.VirtualMachine(session.load_module(remote_name), dev)
         fields["load_warm_s"] = time.perf_counter() - t0
         fields["first_run_warm_s"], _ = _first_run(vm, dev, args)
-        memory.read(reset_peak=True)  # its peak (two copies of the model at once) is left out
+        memory.read(reset_peak=True)  # the warm load's own peak (its load) is left out of the steady peak
 
         step = "steady"
         vm.set_input("main", *args)
@@ -197,17 +199,31 @@ class _Memory:
 
     def __init__(self, stats: Callable[[int], str] | None, fields: dict[str, Any], context: dict[str, Any],
                  emulated: bool) -> None:
-        self.stats, self.fields, self.context = stats, fields, context
+        self.stats, self.fields, self.context, self.emulated = stats, fields, context, emulated
+        self.peak_known = True  # False once a reset of the peak failed: the peak would then span earlier steps
         context["memory"] = MEMORY_UNMEASURED if stats is None else MEMORY_EMULATED if emulated else MEMORY_MEASURED
 
     def read(self, field: str = "", reset_peak: bool = False, peak: bool = False) -> None:
+        """One reading. A server whose reading fails leaves memory "not measured" with the reason; the run goes on."""
         if self.stats is None:
             return
-        reading = json.loads(self.stats(int(reset_peak)))
-        self.context.setdefault("memory_total_bytes", reading.get("total_bytes"))  # the device's RAM: will it fit?
+        try:
+            reading = json.loads(self.stats(int(reset_peak)))
+        except Exception as exc:  # RPC or JSON: memory is a side figure, never the run's failure
+            self.stats = None
+            self.context["memory"] = f"not measured: reading the server's memory failed ({message_line(exc, 200)})"
+            for name in ("rss_before_load_bytes", "rss_after_load_bytes", "rss_peak_bytes"):
+                self.fields.pop(name, None)
+            return
+        if not self.emulated:  # under qemu-user /proc/meminfo is this host's, not the device's: no guess
+            self.context.setdefault("memory_total_bytes", reading.get("total_bytes"))  # the device's RAM: will it fit?
         if field:
             self.fields[field] = reading.get("rss_bytes")
-        if peak and reading.get("peak_bytes") is not None:
+        if reset_peak and reading.get("peak_reset") is False and self.peak_known:
+            self.peak_known = False
+            self.fields.pop("rss_peak_bytes", None)
+            self.context["memory"] += "; peak not measured: the server could not reset it (no /proc/self/clear_refs)"
+        if peak and self.peak_known and reading.get("peak_bytes") is not None:
             self.fields["rss_peak_bytes"] = max(reading["peak_bytes"], self.fields.get("rss_peak_bytes") or 0)
 
 

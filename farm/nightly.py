@@ -11,10 +11,13 @@ reference, largest first); elsewhere those with the most untuned time (steady me
 without records). Each is tuned (``tune.tune_model``) while the key's minutes last; the next night compiles
 with the new records (the artifact cache is keyed by the tuning digest).
 
-Tuning never ships a regression. After a session added records the model is compiled twice, with the record
-set as it was before the session and with the new one, both measured on the device now, one after the other;
-unless the new set's steady median is no slower, the session is marked ``rejected`` and its records compile
-into nothing from then on (``Store.tuning_lines``).
+A record set that makes the tuned model slower is not shipped. After a session added records the model is
+compiled with the record set as it was before the session and with the new one; the new one must run and pass
+the output check, then both are measured on the device in interleaved rounds (each a fresh load of both);
+unless the new set is not slower across the rounds, the session is marked ``rejected`` and its records compile
+into nothing from then on (``Store.tuning_lines``). Records are per target and shared by every model on it:
+only the tuned model is validated (and for a replay, the first ranked model), so another model that shares a
+workload is not checked here; the next night's sweep and its regressions are.
 
 A TVM upgrade does not wipe the farm's tuning. Records are keyed by target and TVM version, so on the night of
 an upgrade a key has none. The newest records of the same target under an earlier TVM version are then
@@ -37,12 +40,14 @@ from farm.results import run_rows, versus_reference
 from farm.runs import Run
 from farm.store import Store
 from farm.stats import median, nonempty_median
+from farm.measure import interleaved_rounds
 from farm.sweep import cell_inputs, measure_cell
 from farm.tune import TuneConfig, replay_earlier_records, tune_model
 
 log = logging.getLogger(__name__)
 
 MIN_SESSION_S = 60.0  # a key's budget with less than this left starts no new session
+VALIDATION_ROUNDS = 5  # interleaved rounds comparing a record set with the previous one (each a fresh load of both)
 Say = Callable[[str], None]
 
 
@@ -90,8 +95,13 @@ def rank_models(runs: list[Run], device: str) -> list[tuple[str, str]]:
 
 
 def not_slower(before: list[float], after: list[float]) -> bool:
-    """The rule that keeps a record set: its steady median is no slower than the previous set's."""
-    return bool(after) and (not before or nonempty_median(after) <= nonempty_median(before))
+    """The rule that keeps a record set: over interleaved rounds (one figure per round for each set), the median
+    of the per-round ratios new / previous is at most 1. Without a previous figure, any that ran is kept."""
+    if not after:
+        return False
+    if not before:
+        return True
+    return nonempty_median([new / old for old, new in zip(before, after)]) <= 1.0
 
 
 def tune_after_sweep(tracker: TrackerAddress, devices: dict[str, Device], sweep_devices: tuple[str, ...],
@@ -175,34 +185,28 @@ def _replay_earlier(tracker: TrackerAddress, device: Device, model: ModelSource,
 
 def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench: BenchConfig, cache_dir: Path,
               before: TuningSet, after: TuningSet) -> tuple[bool, float | None, float | None, str]:
-    """Compile ``model`` with each record set and measure both now, on the device, with the same inputs and
-    check: (kept, before's steady median, after's, why)."""
+    """Compile ``model`` with each record set. The new set's artifact must run and pass its output check (one
+    measurement); then both are measured in ``VALIDATION_ROUNDS`` interleaved rounds (``measure.interleaved_rounds``:
+    each round a fresh session and load of both, alternating, so a night's drift hits both alike) and the new set is
+    kept when it is not slower across the rounds (``not_slower``). Returns (kept, before's median of the rounds,
+    after's, why)."""
     prepared = cell_inputs(model, bench)
-    medians: list[float | None] = []
-    samples: list[list[float]] = []
-    for tuning in (before, after):
-        try:
-            artifact = compile_model(model, device, cache_dir, tuning)
-        except FarmError as exc:
-            if tuning is before:
-                medians.append(None)
-                samples.append([])
-                continue
-            return False, medians[0], None, f"rejected: the new records do not compile ({exc.message})"
-        result = measure_cell(tracker, device, model, artifact, bench, prepared=prepared)
-        if result.status != "ok" or (result.check is not None and result.check.status == "failed"):
-            if tuning is before:
-                medians.append(None)
-                samples.append([])
-                continue
-            why = result.reason if result.status != "ok" else f"its output check failed ({result.check.detail})"
-            return False, medians[0], None, f"rejected: measured with the new records, {why[:300]}"
-        samples.append(list(result.steady_samples_s))
-        medians.append(median(result.steady_samples_s))
-    before_s, after_s = medians
-    kept = not_slower(samples[0], samples[1])
-    if before_s is None:
-        return kept, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run)"  # type: ignore[operator]
-    change = f"{before_s / after_s:.2f}× faster" if kept else f"{after_s / before_s:.2f}× slower: records not used"  # type: ignore[operator]
-    return kept, before_s, after_s, (f"{'kept' if kept else 'rejected'}: {before_s * 1e3:.3g} ms → "
-                                     f"{after_s * 1e3:.3g} ms ({change})")  # type: ignore[operator]
+    try:
+        new = compile_model(model, device, cache_dir, after)
+    except FarmError as exc:
+        return False, None, None, f"rejected: the new records do not compile ({exc.message})"
+    checked = measure_cell(tracker, device, model, new, bench, prepared=prepared)
+    if checked.status != "ok" or (checked.check is not None and checked.check.status == "failed"):
+        why = checked.reason if checked.status != "ok" else f"its output check failed ({checked.check.detail})"
+        return False, None, None, f"rejected: measured with the new records, {why[:300]}"
+    try:
+        old = compile_model(model, device, cache_dir, before)
+        old_rounds, new_rounds = interleaved_rounds(tracker, device, old, new, prepared[0], VALIDATION_ROUNDS, bench)
+    except FarmError as exc:  # the previous set does not compile or run: the new one, which does, is better
+        after_s = median(checked.steady_samples_s)
+        return True, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run: {exc.message})"  # type: ignore[operator]
+    kept = not_slower(old_rounds, new_rounds)
+    before_s, after_s = nonempty_median(old_rounds), nonempty_median(new_rounds)
+    change = f"{before_s / after_s:.2f}× faster" if kept else f"{after_s / before_s:.2f}× slower: records not used"
+    return kept, before_s, after_s, (f"{'kept' if kept else 'rejected'}: {before_s * 1e3:.3g} ms → {after_s * 1e3:.3g} ms "
+                                     f"({change}; {len(old_rounds)} interleaved rounds)")

@@ -412,15 +412,23 @@ PACK_FORMAT = 1
 
 
 def replay_earlier_records(store: Store, device: Device, model: ModelSource) -> tuple[int, int, str, str] | None:
-    """On a tuning key with no records (the night of a TVM upgrade: keys include the TVM version), the same target's
-    records under the newest earlier TVM version, copied into this version's key as a session of their own:
+    """On a tuning key that never had records (the night of a TVM upgrade: keys include the TVM version), the same
+    target's records under the newest older TVM version, copied into this version's key as a session of their own:
     (session id, records copied, that TVM version, this key); None when the key has records or nothing earlier
     exists. The caller validates them (``nightly``) and rejects the session if they make the model slower."""
+    from packaging.version import InvalidVersion, Version
+
+    def older(version: str) -> bool:  # a farm sharing one database across TVM versions never replays a newer one's
+        try:
+            return Version(version) < Version(tvm.__version__)
+        except InvalidVersion:
+            return False
+
     target = effective_target(device)
     key = tuning_key(target)
-    if store.tuning_lines(key)[1]:
+    if store.ever_had_records(key):  # records of its own, or a replay that was rejected: never replayed (again)
         return None
-    earlier = store.earlier_tuning(target, tvm.__version__)
+    earlier = next(((k, v) for k, v in store.other_tunings(target, tvm.__version__) if older(v)), None)
     if earlier is None:
         return None
     from_key, version = earlier

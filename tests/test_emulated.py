@@ -191,7 +191,7 @@ fallback = "cpu"
         assert memory["measured"].startswith("RSS of qemu's process") and "(emulated)" in memory["text"]
         assert memory["params_bytes"] == 38440 and memory["planned_device_bytes"] > 0
         assert memory["rss_peak_bytes"] >= memory["rss_after_load_bytes"] > memory["rss_before_load_bytes"] > 0
-        assert memory["total_bytes"] > 0
+        assert memory["total_bytes"] is None  # qemu's /proc/meminfo is this host's: not passed off as the board's
     # each cold run found the cache empty and POCL built every kernel binary in it anew
     assert all(built and all(built) for built in built_after), built_after
     assert copies.returncode == 0, copies.stderr

@@ -36,7 +36,7 @@ ALLOWED = {
     "costmodel": {"errors"},  # MetaSchedule's XGBoost model as data
     "task_profile": {"errors", "records", "rpc"},  # each task's untuned time on the device, the trials it gets
     "tune": {"compile", "costmodel", "errors", "records", "rpc", "store", "sweep", "task_profile"},
-    "nightly": {"compile", "errors", "records", "results", "runs", "stats", "store", "sweep", "tune"},
+    "nightly": {"compile", "errors", "measure", "records", "results", "runs", "stats", "store", "sweep", "tune"},
     "confirmation": {"errors", "findings", "measure", "models", "records", "regress", "results", "series", "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
     "dashboard": {"errors", "records", "results", "rpc", "stats", "store"},

@@ -60,13 +60,17 @@ def test_a_rejected_session_s_records_compile_into_nothing(tmp_path):
         store.judge_tune_session(bad, False, "rejected: 1 ms → 2 ms")
         assert store.tuning_lines("k")[1] == ['[0, ["good"]]']
         assert store.tune_session(bad)["status"] == "rejected" and store.tune_session(kept)["status"] == "running"
-        assert store.earlier_tuning({"kind": "llvm"}, "0.28.0") == ("k", "0.27.0")
-        assert store.earlier_tuning({"kind": "llvm"}, "0.27.0") is None  # the same version: nothing to replay
+        assert store.other_tunings({"kind": "llvm"}, "0.28.0") == [("k", "0.27.0")]
+        assert store.other_tunings({"kind": "llvm"}, "0.27.0") == []  # the same version: nothing to replay
+        assert store.ever_had_records("k") and not store.ever_had_records("k2")
         replay = store.start_tune_session(DEVICE, model, "k2", {"kind": "llvm"}, "0.28.0", 0)
         assert store.copy_tuning("k", "k2", replay) == 1 and store.tuning_lines("k2")[1] == ['[0, ["good"]]']
 
 
-def test_the_keep_rule():
+def test_the_keep_rule_compares_interleaved_rounds():
     assert not_slower([1.0, 1.1, 1.2], [0.5, 0.6, 0.7]) and not_slower([1.0], [1.0])
     assert not not_slower([1.0, 1.0, 1.0], [1.0, 1.1, 1.1]) and not not_slower([1.0], [])
+    # per-round ratios, not medians of each: a drifting night hits both sets in each round alike
+    assert not_slower([1.0, 2.0, 3.0, 4.0, 5.0], [0.99, 1.98, 2.97, 4.2, 5.5])  # ratios .99 .99 .99 1.05 1.1
+    assert not not_slower([1.0, 2.0, 3.0], [1.01, 2.02, 2.5])  # ratios 1.01 1.01 .83: median 1.01
     assert not_slower([], [2.0])  # the previous set did not run: anything that runs is better

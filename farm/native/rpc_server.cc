@@ -16,8 +16,9 @@
 //   server names to the driver (POCL_CACHE_DIR, CUDA_CACHE_PATH) before any session starts, so a cold
 //   measurement really builds its kernels; TVM's own programs live in the session's child and die with it;
 // - farm.MemoryStats(reset_peak): the serving process's memory as JSON {"rss_bytes", "peak_bytes",
-//   "total_bytes"} from /proc (VmRSS, VmHWM, MemTotal); then, if reset_peak, the peak is reset
-//   (5 > /proc/self/clear_refs). Each session is a forked child, so this is the model's process.
+//   "total_bytes", "peak_reset"} from /proc (VmRSS, VmHWM, MemTotal); then, if reset_peak, the peak is
+//   reset (5 > /proc/self/clear_refs; "peak_reset" says whether that worked). Each session is a forked
+//   child, so this is the model's process.
 //
 // usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090] [--load LIB]...
 //                        [--kernel-cache DIR]
@@ -269,12 +270,15 @@ std::string JsonBytes(int64_t value) { return value < 0 ? "null" : std::to_strin
 std::string MemoryStats(int reset_peak) {
   std::string stats = "{\"rss_bytes\": " + JsonBytes(ProcKilobytes("/proc/self/status", "VmRSS")) +
                       ", \"peak_bytes\": " + JsonBytes(ProcKilobytes("/proc/self/status", "VmHWM")) +
-                      ", \"total_bytes\": " + JsonBytes(ProcKilobytes("/proc/meminfo", "MemTotal")) + "}";
-  if (reset_peak != 0) {
+                      ", \"total_bytes\": " + JsonBytes(ProcKilobytes("/proc/meminfo", "MemTotal"));
+  bool reset = false;
+  if (reset_peak != 0) {  // a kernel without clear_refs: the peak is then not measured (farm says so)
     std::ofstream clear("/proc/self/clear_refs");
     clear << "5";
+    clear.flush();
+    reset = clear.good();
   }
-  return stats;
+  return stats + ", \"peak_reset\": " + (reset ? "true" : "false") + "}";
 }
 
 void RegisterServerEnv() {

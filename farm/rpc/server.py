@@ -78,10 +78,16 @@ def _proc_kib(path: str, names: tuple[str, ...]) -> dict[str, int | None]:
 def memory_stats(reset_peak: int) -> str:
     status = _proc_kib("/proc/self/status", ("VmRSS", "VmHWM"))
     total = _proc_kib("/proc/meminfo", ("MemTotal",))["MemTotal"]
+    reset = False
     if reset_peak:
-        with open("/proc/self/clear_refs", "w") as f:  # 5: reset the peak RSS (VmHWM) to the current RSS
-            f.write("5")
-    return json.dumps({"rss_bytes": status["VmRSS"], "peak_bytes": status["VmHWM"], "total_bytes": total})
+        try:
+            with open("/proc/self/clear_refs", "w") as f:  # 5: reset the peak RSS (VmHWM) to the current RSS
+                f.write("5")
+            reset = True
+        except OSError:  # a kernel without it (gVisor, no CONFIG_PROC_PAGE_MONITOR): the peak is then not measured
+            pass
+    return json.dumps({"rss_bytes": status["VmRSS"], "peak_bytes": status["VmHWM"], "total_bytes": total,
+                       "peak_reset": reset})
 
 
 def clear_kernel_cache() -> str:

@@ -98,14 +98,19 @@ class TuningMixin:
         rows = self._db.dicts("SELECT * FROM tune_sessions WHERE id=?", (session_id,))
         return rows[0] if rows else None
 
-    def earlier_tuning(self, target: dict, tvm_version: str) -> tuple[str, str] | None:
-        """(tuning key, TVM version) of the newest session for the same target under another TVM version whose
-        key holds records: what a TVM upgrade replays instead of starting from nothing."""
-        row = self._db.execute(
-            "SELECT s.tuning_key, s.tvm_version FROM tune_sessions s WHERE s.target=? AND s.tvm_version<>? AND "
-            "EXISTS (SELECT 1 FROM tune_records r WHERE r.tuning_key=s.tuning_key) ORDER BY s.id DESC LIMIT 1",
-            (json.dumps(target), tvm_version)).fetchone()
-        return None if row is None else (row["tuning_key"], row["tvm_version"])
+    def ever_had_records(self, tuning_key: str) -> bool:
+        """Whether any record was ever stored for the key, rejected ones included."""
+        return self._db.execute("SELECT 1 FROM tune_records WHERE tuning_key=? LIMIT 1", (tuning_key,)).fetchone() \
+            is not None
+
+    def other_tunings(self, target: dict, tvm_version: str) -> list[tuple[str, str]]:
+        """(tuning key, TVM version) of the same target under other TVM versions whose keys hold records, newest
+        session first: what a TVM upgrade can replay instead of starting from nothing (the caller picks a version)."""
+        rows = self._db.execute(
+            "SELECT s.tuning_key, s.tvm_version, MAX(s.id) AS newest FROM tune_sessions s WHERE s.target=? AND "
+            "s.tvm_version<>? AND EXISTS (SELECT 1 FROM tune_records r WHERE r.tuning_key=s.tuning_key) "
+            "GROUP BY s.tuning_key, s.tvm_version ORDER BY newest DESC", (json.dumps(target), tvm_version)).fetchall()
+        return [(row["tuning_key"], row["tvm_version"]) for row in rows]
 
     def copy_tuning(self, from_key: str, to_key: str, session_id: int) -> int:
         """Replay ``from_key``'s records (rejected ones left out) into ``to_key`` as ``session_id``'s; returns how many."""
