@@ -206,11 +206,12 @@ CATCHERS = {
     "farm.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving",
     "farm.devices": "the watchdog reports a restart that failed and keeps watching; a server it cannot stop stays recorded",
     "farm.devices.adb_shell": "a program of its own (python -m): error: and exit 1, as the CLI",
+    "farm.devices.cache": "setup_step: a cached build run as a program (setup.sh): error: and exit 1, as the CLI",
     "farm.devices.emulated": "prerequisites(): what this host lacks, as text (farm devices --kinds); no arm64 POCL: "
                              "the board without a GPU driver (a warning)",
     "farm.devices.health": "a device whose health cannot be read: the gate's outcome 'unreadable', and measure on",
-    "farm.devices.opencl_runtime": "missing(): what this host lacks; a bundle without OpenCL; main(): setup.sh's step",
-    "farm.devices.pocl_arm64": "main(): setup.sh's step, error: and exit 1, as the CLI",
+    "farm.devices.opencl_runtime": "missing(): what this host lacks; a bundle without OpenCL; main(): missing sources "
+                                   "are a warning",
     "farm.nightly": "a tuning session or validation that fails is a line of the night's outcome; the sweep stands",
     "farm.measure": "a failed session is a stored failed run at step 'session'; a failed copy curve a failed curve",
     "farm.reference": "a reference runtime that fails is its stored failed result; the TVM figure stands",

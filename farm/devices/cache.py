@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from farm.errors import DeviceError
 
@@ -47,3 +47,16 @@ def building(folder: Path, prefix: str) -> Iterator[Path]:
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+def setup_step(label: str, build: Callable[[], Path]) -> int:
+    """A cached build run as a program (``python -m``, tools/setup.sh): print where it is, or ``error:`` and
+    ``hint:`` and exit 1, as the CLI."""
+    import sys
+
+    try:
+        print(f"{label}: {build()}")
+    except DeviceError as exc:
+        print(f"error: {exc.message}\nhint: {exc.hint}", file=sys.stderr)
+        return 1
+    return 0

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from farm.devices.board import CROSS_CXX, ensure_board
-from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
+from farm.devices.cache import building, cache_root, setup_step, tvm_versions, wheel_dir
 from farm.errors import DeviceError
 
 log = logging.getLogger(__name__)
@@ -184,12 +184,7 @@ def main() -> int:
     except DeviceError as exc:
         print(f"warning: {exc.message}; OpenCL devices are skipped until {exc.hint}", file=sys.stderr)
         return 0
-    try:
-        print(f"TVM's OpenCL runtime: {ensure_runtime(progress=print)}")
-    except DeviceError as exc:
-        print(f"error: {exc.message}\nhint: {exc.hint}", file=sys.stderr)
-        return 1
-    return 0
+    return setup_step("TVM's OpenCL runtime", lambda: ensure_runtime(progress=print))
 
 
 if __name__ == "__main__":

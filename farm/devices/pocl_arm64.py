@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from farm.devices.board import SYSROOT
-from farm.devices.cache import building, cache_root
+from farm.devices.cache import building, cache_root, setup_step
 from farm.errors import DeviceError
 
 RECIPE = 1  # bump when the sysroot below changes
@@ -120,12 +120,7 @@ def _download(apt_dir: Path) -> list[Path]:
 
 def main() -> int:
     """Build (or find) the sysroot, as tools/setup.sh does."""
-    try:
-        print(f"arm64 POCL sysroot: {ensure_sysroot(progress=print)}")
-    except DeviceError as exc:
-        print(f"error: {exc.message}\nhint: {exc.hint}", file=sys.stderr)
-        return 1
-    return 0
+    return setup_step("arm64 POCL sysroot", lambda: ensure_sysroot(progress=print))
 
 
 if __name__ == "__main__":
