@@ -272,6 +272,7 @@ class SweepSpec:
     shapes: dict = field(default_factory=dict)  # model -> {input name: shape}, for dynamic or overridden inputs
     # model as the spec names it -> the name its runs carry (``dyn`` for ``/models/dyn.onnx``); set by run_sweep
     stored_names: dict = field(default_factory=dict)
+    reference_runtime: bool = True  # also time each cell's model in its reference runtime where the device runs one
 
     def cell_models(self) -> tuple[str, ...]:
         ref = (self.reference,) if self.reference else ()
@@ -306,7 +307,8 @@ class SweepSpec:
                          config=BenchConfig(**data["config"]), retries=data["retries"], tuned=data["tuned"],
                          variants=tuple(data.get("variants", ("fp32",))),
                          shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()},
-                         stored_names=dict(data.get("stored_names", {})))
+                         stored_names=dict(data.get("stored_names", {})),
+                         reference_runtime=data.get("reference_runtime", True))
 
 
 @dataclass(frozen=True)

@@ -389,7 +389,7 @@ def run_sweep(
         else:
             done = store.sweep_attempts(sweep_id)
         ctx = CellContext(tracker, cache_dir, spec.config, spec.tuned, retries=spec.retries, sweep_id=sweep_id,
-                          progress=progress)
+                          progress=progress, reference_runtime=spec.reference_runtime)
         todo = missing_cells(spec, spec.by_cell(done))
         outcome = SweepOutcome(sweep_id, "running",
                                skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))

@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import re
+import sqlite3
 
 import onnxruntime
 import pytest
@@ -97,3 +98,18 @@ def test_farm_bench_prints_both_and_the_report_and_csv_carry_them(farm_net, inve
     assert f"onnxruntime {onnxruntime.__version__}" in section
     assert re.search(r"TVM [\d.]+× (slower|faster)", section)
     assert html.count("data:image/png;base64,") >= 2  # the chart of TVM against the reference is drawn
+
+
+def test_a_tvm_only_sweep_times_no_reference_runtime_and_keeps_saying_so_on_resume(farm_net, inventory_file, farm_env):
+    base = ("--devices", str(inventory_file), "--json", "sweep", "--device", "cpu-a", "--model", "mlp", "--reference",
+            "none", "--repeat", "3", "--min-repeat-ms", "5", "--no-report")
+    sweep = run_farm(*base, "--tvm-only", env=farm_env)
+    assert sweep.returncode == 0, sweep.stderr
+    db = sqlite3.connect(farm_env["FARM_DB"])
+    assert db.execute("SELECT runtime, COUNT(*) FROM runs GROUP BY runtime").fetchall() == [("tvm", 1)]
+    spec = json.loads(db.execute("SELECT spec FROM sweeps").fetchone()[0])
+    assert spec["reference_runtime"] is False  # stored with the sweep: --resume measures its cells the same way
+    timed = run_farm(*base, env=farm_env)
+    assert timed.returncode == 0, timed.stderr
+    assert dict(db.execute("SELECT runtime, COUNT(*) FROM runs GROUP BY runtime").fetchall()) == {"tvm": 2,
+                                                                                                  "onnxruntime": 1}

@@ -230,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", action="append", choices=["fp32", "fp16", "int8"],
                    help="a variant axis (repeatable; default fp32); int8 is calibrated with min-max")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
+    p.add_argument("--tvm-only", action="store_true",
+                   help="do not time each cell's model in its reference runtime (onnxruntime …) beside TVM")
     p.add_argument("--resume", nargs="?", const="latest", type=sweep_or_latest,
                    help="finish a crashed sweep (default: the latest)")
     p.add_argument("--if-incomplete", action="store_true",

@@ -74,7 +74,8 @@ def cmd_sweep(args) -> int:
         spec = SweepSpec(devices, models, None if reference in ("", "none") else reference, config,
                          retries=args.retries, tuned=not args.untuned,
                          variants=tuple(args.variant or file_spec.get("variants") or ("fp32",)),
-                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in file_spec.get("shapes", {}).items()})
+                         shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in file_spec.get("shapes", {}).items()},
+                         reference_runtime=not args.tvm_only)
     outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
                         progress=progress_printer(args.progress), sweep_id=sweep_id)
     report = None
