@@ -8,7 +8,8 @@ the night that matters most (a toolchain change slowing half the models everywhe
             upgrade that dropped the tuning records is another cause than one that slowed equally tuned code);
             unconfirmable by rounds (a device's server runs one TVM); its control is the reference runtime's series
             on the same devices
-  tuning    the series' tuning records changed since its baseline's run (a nightly tuning budget)
+  tuning    the model's own applied tuning changed since its baseline's run (a nightly tuning budget): tasks with a
+            record, of its tasks (``_tuning_changed``)
   sweep     several models, each moved on most devices (a toolchain or farm change; what changed in the runs'
             context is named when something did)
   model     one model across devices (the model or its compilation changed)
@@ -26,7 +27,7 @@ A metric moved by less than the larger of the timer's resolution and three times
 finding by itself (``noise_floor``): a 20 % swing of a 1.4 µs copy is 0.28 µs.
 
 ``find_findings`` is the rule on records; ``sweep_findings`` reads what it needs of a sweep from the store (alerts,
-runs, tuning digests, stored triage states) and ``record`` stores them (``Store.record_findings``), so the CLI,
+runs, stored triage states) and ``record`` stores them (``Store.record_findings``), so the CLI,
 the sweep and the report name the same findings.
 """
 
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import numpy as np
 
 from farm.records import Alert, Record
-from farm.regress import BYTE_METRICS, SeriesVerdict, detect, detect_upgrades
+from farm.regress import BYTE_METRICS, PLANNED_METRICS, SeriesVerdict, detect, detect_upgrades
 from farm.series import by_sweep
 from farm.stats import MAD_TO_SD, model_label
 
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
 # a ns clock (std::chrono on the device, perf_counter here), but OpenCL profiling events report µs on mobile GPUs
 # and a sub-µs difference of one call is below what any of farm's timers resolves. A choice, stated.
 TIMER_RESOLUTION_S = 1e-6
-PAGE_BYTES = 4096  # a memory metric's resolution: RSS is counted in pages
+PAGE_BYTES = 4096  # the measured memory's resolution: RSS is counted in pages
+PLANNED_BYTE = 1.0  # planned memory's: read from the built module, exact; any change is a change (regress)
 NOISE_MADS = 3.0  # ... and three times the run's own MAD of its samples (the issue's rule)
 BROAD = 0.5  # a model moved on at least half of its devices (a device on half its models) moved as a whole
 SWEEP_WIDE = 0.8  # two or more models, each moved on at least 80 % of its devices: one sweep-wide finding
@@ -90,6 +92,7 @@ class Finding(Record):
     cost_s: float  # sum of |value − baseline centre| over its alerts (bytes for a memory metric)
     confirmed: int  # representatives rerun and confirmed
     reruns: int  # representatives rerun
+    rejected: int  # representatives rerun whose rounds found no change (status rejected)
     confidence: str
     control: str = ""  # what the reference runtime's series say (upgrades)
     split: str = ""  # upgrades: "tuning records dropped" | "same tuning coverage"
@@ -112,17 +115,21 @@ class Finding(Record):
 
 def noise_floor(alert: Alert, run: "Run | None") -> float:
     """The smallest absolute change of ``alert`` that can be a finding: the timer's resolution, or three times the
-    run's own MAD (its steady samples'; for a metric of one value per run, the MAD of its baseline's nights)."""
+    run's own MAD (its steady samples'; for a metric of one value per run, the MAD of its baseline's nights). Both
+    stored spreads are MADs scaled to a normal SD (``stats.MAD_TO_SD``): divided back, so 3 × MAD is 3 × MAD."""
     mad = None
     if alert.metric == "steady" and run is not None and run.steady is not None:
-        mad = run.steady.mad
+        mad = run.steady.mad / MAD_TO_SD
     elif alert.baseline is not None:
         mad = alert.baseline["spread"] / MAD_TO_SD
     return max(resolution(alert.metric), NOISE_MADS * (mad or 0.0))
 
 
 def resolution(metric: str) -> float:
-    """The smallest change of ``metric`` its measurement resolves: a page for memory, the timer's for times."""
+    """The smallest change of ``metric`` its measurement resolves: a byte for planned memory, a page for measured
+    memory, the timer's for times."""
+    if metric in PLANNED_METRICS:
+        return PLANNED_BYTE
     return PAGE_BYTES if metric in BYTE_METRICS else TIMER_RESOLUTION_S
 
 
@@ -130,12 +137,10 @@ def absolute_change(alert: Alert) -> float:
     return abs(alert.value - alert.baseline["centre"]) if alert.baseline else 0.0
 
 
-def find_findings(alerts: Iterable[Alert], verdicts: Iterable[SeriesVerdict], runs: Mapping[int, "Run"],
-                  tuning_digests: Mapping[str, str] | None = None) -> list[Finding]:
+def find_findings(alerts: Iterable[Alert], verdicts: Iterable[SeriesVerdict], runs: Mapping[int, "Run"]) -> list[Finding]:
     """Group ``alerts`` (one sweep's, as stored) into findings, best first. ``verdicts``: the sweep's verdicts of
     every judged series (``regress.detect`` and ``regress.detect_upgrades``: the denominators and the controls);
-    ``runs``: run id → ``Run`` for the alerts' runs and their baselines' last runs; ``tuning_digests``: artifact key
-    → its tuning records' digest, where the store has it."""
+    ``runs``: run id → ``Run`` for the alerts' runs and their baselines' last runs."""
     verdicts = list(verdicts)
     findings: list[Finding] = []
     by_group: dict[tuple[str, str], list[Alert]] = {}
@@ -149,12 +154,12 @@ def find_findings(alerts: Iterable[Alert], verdicts: Iterable[SeriesVerdict], ru
             by_group.setdefault((alert.metric, direction), []).append(alert)
     for (metric, direction), group in sorted(by_group.items()):
         judged = [v for v in verdicts if v.metric == metric and v.status != "no-baseline"]
-        findings += _group(metric, direction, group, judged, runs, tuning_digests or {})
+        findings += _group(metric, direction, group, judged, runs)
     return sorted(findings, key=lambda f: (f.direction != "slower", -f.rank_score, f.key))
 
 
-def _group(metric: str, direction: str, alerts: list[Alert], judged: list[SeriesVerdict], runs: Mapping[int, "Run"],
-           digests: Mapping[str, str]) -> list[Finding]:
+def _group(metric: str, direction: str, alerts: list[Alert], judged: list[SeriesVerdict],
+           runs: Mapping[int, "Run"]) -> list[Finding]:
     out: list[Finding] = []
     upgrades: dict[tuple[str, str], list[Alert]] = {}
     tuning: list[Alert] = []
@@ -163,7 +168,7 @@ def _group(metric: str, direction: str, alerts: list[Alert], judged: list[Series
         change = (alert.baseline or {}).get("context_change")
         if change:
             upgrades.setdefault((change, _coverage_split(alert, runs)), []).append(alert)
-        elif _tuning_changed(alert, runs, digests):
+        elif _tuning_changed(alert, runs):
             tuning.append(alert)
         else:
             rest.append(alert)
@@ -277,7 +282,7 @@ def _finding(kind: str, metric: str, direction: str, alerts: list[Alert], scope:
         series=tuple({"device": a.device, "model": a.model, "tuned": a.tuned, "runtime": a.runtime,
                       "change": a.change, "z": a.z, "alert": a.id} for a in alerts),
         alerts=tuple(a.id for a in alerts), z=float(np.median(zs)) if zs else 0.0, evidence=evidence,
-        cost_s=sum(absolute_change(a) for a in alerts), confirmed=confirmed, reruns=len(reruns),
+        cost_s=sum(absolute_change(a) for a in alerts), confirmed=confirmed, reruns=len(reruns), rejected=rejected,
         confidence=confidence, control=control, split=split,
         representatives=() if kind == "upgrade" else representatives(kind, own))
 
@@ -321,14 +326,17 @@ def _coverage_split(alert: Alert, runs: Mapping[int, "Run"]) -> str:
     return "tuning records dropped" if new < old else "same tuning coverage"
 
 
-def _tuning_changed(alert: Alert, runs: Mapping[int, "Run"], digests: Mapping[str, str]) -> bool:
+def _tuning_changed(alert: Alert, runs: Mapping[int, "Run"]) -> bool:
+    """The model's own applied tuning changed between its baseline's last run and tonight's: the tasks that received
+    a record, of its tasks. Not the artifact's ``tuning_digest``: that is the digest of the whole tuning key's record
+    set, shared by every model on the target, so one kept nightly session would change it for every tuned model and
+    fold the next night's unrelated driver or mass regression into one "tuning" finding. What this cannot see: new
+    records for tasks that already had one (the same count); nightly tuning keeps a session only when the model is
+    no slower with it."""
     now, before = runs.get(alert.run_id), runs.get(alert.baseline_run_id or -1)
     if now is None or before is None or not now.tuned:
         return False
-    if (now.tuned_tasks, now.total_tasks) != (before.tuned_tasks, before.total_tasks):
-        return True
-    a, b = digests.get(now.artifact_key), digests.get(before.artifact_key)
-    return a is not None and b is not None and a != b
+    return (now.tuned_tasks, now.total_tasks) != (before.tuned_tasks, before.total_tasks)
 
 
 def _context_cause(alerts: list[Alert], runs: Mapping[int, "Run"]) -> str:
@@ -423,12 +431,7 @@ def sweep_findings(store: "Store", sweep_id: int, rows: list["Run"],
     alerts = store.alerts(sweep_id)
     wanted = {a.run_id for a in alerts} | {a.baseline_run_id for a in alerts if a.baseline_run_id is not None}
     runs = {r.run_id: r for r in rows if r.run_id in wanted}
-    digests = {}
-    for run in runs.values():
-        if run.tuned and run.artifact_key not in digests:
-            artifact = store.artifact(run.artifact_key)
-            digests[run.artifact_key] = (artifact or {}).get("tuning_digest") or ""
-    findings = find_findings(alerts, verdicts, runs, digests)
+    findings = find_findings(alerts, verdicts, runs)
     states = store.finding_states([f.key for f in findings], sweep_id)
     return [with_state(f, states.get(f.key)) for f in findings]
 

@@ -105,6 +105,10 @@ class Alert(Record):
     confirmation: dict[str, Any]
 
 
+# a finding's triage state (findings.Finding.state): the store checks it, the CLI parses it, each from here
+TRIAGE_STATES = ("new", "acknowledged", "expected", "fixed")
+
+
 @dataclass(frozen=True)
 class TrackerAddress:
     host: str

@@ -14,12 +14,13 @@ changed between nights (temperature, load); fresh loads make the rounds independ
 samples of one load are not (``compare_samples``, for two stored runs, treats them as such
 and says so).
 
-Thresholds (``METHOD``), chosen with ``tools/bench_detect.py`` on generated series (3 %
-night-to-night noise, 20-night baselines): steady latency candidates at z ≥ 1.0 and
-change ≥ 2 %; load, first-run and copy times are noisier and need z ≥ 2 and ≥ 5 %, and so does
-the measured peak RSS (``peak_rss``: bytes over the RSS before load). Planned memory (``params``,
-``planned_activations``) is deterministic: any change from the series' last accepted night is
-``changed``, with no statistics.
+Thresholds (``METHOD``), chosen with ``tools/bench_detect.py --costs`` on generated series (1-3 %
+night-to-night noise, 20-night baselines): steady latency candidates at z ≥ 2 and change ≥ 2 %
+(z ≥ 1 screened one unchanged series in seven a night at 2 % noise); load, first-run and copy
+times are noisier and need z ≥ 2 and ≥ 5 %, and so does the measured peak RSS (``peak_rss``:
+bytes over the RSS before load). Planned memory (``params``, ``planned_activations``) is
+deterministic: any change from the series' last accepted night (across a context change: the old
+context's last night) is ``changed``, with no statistics.
 """
 
 from __future__ import annotations
@@ -226,18 +227,29 @@ def detect(runs: list["Run"], sweep_id: int, method: Method = METHOD,
                 baseline_run_id=last.run_id if last else None, baseline_artifact_key=last.artifact_key if last else None,
                 status=verdict.status, value=verdict.value, z=verdict.z, change=verdict.change,
                 baseline=asdict(verdict.baseline) if verdict.baseline else None))
-        for metric in PLANNED_METRICS:
-            value = series_value(metric, now)
-            before = next((v for v in (series_value(metric, r) for r in reversed(history_runs)) if v is not None), None)
-            if value is None or before is None:
-                continue
-            verdicts.append(SeriesVerdict(
-                device=device, model=model, tuned=tuned, metric=metric, sweep_id=sweep_id, run_id=now.run_id,
-                runtime=now.runtime, artifact_key=now.artifact_key, model_digest=now.model_digest,
-                baseline_run_id=last.run_id if last else None, baseline_artifact_key=last.artifact_key if last else None,
-                status="changed" if value != before else "ok", value=value, z=None,
-                change=(value - before) / before if before else None,
-                baseline=asdict(Baseline(1, before, 0.0, (before,)))))
+        verdicts += _planned_verdicts(device, model, tuned, sweep_id, now, history_runs)
+    return verdicts
+
+
+def _planned_verdicts(device: str, model: str, tuned: bool, sweep_id: int, now: "Run", before_runs: Sequence["Run"],
+                      upgrade: dict[str, Any] | None = None) -> list[SeriesVerdict]:
+    """Planned memory (``PLANNED_METRICS``) is deterministic: ``now``'s value against the last value of
+    ``before_runs`` (oldest first), ``changed`` when it differs at all, with no statistics. ``upgrade``: what an
+    upgrade verdict's baseline says besides (``detect_upgrades``: ``context_change``, ``new_nights``)."""
+    last = before_runs[-1] if before_runs else None
+    verdicts = []
+    for metric in PLANNED_METRICS:
+        value = series_value(metric, now)
+        before = next((v for v in (series_value(metric, r) for r in reversed(before_runs)) if v is not None), None)
+        if value is None or before is None:
+            continue
+        verdicts.append(SeriesVerdict(
+            device=device, model=model, tuned=tuned, metric=metric, sweep_id=sweep_id, run_id=now.run_id,
+            runtime=now.runtime, artifact_key=now.artifact_key, model_digest=now.model_digest,
+            baseline_run_id=last.run_id if last else None, baseline_artifact_key=last.artifact_key if last else None,
+            status="changed" if value != before else "ok", value=value, z=None,
+            change=(value - before) / before if before else None,
+            baseline={**asdict(Baseline(1, before, 0.0, (before,))), **(upgrade or {})}))
     return verdicts
 
 
@@ -245,9 +257,11 @@ def detect_upgrades(runs: list["Run"], sweep_id: int, method: Method = METHOD,
                     accepted: dict[SeriesKey, dict[int, "Run"]] | None = None) -> list[SeriesVerdict]:
     """Verdicts across a context change (``series.context_changes``, the upgrade rule): for each series whose new
     context (TVM, pipeline, target) has no baseline yet, the median of its nights so far judged against the old
-    context's last accepted nights with ``judge``'s rule. The verdict's ``baseline`` says what changed
-    (``context_change``) and is the old context's; ``baseline_run_id`` is the old context's last run. Such a
-    verdict cannot be confirmed by interleaved rounds (a device's server runs one TVM)."""
+    context's last accepted nights with ``judge``'s rule; planned memory (``PLANNED_METRICS``), tonight's value
+    against the old context's last one, ``changed`` when it differs at all (as ``detect`` does within a context).
+    The verdict's ``baseline`` says what changed (``context_change``) and is the old context's; ``baseline_run_id``
+    is the old context's last run. Such a verdict cannot be confirmed by interleaved rounds (a device's server runs
+    one TVM)."""
     if accepted is None:
         accepted = by_sweep(runs, keep_unstable_of=sweep_id)
     verdicts = []
@@ -268,6 +282,8 @@ def detect_upgrades(runs: list["Run"], sweep_id: int, method: Method = METHOD,
                 baseline_run_id=last.run_id, baseline_artifact_key=last.artifact_key, status=verdict.status,
                 value=verdict.value, z=verdict.z, change=verdict.change,
                 baseline={**asdict(verdict.baseline), "context_change": change.change, "new_nights": len(new_values)}))
+        verdicts += _planned_verdicts(change.device, change.model, change.tuned, sweep_id, now, change.old_runs,
+                                     {"context_change": change.change, "new_nights": len(change.new_runs)})
     return verdicts
 
 

@@ -12,9 +12,8 @@ import jinja2
 import farm
 from farm.results import Run, Versus, run_rows, versus_reference
 from farm.figures import figure_png, figure_pool, pyplot
-from farm.review import BYTE_METRICS, PLOTTED_CELLS, review_figures, stacked_png, sweep_review, worst_first
-from farm.stats import format_bytes as format_bytes_si
-from farm.stats import format_duration, memory_text, model_label, nonempty_median
+from farm.review import PLOTTED_CELLS, format_metric, review_figures, stacked_png, sweep_review, worst_first
+from farm.stats import format_bytes, format_duration, memory_text, model_label, nonempty_median
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
@@ -30,10 +29,10 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
     )
     env.filters["ms"] = format_duration
-    env.filters["bytes"] = format_bytes
+    env.filters["bytes"] = lambda nbytes: format_bytes(nbytes, binary=True)  # copy sizes: powers of two
     env.filters["model_label"] = model_label  # {{ a.model|model_label(a.tuned) }}
     env.filters["memory"] = run_memory_text  # {{ r|memory }}
-    env.filters["value"] = metric_value  # {{ a.value|value(a.metric) }}: bytes or seconds
+    env.filters["value"] = lambda value, metric: format_metric(metric, value)  # {{ a.value|value(a.metric) }}
     curves = _copy_curves(store)
     alerts = sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else []
     figures = 6 + (review_figures(alerts) if sweep_id is not None else 0)
@@ -69,18 +68,6 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out_path)
     return out_path
-
-
-def format_bytes(nbytes: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size and nbytes % size == 0:
-            return f"{nbytes // size} {unit}"
-    return f"{nbytes} B"
-
-
-def metric_value(value: float | None, metric: str) -> str:
-    """A regression metric's value with its unit: bytes for memory metrics (``regress.BYTE_METRICS``), else time."""
-    return format_bytes_si(value) if metric in BYTE_METRICS else format_duration(value)
 
 
 def run_memory_text(run: Run) -> str:

@@ -21,7 +21,7 @@ from farm.regress import BYTE_METRICS, METHOD, SeriesVerdict, series_value
 from farm.results import run_rows
 from farm.runs import Run
 from farm.series import by_sweep, series_key
-from farm.stats import bootstrap_median_ci, byte_unit, hottest, model_label, time_unit
+from farm.stats import bootstrap_median_ci, byte_unit, format_bytes, format_duration, hottest, model_label, time_unit
 from farm.store import Store
 
 HEAT_LIMIT = 0.20  # colour scale of the heatmap saturates at ±20 %
@@ -120,19 +120,36 @@ def geomean_by_device(verdicts: list[SeriesVerdict]) -> list[dict[str, Any]]:
             for d, c in sorted(by_device.items())]
 
 
-def series_history(rows: list[Run], alert: Alert, accepted_by_series: dict) -> list[tuple[int, float, int]]:
-    """(sweep id, value, run id) of the alert's series, one accepted value per sweep up to the alert's;
-    ``accepted_by_series``: ``series.by_sweep`` of ``rows``, computed once by the caller."""
-    alerted = next((r for r in rows if r.run_id == alert.run_id), None)
+def series_history(rows: list[Run], alert: Alert, accepted_by_series: dict, run_id: int | None = None,
+                   until: int | None = None) -> list[tuple[int, float, int]]:
+    """(sweep id, value, run id) of the alert's series (of run ``run_id``'s series when given), one accepted value
+    per sweep up to the alert's (up to sweep ``until``); ``accepted_by_series``: ``series.by_sweep`` of ``rows``,
+    computed once by the caller."""
+    wanted = alert.run_id if run_id is None else run_id
+    alerted = next((r for r in rows if r.run_id == wanted), None)
     if alerted is None:
         return []
     accepted = accepted_by_series.get(series_key(alerted), {})
     out = []
-    for sweep_id in sorted(s for s in accepted if s <= alert.sweep_id):
+    for sweep_id in sorted(s for s in accepted if s <= (alert.sweep_id if until is None else until)):
         value = series_value(alert.metric, accepted[sweep_id])
         if value is not None:
             out.append((sweep_id, value, accepted[sweep_id].run_id))
     return out
+
+
+def baseline_history(rows: list[Run], alert: Alert, accepted_by_series: dict) -> list[tuple[int, float, int]]:
+    """(sweep id, value, run id) of the nights the alert's baseline was taken from, oldest first: its series' last
+    ``n`` before the alert's sweep or, across a context change (an upgrade: ``baseline["context_change"]``), the old
+    context's series' last ``n`` up to its last run (``baseline_run_id``), never the new context's nights."""
+    base = baseline_of_alert(alert)
+    if base.get("context_change") and alert.baseline_run_id is not None:
+        old = next((r for r in rows if r.run_id == alert.baseline_run_id), None)
+        history = [] if old is None or old.sweep_id is None else series_history(
+            rows, alert, accepted_by_series, run_id=old.run_id, until=old.sweep_id)
+    else:
+        history = [h for h in series_history(rows, alert, accepted_by_series) if h[0] != alert.sweep_id]
+    return history[-base["n"]:]
 
 
 def resolved(item: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +171,10 @@ def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_seri
     ``pool`` (``resolved``)."""
     history = series_history(rows, alert, accepted_by_series)
     base = baseline_of_alert(alert)
-    baseline_runs = [run for sweep, _, run in history if sweep != alert.sweep_id][-base["n"]:]
+    baseline = baseline_history(rows, alert, accepted_by_series)
+    baseline_runs = [run for _, _, run in baseline]
+    if base.get("context_change"):  # the trend: the old context's nights, then the new one's
+        history = baseline + history
     ci = bootstrap_median_ci(base["values"]) if len(base["values"]) >= 2 else (None, None)
     if alert.metric == "steady":
         old = [v for run in baseline_runs for v in store.samples(run)]
@@ -172,6 +192,12 @@ def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_seri
 def unit_of(metric: str, values: list[float]):
     """The axis unit of a metric's values: bytes for memory metrics (``regress.BYTE_METRICS``), else time."""
     return byte_unit(values) if metric in BYTE_METRICS else time_unit(values)
+
+
+def format_metric(metric: str, value: float | None) -> str:
+    """A regression metric's value with its unit, as ``unit_of`` chooses it ('' for None): the report's and the
+    CLI's."""
+    return format_bytes(value) if metric in BYTE_METRICS else format_duration(value)
 
 
 def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float) -> str:

@@ -86,8 +86,10 @@ def context_changes(accepted: dict[SeriesKey, dict[int, "Run"]], sweep_id: int, 
     context has no baseline of its own yet), each with its previous context's last ``old_nights`` accepted runs.
     ``accepted``: ``by_sweep(runs, keep_unstable_of=sweep_id)``. A series is the same across the change when its
     device, model and runtime are (TVM's runs and a reference runtime's are never paired); its previous context is
-    the one seen last before the new one started, of the same tuned flag when there is one (an upgrade whose tuning
-    records no longer apply makes the runs untuned: compared with the tuned nights before it)."""
+    the one seen last before the new one started, the same tuned flag only breaking a tie (both measured that
+    night). Recency comes first: an upgrade whose tuning records no longer apply makes the runs untuned, and they
+    are compared with the tuned nights just before it, never with untuned nights from before the model was tuned
+    (which would hide the records dropped)."""
     lines: dict[tuple[str, str, str], list[SeriesKey]] = {}
     for key, nights in accepted.items():
         lines.setdefault((key[0], key[1], next(iter(nights.values())).runtime), []).append(key)
@@ -98,7 +100,7 @@ def context_changes(accepted: dict[SeriesKey, dict[int, "Run"]], sweep_id: int, 
             if len(new_nights) > until_nights:  # the new context has a baseline of its own: regress judges it
                 continue
             started = new_nights[0]
-            before = [(key[2] == now[2], max(s for s in accepted[key] if s < started), key) for key in keys
+            before = [(max(s for s in accepted[key] if s < started), key[2] == now[2], key) for key in keys
                       if key != now and key[3] != now[3] and any(s < started for s in accepted[key])]
             if not before:
                 continue

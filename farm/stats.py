@@ -218,20 +218,24 @@ def format_duration(seconds: float | None) -> str:
 
 
 BYTE_UNITS = (TimeUnit("GB", 1e9), TimeUnit("MB", 1e6), TimeUnit("kB", 1e3), TimeUnit("B", 1.0))  # "seconds": bytes
+# powers of two, for sizes chosen as powers of two (copy curves: 4 KiB … 64 MiB, as `farm copies --help` names them)
+BINARY_BYTE_UNITS = (TimeUnit("GiB", 2**30), TimeUnit("MiB", 2**20), TimeUnit("KiB", 2**10), TimeUnit("B", 1.0))
 
 
-def byte_unit(values_bytes) -> TimeUnit:
-    """The decimal unit (kB, MB, GB: TFLite's and AI Hub's) that shows byte counts as readable numbers, as
-    ``time_unit`` does for seconds; the unit's size in bytes is its ``seconds`` field."""
+def byte_unit(values_bytes, binary: bool = False) -> TimeUnit:
+    """The decimal unit (kB, MB, GB: TFLite's and AI Hub's; KiB, MiB, GiB with ``binary``) that shows byte counts as
+    readable numbers, as ``time_unit`` does for seconds; the unit's size in bytes is its ``seconds`` field."""
+    units = BINARY_BYTE_UNITS if binary else BYTE_UNITS
     top = max((abs(v) for v in values_bytes), default=0.0)
-    return next((unit for unit in BYTE_UNITS if top >= unit.seconds), BYTE_UNITS[-1])
+    return next((unit for unit in units if top >= unit.seconds), units[-1])
 
 
-def format_bytes(nbytes: float | None, signed: bool = False) -> str:
-    """Bytes with a readable unit: 4.8 MB, 312 kB, +9.6 MB with ``signed`` ('' for None)."""
+def format_bytes(nbytes: float | None, signed: bool = False, binary: bool = False) -> str:
+    """Bytes with a readable unit: 4.8 MB, 312 kB, +9.6 MB with ``signed``, 64 MiB with ``binary`` ('' for None). The
+    one byte formatter: the CLI, the report and its figures."""
     if nbytes is None:
         return ""
-    unit = byte_unit([nbytes])
+    unit = byte_unit([nbytes], binary)
     return f"{nbytes / unit.seconds:{'+' if signed else ''}.3g} {unit.name}"
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, CopyTiming, Device, InputSpec, ModelSource
+from farm.records import (Alert, Artifact, BenchConfig, BenchResult, CheckResult, CopyTiming, Device, InputSpec,
+                          ModelSource)
 from farm.store import Store
-from tests.conftest import env_in, run_farm
+from tests.conftest import env_in, make_run, run_farm
 
 DEVICES = [f"dev{d}" for d in range(6)]
 MODELS = [f"m{m}" for m in range(8)]
@@ -22,13 +23,15 @@ COPY_S = 1.4e-6  # an output copy of a few bytes: its nightly swings are noise b
 
 def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "0.27.0", same_artifact=lambda d, m: False,
           reference: bool = False, tuned=lambda night, device, model: 0, nights: int = NIGHTS, seed: int = 3,
-          copy_effect=lambda night, device: 1.25 if night == NIGHTS and device == "dev0" else 1.0) -> None:
+          copy_effect=lambda night, device: 1.25 if night == NIGHTS and device == "dev0" else 1.0,
+          records=lambda night: "t") -> None:
     """NIGHTS sweeps of DEVICES × MODELS: steady levels of 1-10 ms with 0.4 % night-to-night noise and 1 % sample
     noise, load and first run steady, one output copy of ~1.4 µs swinging by 8 % (noise); ``effect`` multiplies a
     series' level on a night; ``tvm`` names each night's TVM; a series whose effect moved it gets a new artifact
     unless ``same_artifact`` (a driver, not the code); ``reference``: onnxruntime runs beside each cell, unaffected
     by TVM; ``tuned``: tasks with a record (of 10); ``copy_effect``: a copy's swing (by default 25 % on one device
-    the last night: 0.35 µs)."""
+    the last night: 0.35 µs); ``records``: the night's tuning key record set, shared by every tuned model (its digest
+    is the artifacts' ``tuning_digest``)."""
     rng = np.random.default_rng(seed)
     base = {(d, m): 1e-3 * (1 + 9 * rng.random()) for d in DEVICES for m in MODELS}
     target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
@@ -45,10 +48,12 @@ def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "
                     moved = runtime == "tvm" and factor != 1.0
                     value = level * (factor if runtime == "tvm" else 0.7) * (1 + rng.normal(0, 0.004))
                     tasks = tuned(night, device, model) if runtime == "tvm" else 0
-                    key = f"{device}-{model}-{version}-{tasks}" + ("-new" if moved and not same_artifact(device, model) else "")
+                    digest = f"{records(night)}{tasks}" if tasks else ""
+                    key = f"{device}-{model}-{version}-{tasks}-{digest}" + (
+                        "-new" if moved and not same_artifact(device, model) else "")
                     artifact = None if runtime != "tvm" else Artifact(
                         key, "/nonexistent", model, f"digest-{model}", target, "so", "default", version, "f", 1.0,
-                        tuning_digest=f"t{tasks}" if tasks else "", tuned_tasks=tasks, total_tasks=10 if tasks else 0)
+                        tuning_digest=digest, tuned_tasks=tasks, total_tasks=10 if tasks else 0)
                     result = BenchResult(
                         device=device, key=device, model=model, model_digest=f"digest-{model}", status="ok",
                         artifact_key=key if artifact else "", load_s=0.02 * (1 + rng.normal(0, 0.004)),
@@ -207,3 +212,129 @@ def test_no_tuning_no_trajectory_section(tmp_path):
     plant(db)
     html = report(db)
     assert 'id="versus"' in html and 'id="tuning"' not in html  # nothing was ever tuned: no such section
+
+
+def test_an_upgrade_that_dropped_the_records_is_compared_with_the_tuned_nights_before_it(tmp_path):
+    """Untuned nights 1-10 (20× slower), tuned nights 11-30 on TVM 0.27, night 31 on 0.28 compiles with no records:
+    the upgrade is paired with the context seen last (the tuned nights), not with the untuned nights of the same
+    tuned flag, where it would look unchanged."""
+    db = tmp_path / "results.db"
+    tuned_nights = range(11, 31)
+    plant(db, lambda night, device, model: 20.0 if model == "m7" and night not in tuned_nights else 1.0,
+          tvm=lambda night: "0.28.0" if night == 31 else "0.27.0", nights=31,
+          tuned=lambda night, device, model: 10 if model == "m7" and night in tuned_nights else 0)
+    findings = [f for f in regressions(db)["findings"] if f["metric"] == "steady"]
+    assert [(f["kind"], f["cause"], f["split"], f["models"], f["direction"]) for f in findings] == [
+        ("upgrade", "TVM 0.27.0 → 0.28.0", "tuning records dropped", ["m7"], "slower")], [f["sentence"] for f in findings]
+    assert findings[0]["devices"] == DEVICES and 18 < findings[0]["change"] < 20
+    assert "slower" in findings[0]["sentence"] and "(tuning records dropped)" in findings[0]["sentence"]
+
+
+def test_a_finding_gone_for_a_reviewed_night_that_returns_is_new_again(tmp_path):
+    """Night 6 slows one series (triaged: fixed); night 7 is quiet and reviewed; night 8 slows it again: a new
+    finding, not the old one shown as fixed, and --fail-on new-any fails on it."""
+    db = tmp_path / "results.db"
+    plant(db, lambda night, device, model: 1.3 if night in (NIGHTS - 2, NIGHTS) and (device, model) == SINGLE else 1.0)
+    env = {**env_in(tmp_path), "FARM_DB": str(db)}
+
+    def review(sweep: int, *args: str) -> list[dict]:
+        return json.loads(run_farm("--json", "regressions", "--sweep", str(sweep), *args, env=env).stdout)["findings"]
+    (first,) = review(NIGHTS - 2)
+    (fixed,) = review(NIGHTS - 2, "--triage", f"{first['finding_id']}:fixed")
+    assert fixed["state"] == "fixed"
+    assert review(NIGHTS - 1) == []  # quiet, reviewed
+    (again,) = review(NIGHTS)
+    assert again["key"] == first["key"] and again["finding_id"] != first["finding_id"]
+    assert (again["state"], again["first_sweep"]) == ("new", NIGHTS)
+    failing = run_farm("regressions", "--sweep", str(NIGHTS), "--fail-on", "new-any", env=env)
+    assert failing.returncode == 1 and "error: 1 new finding(s)" in failing.stderr
+
+
+def test_fail_on_new_any_passes_a_finding_its_reruns_rejected(tmp_path):
+    from farm.findings import sweep_verdicts
+    from farm.regress import METHOD
+    from farm.results import run_rows
+
+    db = tmp_path / "results.db"
+    plant(db, lambda night, device, model: 1.3 if night == NIGHTS and (device, model) == SINGLE else 1.0)
+    env = {**env_in(tmp_path), "FARM_DB": str(db)}
+    assert run_farm("regressions", "--fail-on", "new-any", env=env).returncode == 1
+    with Store(db) as store:  # what a rerun that found no difference stores (confirmation.detect_and_confirm)
+        (verdict,) = [v for v in sweep_verdicts(run_rows(store), NIGHTS) if v.status == "candidate"
+                      and (v.device, v.model, v.metric) == (*SINGLE, "steady")]
+        store.save_alert(verdict, METHOD.to_json(), "rejected", {"rounds": 8, "verdict": "same", "wilcoxon_p": 0.9})
+    assert run_farm("regressions", "--fail-on", "new-any", env=env).returncode == 0
+    (finding,) = regressions(db)["findings"]
+    assert (finding["state"], finding["confirmed"], finding["rejected"]) == ("new", 0, 1)
+    assert finding["confidence"] == "rejected on 1/1 reruns"
+
+
+def test_a_record_set_shared_by_every_model_changing_is_not_a_tuning_finding(tmp_path):
+    """Every model tuned 10/10 on every night; a nightly session kept for another model changes the tuning key's
+    record set (every artifact's tuning_digest) on the night a driver slows one device: a device finding, since no
+    model's own applied tuning changed."""
+    db = tmp_path / "results.db"
+    plant(db, lambda night, device, model: 1.15 if night == NIGHTS and device == DRIVER else 1.0,
+          tuned=lambda night, device, model: 10, records=lambda night: "B" if night == NIGHTS else "A")
+    findings = regressions(db)["findings"]
+    assert [(f["kind"], f["devices"], f["k"], f["n"]) for f in findings] == [("device", [DRIVER], 8, 8)], \
+        [f["sentence"] for f in findings]
+
+
+def _alert(verdict, alert_id: int) -> Alert:
+    """A verdict as ``Store.alerts`` returns it once stored."""
+    return Alert(id=alert_id, created_at="", updated_at="", sweep_id=verdict.sweep_id, device=verdict.device,
+                 model=verdict.model, tuned=verdict.tuned, runtime=verdict.runtime, metric=verdict.metric,
+                 run_id=verdict.run_id, baseline_run_id=verdict.baseline_run_id, status=verdict.status,
+                 value=verdict.value, z=verdict.z, change=verdict.change, baseline=verdict.baseline, method={},
+                 confirmation={})
+
+
+def test_planned_memory_is_compared_across_an_upgrade_to_the_byte():
+    """Planned memory is deterministic: an upgrade that adds 100 bytes of parameters (less than a page) is a
+    ``changed`` verdict against the old context's last night and an upgrade finding."""
+    from dataclasses import replace
+
+    from farm.findings import find_findings, resolution
+    from farm.regress import detect_upgrades
+
+    runs = [replace(make_run(s, s, 1e-3), params_bytes=1_000_000) for s in range(1, 7)]
+    runs.append(replace(make_run(7, 7, 1e-3, tvm="0.28.0"), params_bytes=1_000_100))
+    verdicts = detect_upgrades(runs, 7)
+    params = {v.metric: v for v in verdicts}["params"]
+    assert (params.status, params.value, params.baseline_run_id) == ("changed", 1_000_100, 6)
+    assert params.baseline["centre"] == 1_000_000 and params.baseline["context_change"] == "TVM 0.27.0 → 0.28.0"
+    assert params.change == pytest.approx(1e-4) and params.z is None
+    assert resolution("params") == resolution("planned_activations") == 1 and resolution("peak_rss") == 4096
+    (finding,) = find_findings([_alert(params, 1)], verdicts, {r.run_id: r for r in runs})
+    assert (finding.kind, finding.metric, finding.direction, finding.k) == ("upgrade", "params", "slower", 1)
+
+
+def test_the_steady_noise_floor_is_three_raw_mads():
+    """``Summary.mad`` is 1.4826 · MAD (a normal SD): the floor is 3 × the MAD itself, as for the other metrics."""
+    from dataclasses import replace
+
+    from farm.findings import noise_floor
+    from farm.stats import MAD_TO_SD
+
+    run = make_run(1, 1, 1e-3)
+    run = replace(run, steady=replace(run.steady, mad=MAD_TO_SD * 1e-5))  # a raw MAD of 10 µs
+    alert = Alert(1, "", "", 1, "phone", "mlp", False, "tvm", "steady", 1, None, "candidate", 1.1e-3, 3.0, 0.1,
+                  {"centre": 1e-3, "spread": 1e-6, "n": 5, "values": []}, {}, {})
+    assert noise_floor(alert, run) == pytest.approx(3e-5)
+    assert noise_floor(replace(alert, metric="load"), run) == pytest.approx(3e-6 / MAD_TO_SD)  # the baseline's
+
+
+def test_upgrade_evidence_takes_its_baseline_from_the_old_series():
+    """An upgrade alert's evidence draws the old context's nights as its baseline (the series of baseline_run_id),
+    never the new context's own earlier nights."""
+    from farm.regress import detect_upgrades
+    from farm.review import baseline_history
+    from farm.series import by_sweep
+
+    runs = [make_run(s, s, 1e-3) for s in range(1, 8)] + [make_run(s, s, 1.2e-3, tvm="0.28.0") for s in (8, 9)]
+    (steady,) = [v for v in detect_upgrades(runs, 9) if v.metric == "steady"]
+    assert steady.baseline["n"] == 7 and steady.baseline_run_id == 7 and steady.baseline["new_nights"] == 2
+    history = baseline_history(runs, _alert(steady, 1), by_sweep(runs, keep_unstable_of=9))
+    assert [run_id for _, _, run_id in history] == [1, 2, 3, 4, 5, 6, 7]
+    assert {value for _, value, _ in history} == {1e-3}

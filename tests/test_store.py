@@ -128,6 +128,7 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP TABLE reviewed_sweeps")  # schema 13
     for table in ("finding_sweeps", "findings", "confirmation_budgets"):
         db.execute(f"DROP TABLE {table}")  # schema 12
     for table, column in [*(("artifacts", c) for c in ("params_bytes", "planned_host_bytes", "planned_device_bytes",
@@ -150,6 +151,28 @@ def back_to_schema_8(db, location: str) -> None:
     if pg:
         db.execute("SELECT setval(pg_get_serial_sequence('alerts', 'id'), COALESCE((SELECT MAX(id) FROM alerts), 0) + 1, false)")
     db.execute("UPDATE meta SET value='8' WHERE key='schema_version'")
+
+
+def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
+    """Schema 13 records every review (a quiet one too); a schema-12 file's reviews are its sweeps with stored findings
+    or a confirmation budget. A finding missing from the last reviewed sweep is new again."""
+    finding = {"key": "series|steady|slower|cpu|mlp", "kind": "series", "metric": "steady"}
+    with Store(db_location) as store:
+        first = store.record_findings(3, [finding])[finding["key"]]
+        store.save_budget(5, 1800.0, 60.0, 1, 0)
+    db = raw_connection(db_location)
+    db.execute("DROP TABLE reviewed_sweeps")
+    db.execute("UPDATE meta SET value='12' WHERE key='schema_version'")
+    db.close()
+    with Store(db_location) as store:
+        again = store.record_findings(6, [finding])[finding["key"]]  # sweep 5 was reviewed without it
+        store.record_findings(7, [])  # quiet, reviewed
+        third = store.record_findings(8, [finding])[finding["key"]]
+    assert again["id"] != first["id"] and again["first_sweep"] == 6 and third["first_sweep"] == 8
+    db = raw_connection(db_location)
+    assert [row[0] for row in db.execute("SELECT sweep_id FROM reviewed_sweeps ORDER BY sweep_id").fetchall()] == [
+        3, 5, 6, 7, 8]
+    db.close()
 
 
 def test_a_schema_8_database_gets_runtimes_and_keeps_its_alerts(db_location):

@@ -267,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triage", action="append", type=triage, default=[], metavar="ID:STATE",
                    help="set a finding's triage state: new, acknowledged, expected or fixed (repeatable)")
     p.add_argument("--fail-on", choices=["new", "new-any"],
-                   help="exit 1 when a finding in triage state new exists: confirmed (new) or any (new-any: "
-                        "upgrades cannot be confirmed)")
+                   help="exit 1 when a finding in triage state new exists: confirmed (new) or any the reruns did not "
+                        "reject (new-any: upgrades cannot be confirmed)")
     add_progress(p)
     add_bench_options(p)
 

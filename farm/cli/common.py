@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from farm.errors import FarmError
-from farm.records import Record, split_address
+from farm.records import TRIAGE_STATES, Record, split_address
 
 
 log = logging.getLogger("farm")
@@ -169,9 +169,6 @@ def sweep_id(text: str) -> int:
 
 def sweep_or_latest(text: str) -> int | str:
     return "latest" if text == "latest" else sweep_id(text)
-
-
-TRIAGE_STATES = ("new", "acknowledged", "expected", "fixed")  # store/findings.py's, named here without importing the store
 
 
 def triage(text: str) -> tuple[int, str]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from farm.errors import FarmError
 from farm.findings import DEFAULT_BUDGET_MIN
 from farm.records import BenchConfig, Inventory
-from farm.stats import format_bytes, median, model_label
+from farm.stats import median, model_label
 
 from farm.cli.common import (home_dir, emit_json, print_table, progress_printer, duration, load_inventory_of, bench_config,
                               require_db)
@@ -215,6 +215,7 @@ def _sweep_file(path: str) -> dict[str, Any]:
 
 
 def cmd_regressions(args) -> int:
+    from farm.review import format_metric
     from farm.store import Store
 
     require_db(args.db)
@@ -225,8 +226,8 @@ def cmd_regressions(args) -> int:
         reviewed = _detect_and_confirm(store, inventory, args.sweep, args.confirm, bench_config(args),
                                        progress_printer(args.progress), args.confirm_budget)
     alerts, sweep_id, findings = reviewed.alerts, reviewed.sweep_id, reviewed.findings
-    failing = [f for f in findings if f.state == "new" and f.direction == "slower"
-               and (args.fail_on == "new-any" or (args.fail_on == "new" and f.confirmed))]
+    failing = [f for f in findings if f.state == "new" and f.direction == "slower"  # new-any: not what reruns rejected
+               and ((args.fail_on == "new-any" and (f.confirmed or not f.rejected)) or (args.fail_on == "new" and f.confirmed))]
     if args.json:
         emit_json({"sweep_id": sweep_id, "findings": findings, "budget": reviewed.budget, "alerts": alerts})
     else:
@@ -239,8 +240,8 @@ def cmd_regressions(args) -> int:
         print(f"confirmation: {budget['rerun']} series rerun, {budget['spent_s'] / 60:.1f} of {budget['budget_s'] / 60:g} "
               f"device-minutes; {budget['left_unconfirmed']} finding(s) left unconfirmed")
         print_table([{**a, "change": "" if a.change is None else f"{a.change:+.1%}",
-                      "z": "-" if a.z is None else f"{a.z:.1f}", "value": metric_value(a.metric, a.value),
-                      "centre": metric_value(a.metric, a.baseline["centre"] if a.baseline else None)} for a in alerts],
+                      "z": "-" if a.z is None else f"{a.z:.1f}", "value": format_metric(a.metric, a.value),
+                      "centre": format_metric(a.metric, a.baseline["centre"] if a.baseline else None)} for a in alerts],
                     ["device", "model", "runtime", "metric", "status", "value", "centre", "change", "z"])
     if failing:
         print(f"error: {len(failing)} new {'confirmed ' if args.fail_on == 'new' else ''}finding(s) in sweep {sweep_id}: "
@@ -250,18 +251,13 @@ def cmd_regressions(args) -> int:
     return 0
 
 
-def metric_value(metric: str, value: float | None) -> str:
-    """A regression metric's value with its unit: bytes for memory metrics, else time."""
-    from farm.regress import BYTE_METRICS
-
-    return format_bytes(value) if metric in BYTE_METRICS else duration(value)
-
-
 def alert_change(alert) -> str:
     """'+12.0%, z 3.1', or for planned memory (deterministic, no z) the change and its value."""
+    from farm.review import format_metric
+
     change = "" if alert.change is None else f"{alert.change:+.1%}"
     if alert.z is None:
-        return f"{change}, now {metric_value(alert.metric, alert.value)}".lstrip(", ")
+        return f"{change}, now {format_metric(alert.metric, alert.value)}".lstrip(", ")
     return f"{change}, z {alert.z:.1f}"
 
 
@@ -269,6 +265,7 @@ def cmd_drift(args) -> int:
     from farm.drift import drift_rows
     from farm.regress import series_value
     from farm.results import run_rows
+    from farm.review import format_metric
     from farm.store import Store
 
     require_db(args.db)
@@ -283,7 +280,7 @@ def cmd_drift(args) -> int:
     print(f"{args.metric}: {len(series)} series with enough sweeps, {changed} changed level")
     print_table([{"device": s["device"], "model": model_label(s["model"], s["tuned"]),
                   "change_points": ",".join(map(str, s["change_points"])) or "-",
-                  "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {metric_value(args.metric, g['median'])}"
+                  "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {format_metric(args.metric, g['median'])}"
                                         for g in s["segments"]),
                   "first_to_last": f"{s['total_change']:+.1%}"} for s in shown],
                 ["device", "model", "change_points", "segments", "first_to_last"])

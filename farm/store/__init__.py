@@ -32,7 +32,8 @@ __all__ = ["Store", "SCHEMA_VERSION", "exists"]
 
 TABLES = ("runs", "samples", "summaries", "copies", "checks", "devices", "models", "artifacts", "tune_records",
           "tune_workloads", "tune_sessions", "tune_cost_models", "sweeps", "alerts", "probes", "copy_curves",
-          "copy_curve_samples", "findings", "finding_sweeps", "confirmation_budgets")
+          "copy_curve_samples", "findings", "finding_sweeps", "confirmation_budgets",
+          "reviewed_sweeps")
 
 
 class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin, FindingsMixin):

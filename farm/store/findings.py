@@ -8,9 +8,8 @@ import json
 from typing import Any, Mapping
 
 from farm.errors import StoreError
+from farm.records import TRIAGE_STATES
 from farm.store.backends import Backend, now
-
-TRIAGE_STATES = ("new", "acknowledged", "expected", "fixed")
 
 
 class FindingsMixin:
@@ -21,12 +20,16 @@ class FindingsMixin:
     def record_findings(self, sweep_id: int, findings: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """Store a sweep's findings (each a mapping with ``key``, ``kind``, ``metric``: ``findings.Finding``); returns
         key → {id, state, note, first_sweep}. A finding persists when its key was a finding of the last sweep reviewed
-        before this one (or spans this one, reviewed again): it keeps its id and triage state. Otherwise it is new."""
+        before this one (or spans this one, reviewed again): it keeps its id and triage state. Otherwise it is new.
+        Every review is recorded (``reviewed_sweeps``), a quiet one too: a finding missing from a reviewed night
+        that comes back the next is new again, not the old one with its old state ('fixed')."""
         stamp = now()
         out: dict[str, dict[str, Any]] = {}
         with self._db.transaction() as db:
-            row = db.execute("SELECT MAX(sweep_id) FROM finding_sweeps WHERE sweep_id < ?", (sweep_id,)).fetchone()
+            row = db.execute("SELECT MAX(sweep_id) FROM reviewed_sweeps WHERE sweep_id < ?", (sweep_id,)).fetchone()
             previous = row[0] if row and row[0] is not None else None
+            db.execute("INSERT INTO reviewed_sweeps (sweep_id, reviewed_at) VALUES (?,?) ON CONFLICT (sweep_id)"
+                       " DO UPDATE SET reviewed_at=excluded.reviewed_at", (sweep_id, stamp))
             db.execute("DELETE FROM finding_sweeps WHERE sweep_id=?", (sweep_id,))  # reviewed again: this review's
             for position, finding in enumerate(findings):
                 key = finding["key"]

@@ -28,13 +28,16 @@ SCHEMA_VERSION history:
  12  findings (#22): a finding (farm/findings.py) per key with its triage state (new | acknowledged | expected |
      fixed) and its first and last sweep; finding_sweeps, its body as each sweep ranked it; confirmation_budgets,
      what a sweep's confirmation spent and left unconfirmed
+ 13  reviewed_sweeps: every sweep reviewed (``Store.record_findings``), with findings or none, so a finding that
+     vanished for a reviewed night and came back is new again; filled from finding_sweeps and
+     confirmation_budgets (the reviews schema 12 can tell)
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -188,6 +191,11 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE confirmation_budgets (
         sweep_id INTEGER PRIMARY KEY, budget_s REAL NOT NULL, spent_s REAL NOT NULL, rerun INTEGER NOT NULL,
         left_unconfirmed INTEGER NOT NULL, updated_at TEXT NOT NULL);
+    """,
+    13: """
+    CREATE TABLE reviewed_sweeps (sweep_id INTEGER PRIMARY KEY, reviewed_at TEXT NOT NULL);
+    INSERT INTO reviewed_sweeps (sweep_id, reviewed_at) SELECT sweep_id, '' FROM
+        (SELECT sweep_id FROM finding_sweeps UNION SELECT sweep_id FROM confirmation_budgets) AS reviewed;
     """,
 }
 
