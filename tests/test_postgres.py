@@ -43,27 +43,29 @@ def test_cli_sweeps_reports_and_probes_on_postgres(farm_net, inventory_file, pos
     sweep = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--device", "cpu-b",
                      "--model", "mlp", "--model", "convnet", "--repeat", "3", "--min-repeat-ms", "5", "--no-report",
                      "--json", env=env)
-    assert sweep.returncode == 0, sweep.stderr
+    assert sweep.returncode == 0, (sweep.stdout[-3000:], sweep.stderr[-3000:])
     cells = json.loads(sweep.stdout)["cells"]
-    assert len(cells) >= 4 and all(c["status"] == "ok" for c in cells)  # two device workers wrote at once
+    # two device workers wrote at once; a failed cell says its step and reason
+    assert len(cells) >= 4 and all(c["status"] == "ok" for c in cells), \
+        [(c["device"], c["model"], c["status"], c["failed_step"], c["reason"]) for c in cells]
     results = json.loads(run_farm("--devices", str(inventory_file), "results", "--json", env=env).stdout)
     assert {(r["device"], r["model"]) for r in results} >= {(d, m) for d in ("cpu-a", "cpu-b") for m in ("mlp", "convnet")}
-    assert all(r["steady_n"] == 3 for r in results)
+    assert all(r["steady_n"] == 3 for r in results), [(r["device"], r["model"], r["steady_n"]) for r in results]
     report = tmp_path / "report.html"
     made = run_farm("--devices", str(inventory_file), "report", "--out", str(report), env=env)
     assert made.returncode == 0, made.stderr
     text = report.read_text()
-    assert "postgresql://farm@127.0.0.1" in text and "convnet" in text
+    assert "postgresql://farm@127.0.0.1" in text and "convnet" in text, made.stderr[-3000:]
     # the inventory's [store] db names the same database when neither --db nor FARM_DB does
     shared = tmp_path / "shared.toml"
     shared.write_text(f'[store]\ndb = "{postgres_db}"\n' + inventory_file.read_text())
     via_inventory = run_farm("--devices", str(shared), "results", "--json", env={"FARM_HOME": env["FARM_HOME"]})
     assert via_inventory.returncode == 0, via_inventory.stderr
-    assert len(json.loads(via_inventory.stdout)) == len(results)
+    assert len(json.loads(via_inventory.stdout)) == len(results), via_inventory.stderr[-3000:]
     probe = run_farm("--devices", str(inventory_file), "devices", "--probe", "--timeout", "3", "--json", env=env)
     assert probe.returncode == 0, probe.stderr
     with Store(postgres_db) as store:
-        assert store.count("probes") == 3 and store.sweep()["status"] == "done"
+        assert store.count("probes") == 3 and store.sweep()["status"] == "done", (probe.stdout, store.sweep())
 
 
 def test_unreachable_postgres_is_one_clear_error(tmp_path):
