@@ -41,7 +41,7 @@ from farm.runs import Run
 from farm.store import Store
 from farm.stats import median, nonempty_median
 from farm.measure import interleaved_rounds
-from farm.sweep import cell_inputs, measure_cell
+from farm.sweep import cell_inputs, measure_cell, tuning_set
 from farm.tune import TuneConfig, replay_earlier_records, tune_model
 
 log = logging.getLogger(__name__)
@@ -153,10 +153,9 @@ def _tune_one(tracker: TrackerAddress, device: Device, model: ModelSource, why: 
     if outcome.new_records == 0:
         tell(f"{device.name} · {model.name}: {outcome.trials_done} trial(s), no new records")
         return NightTuning(device.name, model.name, why, "no-new-records", outcome.session_id, 0, outcome.trials_done)
-    key = outcome.tuning_key
-    before = TuningSet(key, *map(tuple, store.tuning_lines(key, without_session=outcome.session_id)))
-    after = TuningSet(key, *map(tuple, store.tuning_lines(key)))
-    kept, before_s, after_s, reason = _validate(tracker, device, model, bench, cache_dir, before, after)
+    kept, before_s, after_s, reason = _validate(tracker, device, model, bench, cache_dir,
+                                                tuning_set(store, device, without_session=outcome.session_id),
+                                                tuning_set(store, device))
     store.judge_tune_session(outcome.session_id, kept, reason)
     tell(f"{device.name} · {model.name}: {outcome.trials_done} trial(s), {outcome.new_records} new record(s): {reason}")
     return NightTuning(device.name, model.name, why, "kept" if kept else "rejected", outcome.session_id,
@@ -175,7 +174,7 @@ def _replay_earlier(tracker: TrackerAddress, device: Device, model: ModelSource,
     now = (store.tune_session(session_id) or {}).get("tvm_version", "")
     tell(f"{device.name}: no records for TVM {now}; replaying {copied} record(s) of TVM {version} on {model.name}")
     kept, before_s, after_s, reason = _validate(tracker, device, model, bench, cache_dir, TuningSet(key, (), ()),
-                                                TuningSet(key, *map(tuple, store.tuning_lines(key))))
+                                                tuning_set(store, device))
     reason = f"TVM {version} → {now}: {reason}"
     store.judge_tune_session(session_id, kept, reason)
     tell(f"{device.name} · {model.name}: {reason}")

@@ -64,10 +64,11 @@ def is_gpu(device: Device) -> bool:
     return target_kind(effective_target(device)) not in CPU_TARGETS
 
 
-def tuning_set(store: Store, device: Device) -> TuningSet:
-    """The store's tuning records for ``device``'s effective target (what its artifacts compile in)."""
+def tuning_set(store: Store, device: Device, without_session: int | None = None) -> TuningSet:
+    """The store's tuning records for ``device``'s effective target (what its artifacts compile in); with
+    ``without_session``, as they were before that session (``Store.tuning_lines``)."""
     key = tuning_key(effective_target(device))
-    workloads, records = store.tuning_lines(key)
+    workloads, records = store.tuning_lines(key, without_session)
     return TuningSet(key, tuple(workloads), tuple(records))
 
 

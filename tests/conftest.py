@@ -88,6 +88,27 @@ def write_inventory(path: Path, devices: str, port: int, host: str = "127.0.0.1"
     return path
 
 
+@contextlib.contextmanager
+def stock_remote_device(farm: Farm, path: Path, name: str, key: str):
+    """An inventory at ``path``: the session's devices and ``name``, a ``remote`` device served by a stock TVM
+    rpc_server (no farm helpers) registered under ``key``; the server is killed after."""
+    import signal
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
+         "--port-end", str(port + 1), "--tracker", str(farm.tracker), "--key", key],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        path.write_text(farm.inventory_text(f'\n[devices.{name}]\nkind = "remote"\nkey = "{key}"\n'
+                                            f'target = {{ kind = "llvm" }}\n'))
+        wait_for_servers(farm.tracker, {key: 1}, timeout_s=120)
+        yield path
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def unreachable_phone(path: Path, key: str, tracker_port: int) -> tuple[Path, str]:
     """An inventory of one phone behind an adb port where nothing listens (its adb server is gone), and the adb
     shell prefix a server record on it carries: its state can only be "unknown"."""

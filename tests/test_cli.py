@@ -12,7 +12,7 @@ import pytest
 
 from farm.cli import build_parser
 from farm.rpc.processes import free_port
-from tests.conftest import run_farm, unreachable_phone, write_inventory
+from tests.conftest import run_farm, stock_remote_device, unreachable_phone, write_inventory
 
 
 def _digest(path):
@@ -57,25 +57,11 @@ def test_bench_on_unserved_key_fails_within_timeout(farm_net, inventory_file, fa
 
 
 def test_stock_rpc_server_as_remote_device_is_benchmarked(farm_net, tmp_path, farm_env):
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
-         "--port-end", str(port + 1), "--tracker", str(farm_net.tracker), "--key", "by-hand"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        inventory = tmp_path / "devices.toml"
-        inventory.write_text(farm_net.inventory_text(
-            '\n[devices.handmade]\nkind = "remote"\nkey = "by-hand"\ntarget = { kind = "llvm" }\n'))
+    with stock_remote_device(farm_net, tmp_path / "devices.toml", "handmade", "by-hand") as inventory:
         proc = run_farm("--devices", str(inventory), "bench", "--device", "handmade", "--model", "mlp",
                         "--repeat", "3", "--min-repeat-ms", "5", "--timeout", "60", "--json", env=farm_env)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["status"] == "ok"
-    finally:
-        import os
-        import signal
-
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
 
 
 def test_tracker_serve_devices_down_lifecycle(tmp_path, farm_env):

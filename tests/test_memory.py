@@ -9,24 +9,19 @@ import dataclasses
 import io
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import make_run, run_farm
+from conftest import make_run, run_farm, stock_remote_device
 from farm.compile import compile_model
 from farm.measure import MEMORY_MEASURED, MEMORY_UNMEASURED, bench_artifact
 from farm.models import BUILTINS, load_model, make_inputs
 from farm.records import BenchConfig, Device
 from farm.regress import detect
 from farm.results import run_rows
-from farm.rpc.processes import free_port
-from farm.rpc.tracker import wait_for_servers
 from farm.stats import memory_text
 from farm.store import Store
 
@@ -108,16 +103,7 @@ def test_loading_20_mb_of_weights_raises_the_session_rss_by_them(farm_net, tmp_p
 
 
 def test_stock_tvm_server_is_not_measured_and_farm_bench_shows_memory(farm_net, tmp_path, farm_env):
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
-         "--port-end", str(port + 1), "--tracker", str(farm_net.tracker), "--key", "stock-memory"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        inventory = tmp_path / "devices.toml"
-        inventory.write_text(farm_net.inventory_text(
-            '\n[devices.stock]\nkind = "remote"\nkey = "stock-memory"\ntarget = { kind = "llvm" }\n'))
-        wait_for_servers(farm_net.tracker, {"stock-memory": 1}, timeout_s=120)
+    with stock_remote_device(farm_net, tmp_path / "devices.toml", "stock", "stock-memory") as inventory:
         bench = ("bench", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5", "--timeout", "60", "--tvm-only")
         stock = run_farm("--devices", str(inventory), *bench, "--device", "stock", "--json", env=farm_env)
         assert stock.returncode == 0, stock.stderr
@@ -129,9 +115,6 @@ def test_stock_tvm_server_is_not_measured_and_farm_bench_shows_memory(farm_net, 
         assert farm_server.returncode == 0, farm_server.stderr
         line = next(line for line in farm_server.stdout.splitlines() if line.strip().startswith("memory:"))
         assert line.strip().startswith("memory: params 38.4 kB · planned activations 1.06 kB · process peak RSS +")
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
     listed = run_farm("results", "--csv", env=farm_env)
     rows = {r["device"]: r for r in csv.DictReader(io.StringIO(listed.stdout))}
     assert rows["stock"]["params_bytes"] == "38440" and rows["stock"]["rss_peak_bytes"] == ""
