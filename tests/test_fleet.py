@@ -61,4 +61,6 @@ def test_devices_and_probe_see_the_whole_fleet(fleet):
     probed = run_farm("devices", "--probe", "--timeout", "30", "--json", env=env, timeout=300)
     assert probed.returncode == 0, probed.stderr
     rows = json.loads(probed.stdout)["devices"]
-    assert [d["device"] for d in rows if d["state"] != "online"] == [] and all(d["probe_ms"] > 0 for d in rows)
+    # a device that did not answer says how (busy, unreachable) and why
+    assert [(d["device"], d["state"], d.get("reason")) for d in rows if d["state"] != "online"] == [] \
+        and all(d["probe_ms"] > 0 for d in rows)
