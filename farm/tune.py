@@ -26,17 +26,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.builder import LocalBuilder
-from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig, RPCRunner
+from tvm.s_tir.meta_schedule.builder import BuilderResult, LocalBuilder, PyBuilder
+from tvm.s_tir.meta_schedule.builder import local_builder as ms_local_builder
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner, RPCConfig, RPCRunner
+from tvm.s_tir.meta_schedule.runner import rpc_runner as ms_rpc_runner
 from tvm.ir.utils import derived_object
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
 from farm.compile import effective_target, make_target, toolchain_for, tuning_key, tuning_module
+from farm.devices import kind_of
 from farm.errors import BuildError, DeviceUnavailable, FarmError, ModelError, TrackerError, message_line
 from farm.records import Device, ModelSource, TrackerAddress, TuningSet, target_kind
 from farm.rpc.session import request_session
@@ -53,6 +56,11 @@ FAILED_RUN_S = 1e9  # MetaSchedule stores failed candidates with 1e10 s
 # A candidate whose request found every server of the key taken asks again this many times (each waits
 # request_timeout_s) before its measurement fails: busy devices are not a bad schedule.
 BUSY_RETRIES = 4
+
+# Searching by share, the tasks take turns in passes: each pass gives every task its share of this many trials
+# (at least one batch), biggest first, until their allotments or the minutes are spent. One search per task at
+# once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
+PASS_TRIALS = 256
 
 
 class _StopTuning(Exception):
@@ -74,6 +82,7 @@ class TuneConfig:
     fresh_cost_model: bool = False  # ignore the cost model earlier sessions saved for this target
     candidate_cooldown_s: float = 0.0  # the device rests this long after each candidate, session held (phones)
     by_share: bool = True  # profile each task untuned on the device first, share the trials by its time
+    builds_ahead: bool | None = None  # build while the devices measure (None: unless the device measures on this host's CPU)
     min_share: float = DEFAULT_MIN_SHARE  # a task below this share of the model's untuned time is not searched
 
 
@@ -107,6 +116,7 @@ class TuneOutcome:
     cost_model_samples_before: int = 0  # what the saved cost model had learned before this session
     cost_model_samples: int = 0  # ... and after it (saved with the store's records for the target)
     search_seconds: float = 0.0  # inside MetaSchedule's search (builds and measurements), set-up and profile excluded
+    builds_ahead: bool = False  # candidates were built while the device measured earlier ones
 
 
 Progress = Callable[[str], None]
@@ -157,6 +167,120 @@ def _run_with_cooldown(cooldown_s: float, session, rt_mod, device, evaluator_con
     costs = default_run_evaluator(session, rt_mod, device, evaluator_config, repeated_args)
     time.sleep(cooldown_s)
     return costs
+
+
+def _export_to(toolchain: str, path: str, mod) -> str:
+    """``_export`` to a path chosen before the build: written whole (a temp name, then renamed), so a runner
+    waiting for it never reads half a library."""
+    part = f"{path}.part.so"
+    if toolchain:
+        from tvm.support import cc
+
+        mod.export_library(part, fcompile=cc.cross_compiler(toolchain))
+    else:
+        mod.export_library(part)
+    os.replace(part, path)
+    return path
+
+
+BUILD_FAILED = ".build-error"  # beside a candidate's planned library: why its build failed
+
+
+@derived_object
+class AheadBuilder(PyBuilder):
+    """Builds a batch in the background and answers at once with each candidate's planned library path, so
+    MetaSchedule hands the batch to the runner while it builds: a device starts on the first candidate as soon
+    as it is built instead of after the whole batch (``AfterBuildRunner`` waits for each library). A failed
+    build reaches the runner as ``<path>.build-error``; its candidate is stored failed, as a builder error is."""
+
+    def __init__(self, toolchain: str, timeout_s: float, workers: int, uses: int) -> None:
+        super().__init__()
+        self.toolchain = toolchain
+        # workers restart after `uses` builds: MetaSchedule restarts its builders each batch for a known leak
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses)
+        self.timeout_s = timeout_s
+
+    def build(self, build_inputs: list) -> list:
+        results = []
+        for build_input in build_inputs:
+            path = os.path.join(tempfile.mkdtemp(prefix="farm-cand-"), "candidate.so")
+            future = self.pool.submit(ms_local_builder._worker_func, _build,  # pylint: disable=protected-access
+                                      functools.partial(_export_to, self.toolchain, path), build_input.mod,
+                                      build_input.target, None)
+            future.add_done_callback(functools.partial(_note_build_failure, path, self.timeout_s))
+            results.append(BuilderResult(path, None))
+        return results
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def _note_build_failure(path: str, timeout_s: float, future) -> None:
+    try:
+        future.result()
+        return
+    except TimeoutError:
+        why = f"build timed out after {timeout_s:g} s"
+    except Exception as exc:  # the build's own error, from its worker process
+        why = f"build failed: {message_line(exc)}"
+    with contextlib.suppress(OSError):  # the candidate's folder is gone when its run already ended
+        Path(path + BUILD_FAILED).write_text(why)
+
+
+def _measure_when_built(build_wait_s: float, *args):
+    """RPCRunner's worker, once the candidate's library exists (``AheadBuilder``); the device's session is
+    asked for only then, so a server is not held while its candidate builds."""
+    artifact_path = args[8]
+    deadline = time.monotonic() + build_wait_s
+    while not os.path.exists(artifact_path):
+        failed = Path(artifact_path + BUILD_FAILED)
+        if failed.exists():
+            raise RuntimeError(failed.read_text())
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no library after {build_wait_s:g} s of building")
+        time.sleep(0.05)
+    return ms_rpc_runner._worker_func(*args)  # pylint: disable=protected-access
+
+
+@derived_object
+class AfterBuildRunner(PyRunner):
+    """MetaSchedule's RPC runner (its worker, session factory, evaluator and clean-up), with ``max_workers``
+    candidates measured at once, each starting when its library is built."""
+
+    def __init__(self, rpc: RPCRunner, workers: int, build_wait_s: float, timeout_s: float) -> None:
+        super().__init__()
+        self.rpc = rpc
+        self.build_wait_s = build_wait_s
+        self.timeout_s = timeout_s
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s + build_wait_s)
+
+    def run(self, runner_inputs: list) -> list:
+        rpc = self.rpc
+        return [ms_rpc_runner.RPCRunnerFuture(
+            future=self.pool.submit(
+                _measure_when_built, self.build_wait_s, rpc.f_create_session, rpc.f_upload_module,
+                rpc.f_alloc_argument, rpc.f_run_evaluator, rpc.f_cleanup, rpc.rpc_config, rpc.evaluator_config,
+                rpc.alloc_repeat, str(runner_input.artifact_path), str(runner_input.device_type),
+                tuple(arg_info.as_json() for arg_info in runner_input.args_info)),
+            timeout_sec=self.timeout_s) for runner_input in runner_inputs]
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int,
+                  pass_trials: int = PASS_TRIALS) -> Iterator[tuple[int, int]]:
+    """The by-share plan as (task, trials) searches: pass after pass, biggest share first, each task gets
+    ``pass_trials`` × its share (at least one ``batch``, at most what is left of its allotment)."""
+    left = {i: n for i, n in allotted.items() if n > 0}
+    total = sum(shares[i] for i in left) or 1.0
+    order = sorted(left, key=lambda i: -shares[i])
+    while any(left.values()):
+        for i in order:
+            if left[i]:
+                take = min(left[i], max(batch, round(pass_trials * shares[i] / total)))
+                left[i] -= take
+                yield i, take
 
 
 def _sync(work_dir: Path, store: Store, key: str, session_id: int | None) -> int:
@@ -282,9 +406,8 @@ def tune_model(
                 # tune_tasks cleanly instead, after this batch's records were synced above.
                 raise _StopTuning(state["reason"])
 
-    builder = LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=_build,
-                           f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count())
-    runner = RPCRunner(
+    ahead = config.builds_ahead if config.builds_ahead is not None else not kind_of(device).measures_on_this_host
+    rpc = RPCRunner(
         RPCConfig(tracker.host, tracker.port, device.key, session_timeout_sec=int(config.runner_timeout_s)),
         EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False),
         f_create_session=functools.partial(_session, tracker.host, tracker.port, device.key,
@@ -292,19 +415,24 @@ def tune_model(
         f_run_evaluator=functools.partial(_run_with_cooldown, config.candidate_cooldown_s)
         if config.candidate_cooldown_s else None,
     )
-    runner.pool = PopenPoolExecutor(max_workers=runners,
-                                    timeout=config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
+    rpc.pool.shutdown(wait=False)  # AfterBuildRunner measures with RPCRunner's functions in its own pool
+    runner = AfterBuildRunner(rpc, runners, config.builder_timeout_s if ahead else 1.0,
+                              config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
+    builder = (AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, config.trials_per_iter)
+               if ahead else LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=_build,
+                                          f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
     database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
                                         str(work_dir / "database_tuning_record.json"))
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(work_dir), seed=config.seed)
     say(f"MetaSchedule's own log: {work_dir / 'logs'}")
     say(f"{len(tasks)} task(s), {len(prior.records)} record(s) already in the store for this target; "
-        f"cost model: {samples_of(cost_model)} sample(s) from earlier sessions; {runners} runner(s) on key {device.key!r}")
-    # by share: one search per task with its allotment, the biggest first, all sharing one cost model and database;
+        f"cost model: {samples_of(cost_model)} sample(s) from earlier sessions; {runners} runner(s) on key {device.key!r}"
+        f"; {'builds run ahead of the measurements' if ahead else 'each batch is built, then measured'}")
+    # by share: searches of one task each, in passes (search_passes), all sharing one cost model and database;
     # else MetaSchedule's gradient scheduler over every task
-    plan: list[tuple[int | None, int]] = (
-        [(i, shares[i].trials) for i in sorted(range(len(tasks)), key=lambda i: -(shares[i].share or 0))
-         if shares[i].trials] if by_share else [(None, config.trials)])
+    plan: Iterator[tuple[int | None, int]] = (
+        search_passes({i: s.trials for i, s in enumerate(shares)}, {i: s.share or 0.0 for i, s in enumerate(shares)},
+                      config.trials_per_iter) if by_share else iter([(None, config.trials)]))
     search_start = time.monotonic()
     try:
         for index, trials in plan:
@@ -329,6 +457,9 @@ def tune_model(
                 raise
             state["status"], state["reason"] = "interrupted", "interrupted by the user"
     finally:
+        runner.shutdown()
+        if isinstance(builder, AheadBuilder):
+            builder.shutdown()
         state["new"] += _sync(work_dir, store, key, session_id)
         if samples_of(cost_model):  # the next session on this target starts from what this one learned
             store.save_cost_model(key, dump_cost_model(cost_model), FORMAT, samples_of(cost_model), session_id)
@@ -336,7 +467,7 @@ def tune_model(
     total = len(store.tuning_lines(key)[1])
     return TuneOutcome(session_id, key, state["status"], state["reason"], state["trials"], state["new"], total,
                        tuple(progress_by_task), time.monotonic() - start, runners,
-                       saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start)
+                       saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start, ahead)
 
 
 def _profile(tracker: TrackerAddress, device: Device, tasks: list, tvm_target, toolchain: str, config: TuneConfig,

@@ -35,7 +35,7 @@ ALLOWED = {
     "report": {"figures", "results", "review", "stats", "store", "__init__"},
     "costmodel": {"errors"},  # MetaSchedule's XGBoost model as data
     "task_profile": {"errors", "records", "rpc"},  # each task's untuned time on the device, the trials it gets
-    "tune": {"compile", "costmodel", "errors", "records", "rpc", "store", "sweep", "task_profile"},
+    "tune": {"compile", "costmodel", "devices", "errors", "records", "rpc", "store", "sweep", "task_profile"},
     "nightly": {"compile", "errors", "measure", "records", "results", "runs", "stats", "store", "sweep", "tune"},
     "confirmation": {"errors", "findings", "measure", "models", "records", "regress", "results", "series", "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},

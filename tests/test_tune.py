@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from farm.rpc.processes import start_server, stop_process
 from farm.rpc.tracker import wait_for_servers
@@ -190,7 +191,8 @@ def test_sessions_build_on_a_saved_cost_model_and_packs_carry_it(farm_net, inven
 
 
 def test_tune_measures_on_every_free_server_of_the_key(farm_net, farm_env, tmp_path):
-    """K = min(free servers, --max-runners): two servers under one key measure candidates at once."""
+    """K = min(free servers, --max-runners): two servers under one key measure candidates at once, each as soon as
+    its candidate is built (--builds-ahead; a local device builds first by default)."""
     servers = [start_server(farm_net.tracker, f"twin-{i}", "test-twins", tmp_path / f"twin-{i}") for i in range(2)]
     inventory = tmp_path / "devices.toml"
     inventory.write_text(farm_net.inventory_text(
@@ -198,11 +200,13 @@ def test_tune_measures_on_every_free_server_of_the_key(farm_net, farm_env, tmp_p
     try:
         wait_for_servers(farm_net.tracker, {"test-twins": 2}, timeout_s=120)
         base = ("--devices", str(inventory), "tune", "--device", "twins", "--model", "mlp", "--json")
-        two = json.loads(run_farm(*base, "--trials", "8", "--per-task", "4", "--max-runners", "4", env=farm_env).stdout)
+        two = json.loads(run_farm(*base, "--trials", "8", "--per-task", "4", "--max-runners", "4", "--builds-ahead",
+                                  env=farm_env).stdout)
     finally:
         for server in servers:
             stop_process(server)
     assert two["status"] == "done" and two["runners"] == 2 and two["trials"] >= 4  # min(2 free, 4 asked)
+    assert two["builds_ahead"] is True
     assert all(t["best_s"] for t in two["tasks"] if t["trials"])  # candidates were measured, not failed
 
 
@@ -220,6 +224,33 @@ def test_trials_go_where_the_untuned_time_is():
     weighted = allocate_trials(["a", "b"], [3, 1], [1e-3, 1e-3], 8, 0.0)
     assert [(s.trials, s.share) for s in weighted] == [(6, 0.75), (2, 0.25)]
     assert [s.trials for s in allocate_trials(["a", "b"], [1, 1], None, 8, 0.01)] == [0, 0]  # not profiled
+
+
+def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task():
+    from farm.tune import search_passes
+
+    # a budget bounded by minutes asks for 100,000 trials: the biggest task's share must not be one endless search
+    plan = search_passes({0: 70_000, 1: 29_000, 2: 1_000, 3: 0}, {0: 0.7, 1: 0.29, 2: 0.01, 3: 0.001}, 16)
+    first = [next(plan) for _ in range(6)]
+    assert first == [(0, 179), (1, 74), (2, 16), (0, 179), (1, 74), (2, 16)]  # 256 a pass by share, >= one batch each
+    # small allotments (a trial budget) are searched in one go each, biggest first, and add up to the budget
+    assert list(search_passes({0: 60, 1: 4, 2: 0}, {0: 0.9, 1: 0.06, 2: 0.04}, 16)) == [(0, 60), (1, 4)]
+    whole = list(search_passes({0: 700, 1: 290, 2: 10}, {0: 0.7, 1: 0.29, 2: 0.01}, 16))
+    assert sum(t for i, t in whole if i == 0) == 700 and sum(t for i, t in whole if i == 1) == 290
+    assert [i for i, _ in whole][:3] == [0, 1, 2] and whole[2] == (2, 10)
+
+
+def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):
+    from farm.tune import BUILD_FAILED, _measure_when_built
+
+    library = tmp_path / "candidate.so"
+    (tmp_path / ("candidate.so" + BUILD_FAILED)).write_text("build failed: LLVM ERROR: out of registers")
+    args = (None,) * 8 + (str(library),) + (None,) * 2  # RPCRunner's worker arguments; the 9th is the library
+    with pytest.raises(RuntimeError, match="out of registers"):
+        _measure_when_built(5.0, *args)
+    (tmp_path / ("candidate.so" + BUILD_FAILED)).unlink()
+    with pytest.raises(RuntimeError, match="no library after 0.2 s"):
+        _measure_when_built(0.2, *args)
 
 
 def test_tune_times_each_task_first_and_shares_the_trials(farm_net, inventory_file, farm_env):

@@ -11,11 +11,11 @@ Default: starts a private tracker and one local server, then for one conv net:
     .venv/bin/python tools/bench_tuning.py [--model onnx:squeezenet] [--minutes 60] [--chunk 10]
 
 --scaling: trials per minute of search (set-up and profile excluded) with K = 1 and K = 2 servers under
-one key (farm tune --max-runners),
-with a fixed device-side pause per candidate (--candidate-cooldown, as phones need), then K = 2 without
-it (builds dominate on 2 cores). The devices' busy share is estimated as (candidates × (cooldown +
-measured run time)) / (K × session time): session setup, upload and load count as idle, so the idle
-share printed is an upper bound.
+one key (farm tune --max-runners), builds running ahead of the measurements (farm tune --builds-ahead, as
+for a device that is not this host), with a fixed device-side pause per candidate (--candidate-cooldown,
+as phones need), then K = 2 without it (builds dominate on 2 cores). The devices' busy share is
+estimated as (candidates × (cooldown + measured run time)) / (K × session time): session setup,
+upload and load count as idle, so the idle share printed is an upper bound.
 
     .venv/bin/python tools/bench_tuning.py --scaling [--model convnet] [--trials 48] [--candidate-cooldown 1]
 """
@@ -84,7 +84,7 @@ def scaling(args) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-scaling-"))
     model = load_model(args.model)
     print(f"model {model.name}, {args.trials} trials a session, candidate cooldown {args.candidate_cooldown:g} s, "
-          f"tasks by share", flush=True)
+          f"tasks by share, {'each batch built, then measured' if args.build_first else 'builds ahead'}", flush=True)
     print("K  cooldown  trials  minutes  trials/min  device busy (est.)  idle (upper bound)", flush=True)
     rates = {}
     for k, cooldown in ((1, args.candidate_cooldown), (2, args.candidate_cooldown), (2, 0.0)):
@@ -94,7 +94,8 @@ def scaling(args) -> int:
         with private_farm(run, keys) as tracker, Store(run / "results.db") as store:
             outcome = tune_model(tracker, device, model, store, run / "tune",
                                  TuneConfig(trials=args.trials, max_runners=k, candidate_cooldown_s=cooldown,
-                                            fresh_cost_model=True), progress=progress)
+                                            fresh_cost_model=True, builds_ahead=not args.build_first),
+                                 progress=progress)
             wall = outcome.search_seconds  # builds and measurements: the session's set-up and profile excluded
         measured = sum(t.trials for t in outcome.tasks)
         busy = measured * cooldown + sum((t.best_s or 0) * 3 * t.trials for t in outcome.tasks)  # number=3 a candidate
@@ -117,6 +118,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=48, help="--scaling: trials a session (default 48)")
     parser.add_argument("--candidate-cooldown", type=float, default=2.0,
                         help="--scaling: the device's rest after each candidate, seconds (default 2)")
+    parser.add_argument("--build-first", action="store_true",
+                        help="--scaling: build each batch before measuring it (the default for this host's CPU)")
     parser.add_argument("--work", default=None, help="keep the stores and caches here (default: a temp dir)")
     args = parser.parse_args()
     args.model = args.model or ("convnet" if args.scaling else "onnx:squeezenet")

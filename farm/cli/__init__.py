@@ -174,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Sessions build on each other: the XGBoost cost model is saved with the records of the\n"
             "device's target and the next session starts from it (--fresh-cost-model to start blank).\n"
             "Several servers under the device's key measure candidates at once (--max-runners K).\n"
+            "On a device that is not this host's CPU, candidates are built while the device measures\n"
+            "(--builds-ahead; on this host's CPU a batch is built first, so compiles do not slow its runs).\n"
             "Trials go where the time is: each task is first timed untuned on the device, and the budget\n"
             "is shared by its share of the model's time (tasks under --min-share get none).\n"
             "--export writes a pack (MetaSchedule's JSON database, the cost model as plain arrays, a\n"
@@ -207,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "between measurements; default 0)")
     p.add_argument("--no-profile", action="store_true",
                    help="do not time the tasks first: MetaSchedule's own scheduler shares the trials over every task")
+    p.add_argument("--builds-ahead", action=argparse.BooleanOptionalAction, default=None,
+                   help="build candidates while the device measures earlier ones (default: yes, unless the device "
+                        "measures on this host's CPU: local, opencl, qemu)")
     add_progress(p)
     add_bench_options(p)
 

@@ -43,7 +43,7 @@ def cmd_tune(args) -> int:
                                 runner_timeout_s=runner_timeout, request_timeout_s=args.timeout,
                                 max_runners=args.max_runners, fresh_cost_model=args.fresh_cost_model,
                                 by_share=not args.no_profile, min_share=args.min_share,
-                                candidate_cooldown_s=args.candidate_cooldown)
+                                candidate_cooldown_s=args.candidate_cooldown, builds_ahead=args.builds_ahead)
             printer = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
             with graceful_interrupt("stopping after the batch in flight; Ctrl-C again to abort") as stop:
                 outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer,
@@ -51,7 +51,8 @@ def cmd_tune(args) -> int:
             out.update({"session_id": outcome.session_id, "status": outcome.status, "reason": outcome.reason,
                         "trials": outcome.trials_done, "new_records": outcome.new_records,
                         "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
-                        "runners": outcome.runners, "cost_model_samples_before": outcome.cost_model_samples_before,
+                        "runners": outcome.runners, "builds_ahead": outcome.builds_ahead,
+                        "cost_model_samples_before": outcome.cost_model_samples_before,
                         "cost_model_samples": outcome.cost_model_samples,
                         "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s, "untuned_s": t.untuned_s,
                                    "share": t.share, "allotted": t.allotted, "speedup": t.speedup}

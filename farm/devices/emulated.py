@@ -59,6 +59,7 @@ class Qemu(DeviceKind):
     fields = {"server_port": Field("port", "server_port = 9096", "the board's server port (default: a free one)")}
     example = 'key = "board"\ntarget = { kind = "llvm", mtriple = "aarch64-linux-gnu" }'
     always_emulated = True
+    measures_on_this_host = True  # qemu runs on this host's cores
 
     def prerequisites(self) -> str:
         try:

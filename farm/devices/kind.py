@@ -69,6 +69,9 @@ class DeviceKind:
     # its code runs on this host's CPU, so a reference runtime (onnxruntime, LiteRT, torch) timed here is the device's
     # own figure; elsewhere farm says "no reference runtime on this device" (farm/reference.py)
     reference_runs_here: ClassVar[bool] = False
+    # it measures on the CPU that builds tuning candidates (this host's): `farm tune` then builds a batch before
+    # measuring it, since compiles beside a measurement would slow it; elsewhere builds run ahead (farm/tune.py)
+    measures_on_this_host: ClassVar[bool] = False
 
     def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
         """Check one entry's own fields (``raw`` is the whole table); raise ``fail(...)`` on the first problem.
@@ -129,6 +132,7 @@ class ThisHost(DeviceKind):
     """A base for kinds whose code runs on this host: its CPU, sensors and load describe the device."""
 
     reference_runs_here = True  # this host's CPU (for a GPU kind: the CPU that hosts it)
+    measures_on_this_host = True
 
     def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
         if target_kind(target) == "llvm":
