@@ -31,6 +31,8 @@ from farm.records import Artifact, Device, HostCPU, ModelSource, TuningSet, targ
 log = logging.getLogger(__name__)
 
 PIPELINE_VERSION = 2  # bump when farm changes how it lowers models (2: records applied without re-fusion)
+# how a compile finds a function's record: its own, else one of the same anchor block (part of a tuned artifact's key)
+RECORD_MATCH = "exact, else anchor-block"
 EXPORT_SUFFIX = {"so": ".so", "tar": ".tar", "system-lib": ".tar"}  # iOS .so is a dylib by content
 CROSS_CC = {"aarch64-linux-gnu": "aarch64-linux-gnu-g++", "arm-linux-gnueabihf": "arm-linux-gnueabihf-g++"}
 
@@ -163,7 +165,8 @@ def tuning_key(target: dict[str, Any]) -> str:
 def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
     blob = json.dumps(
         {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
-         "tvm": tvm.__version__, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest},
+         "tvm": tvm.__version__, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest,
+         **({"record_match": RECORD_MATCH} if tuning_digest else {})},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -197,13 +200,13 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
             log.warning("rebuilding: unreadable artifact metadata %s", meta_path)
     start = time.perf_counter()
     tvm_target = make_target(target)
-    tuned_tasks = total_tasks = 0
+    tuned_tasks = total_tasks = anchor_tasks = 0
     built = _BuiltModule()
     try:
         with tvm.transform.PassContext(instruments=[built]):
             if tuning is not None:
-                executable, tuned_tasks, total_tasks = _compile_tuned(model, tvm_target, tuning,
-                                                                      device.export == "system-lib")
+                executable, tuned_tasks, total_tasks, anchor_tasks = _compile_tuned(
+                    model, tvm_target, tuning, device.export == "system-lib")
             elif device.export == "system-lib":
                 executable = relax.build(import_model(model), tvm_target, system_lib=True)
             else:
@@ -245,7 +248,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         export=device.export, toolchain=toolchain or "default", tvm_version=tvm.__version__,
         file_digest=_digest(path), build_s=time.perf_counter() - start,
         tuning_digest=tuning.digest if tuning else "", tuned_tasks=tuned_tasks, total_tasks=total_tasks,
-        pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),
+        anchor_tasks=anchor_tasks, pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),
         planned_host_bytes=memory.get("planned_host_bytes"), planned_device_bytes=memory.get("planned_device_bytes"),
         planned_dynamic=memory.get("planned_dynamic", 0),
     )
@@ -314,30 +317,77 @@ def planned_memory(mod: tvm.IRModule, gpu: bool) -> dict[str, int]:
 
 
 def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool):
-    """Compile with MetaSchedule records; returns (executable, functions that got a record, all functions).
+    """Compile with MetaSchedule records; returns (executable, functions that got a record, all functions,
+    functions whose record came from another task of the same anchor block).
 
     The records are applied to exactly the module the tasks were extracted from (the "zero"
     pipeline's output), then built with the default pipeline, which does not fuse again.
     (TVM 0.27's ``compile_relax`` re-runs fusion on that module, and then no record applies:
     measured here on onnx:squeezenet, 30 tasks with records, 277 ms vs 9.1 ms.)"""
-    import tempfile
+    mod = tuning_module(model)
+    applied, tuned, anchored = apply_records(mod, target, tuning)
+    functions = [gv for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    executable = relax.build(applied, target, system_lib=True) if system_lib else tvm.compile(applied, target)
+    return executable, tuned, len(functions), anchored
 
+
+def record_databases(tuning: TuningSet, folder: Path):
+    """The records as two MetaSchedule databases over the same files: exact ("structural", as tuned) and by
+    anchor block (``RECORD_MATCH``: a conv with another epilogue finds the conv's record)."""
     from tvm.s_tir import meta_schedule as ms
 
-    mod = tuning_module(model)
-    with tempfile.TemporaryDirectory(prefix="farm-tuning-") as tmp:
-        workload_path, record_path = Path(tmp) / "database_workload.json", Path(tmp) / "database_tuning_record.json"
-        workload_path.write_text("".join(line + "\n" for line in tuning.workloads))
-        record_path.write_text("".join(line + "\n" for line in tuning.records))
-        database = ms.database.JSONDatabase(str(workload_path), str(record_path), allow_missing=False)
-        with target, database, tvm.transform.PassContext(opt_level=3):
-            applied = relax.transform.MetaScheduleApplyDatabase()(mod)
-    functions = [gv for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-    from tvm_ffi.structural import structural_equal
+    workload_path, record_path = folder / "database_workload.json", folder / "database_tuning_record.json"
+    workload_path.write_text("".join(line + "\n" for line in tuning.workloads))
+    record_path.write_text("".join(line + "\n" for line in tuning.records))
+    exact = ms.database.JSONDatabase(str(workload_path), str(record_path), allow_missing=False)
+    anchor = ms.database.JSONDatabase(str(workload_path), str(record_path), allow_missing=False,
+                                      module_equality="anchor-block")
+    return exact, anchor
 
-    tuned = sum(1 for gv in functions if not structural_equal(mod[gv.name_hint], applied[gv.name_hint]))
-    executable = relax.build(applied, target, system_lib=True) if system_lib else tvm.compile(applied, target)
-    return executable, tuned, len(functions)
+
+def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSet) -> tuple[tvm.IRModule, int, int]:
+    """``mod`` with each PrimFunc scheduled by its own record (replayed as tuned), else by the best record of the
+    same anchor block (MetaSchedule's ``schedule_using_anchor_trace``, as its ApplyDatabase pass does when a
+    database matches by anchor block); returns (module, functions scheduled, of which by anchor block).
+
+    TVM's pass stops the whole compile when one transfer fails (a trace that asks for a consumer the function
+    lacks, e.g. a conv with no epilogue): here that function stays untuned and the rest keep their records.
+    Records are stored and tuned exactly ("structural"); only this lookup matches by anchor block, so the
+    store never holds a record filed under another task's workload."""
+    import tempfile
+
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
+
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+    out = mod.clone()
+    tuned = anchored = 0
+    with tempfile.TemporaryDirectory(prefix="farm-tuning-") as tmp:
+        exact, anchor = record_databases(tuning, Path(tmp))
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            task = normalize(func)
+            try:
+                record = exact.query_tuning_record(task, target, gv.name_hint)
+                if record is not None:
+                    sch = Schedule(record.workload.mod)
+                    record.trace.apply_to_schedule(sch, remove_postproc=False)
+                else:
+                    record = anchor.query_tuning_record(task, target, gv.name_hint)
+                    if record is None:
+                        continue
+                    sch = Schedule(task)
+                    schedule_using_anchor_trace(sch, record.trace, target)
+                    anchored += 1
+            except Exception as exc:  # TVM's schedule errors, many types: this function stays untuned
+                log.info("the record for %s did not apply (left untuned): %s", gv.name_hint, message_line(exc))
+                continue
+            scheduled = next(iter(sch.mod.functions.values()))
+            out[gv] = tvm.tirx.PrimFunc(scheduled.params, scheduled.body, scheduled.ret_type,
+                                        attrs=func.attrs).with_attr("tirx.is_scheduled", True)
+            tuned += 1
+    return out, tuned, anchored
 
 
 def import_model(model: ModelSource) -> tvm.IRModule:

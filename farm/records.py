@@ -199,6 +199,8 @@ class Artifact:
     cached: bool = False
     tuning_digest: str = ""  # digest of the tuning records compiled in ('' = untuned)
     tuned_tasks: int = 0  # tasks that received a record
+    anchor_tasks: int = 0  # of those, tasks whose record is another task's of the same anchor block (a conv with
+    # another epilogue: compile.apply_records)
     total_tasks: int = 0
     pipeline_version: int = 0  # how farm lowered it (compile.PIPELINE_VERSION); 0 = not known
     # planned memory, read from the module Relax's pipeline built (compile.planned_memory); None = not known

@@ -73,6 +73,34 @@ def test_short_tune_stores_records_and_changes_the_artifact(farm_net, inventory_
     assert json.loads(imported.stdout)["imported_records"] == len(lines)
 
 
+def test_records_apply_by_anchor_block_to_a_model_whose_convs_have_another_epilogue(farm_net, inventory_file,
+                                                                                    farm_env, tmp_path):
+    """convnet's convs tuned; a variant whose convs end in LeakyRelu instead of Relu has no identical workload, yet
+    compiles with those records (the same conv, the anchor block) and still computes its model."""
+    import onnx
+
+    from farm.models.zoo import build_convnet
+
+    variant = build_convnet()
+    for node in variant.graph.node:
+        if node.op_type == "Relu":
+            node.op_type = "LeakyRelu"
+    onnx.save(variant, tmp_path / "convnet-leaky.onnx")
+    env = {**farm_env, "FARM_DB": str(tmp_path / "anchor.db")}
+    base = ("--devices", str(inventory_file))
+    tuned = run_farm(*base, "tune", "--device", "cpu-b", "--model", "convnet", "--trials", "4", "--json", env=env)
+    assert tuned.returncode == 0, tuned.stderr
+    compiled = run_farm(*base, "compile", "--device", "cpu-b", "--model", str(tmp_path / "convnet-leaky.onnx"),
+                        "--json", env=env)
+    assert compiled.returncode == 0, compiled.stderr
+    artifact = json.loads(compiled.stdout)[0]
+    assert artifact["tuned_tasks"] >= 1 and artifact["anchor_tasks"] == artifact["tuned_tasks"]  # none exact
+    bench = run_farm(*base, "bench", "--device", "cpu-b", "--model", str(tmp_path / "convnet-leaky.onnx"),
+                     "--repeat", "3", "--min-repeat-ms", "5", "--json", env=env)
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(bench.stdout)["check"]["status"] == "passed"  # the transferred schedule computes the model
+
+
 def test_interrupted_tune_keeps_records_and_resumes(farm_net, inventory_file, farm_env, tmp_path):
     db_path = tmp_path / "results.db"
     # far more trials than one batch (16): the session is still going when the first records are stored

@@ -55,8 +55,8 @@ def cmd_compile(args) -> int:
                     "format": artifact.export, "target": artifact.target, "toolchain": artifact.toolchain,
                     "cached": artifact.cached, "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key,
                     "arch": ",".join(info.archs), "objects": [asdict(m) for m in info.members],
-                    "tuned_tasks": artifact.tuned_tasks, "total_tasks": artifact.total_tasks,
-                    "device_code": ",".join(info.device_code)})
+                    "tuned_tasks": artifact.tuned_tasks, "anchor_tasks": artifact.anchor_tasks,
+                    "total_tasks": artifact.total_tasks, "device_code": ",".join(info.device_code)})
     if args.json:
         emit_json(out)
     else:
