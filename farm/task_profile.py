@@ -39,7 +39,19 @@ class TaskShare:
 def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: Any,
                   export: Callable[[Any], str], timeout_s: float) -> list[float]:
     """Each task's untuned time per call on ``device`` (seconds), in one session; ``export`` writes a built module
-    as a library the device loads (the one tuning's candidates use). Raises FarmError.
+    as a library the device loads (the one tuning's candidates use). Raises FarmError."""
+    runs = time_modules(tracker, device, [(t.task_name, t.dispatched[0]) for t in tasks], target, export, timeout_s,
+                        number=1, repeat=3)
+    return [min(r) for r in runs]
+
+
+def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[str, Any]], target: Any,
+                 export: Callable[[Any], str], timeout_s: float, number: int, repeat: int,
+                 build_fn: Callable[[Any, Any, None], Any] | None = None) -> list[list[float]]:
+    """Each (name, PrimFunc module) built for ``target`` (by ``build_fn(mod, target, None)``, else TVM's default
+    lowering) and timed on ``device`` in one session (zeros for its buffers; ``time_evaluator`` with ``number``,
+    ``repeat``, at least ``PROFILE_MIN_REPEAT_MS`` a repeat): its results per module, seconds a call. Raises
+    FarmError naming the module that failed.
     (TVM is imported here: the CLI reads this module's defaults without it.)"""
     import numpy as np
     import tvm
@@ -51,21 +63,21 @@ def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: 
     session = request_session(tracker, device.key, timeout_s, max(60.0, timeout_s))
     dev = session.cpu(0)
     times = []
-    for index, task in enumerate(tasks):
-        mod = task.dispatched[0]
+    for index, (label, mod) in enumerate(modules):
         name = f"task{index}.so"
         try:
-            session.upload(export(build(mod, target=target)), name)
+            built = build_fn(mod, target, None) if build_fn else build(mod, target=target)
+            session.upload(export(built), name)
             remote = session.load_module(name)
             infos = ms.arg_info.ArgInfo.from_prim_func(mod[mod.get_global_vars()[0]])
             args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)
                     for info in infos]
-            timer = remote.time_evaluator(remote.entry_name, dev, number=1, repeat=3,
+            timer = remote.time_evaluator(remote.entry_name, dev, number=number, repeat=repeat,
                                           min_repeat_ms=PROFILE_MIN_REPEAT_MS)
-            times.append(float(min(timer(*args).results)))
+            times.append([float(t) for t in timer(*args).results])
         except Exception as exc:  # TVM's errors: the profile is advice, the search goes on without it
-            raise FarmError(f"could not time task {task.task_name} untuned on {device.name}: {message_line(exc)}",
-                            "tuning shares the trials by MetaSchedule's own scheduler instead") from exc
+            raise FarmError(f"could not time task {label} on {device.name}: {message_line(exc)}",
+                            "tuning goes on without this figure") from exc
         finally:
             try:
                 session.remove(name)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderResult, LocalBuilder, PyBuilder
@@ -46,7 +47,7 @@ from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.sweep import tuning_set
-from farm.task_profile import DEFAULT_MIN_SHARE, allocate_trials, profile_tasks
+from farm.task_profile import DEFAULT_MIN_SHARE, allocate_trials, profile_tasks, time_modules
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,10 @@ class TuneOutcome:
     cost_model_samples: int = 0  # ... and after it (saved with the store's records for the target)
     search_seconds: float = 0.0  # inside MetaSchedule's search (builds and measurements), set-up and profile excluded
     builds_ahead: bool = False  # candidates were built while the device measured earlier ones
+    seeded: int = 0  # tasks whose search started from another task's record of the same anchor block (measured here)
+    # (trials so far, the searched tasks' time: call sites × best measured, else untuned) after the seeds and each
+    # batch: how fast the session got where it got (tools/bench_warmstart.py)
+    trajectory: tuple[tuple[int, float], ...] = ()
 
 
 Progress = Callable[[str], None]
@@ -382,6 +387,7 @@ def tune_model(
                     best = min(float(s) for s in result.run_secs)
                     task.best_s = best if task.best_s is None else min(task.best_s, best)
             state["new"] += _sync(work_dir, store, key, session_id)
+            note_trajectory()
             elapsed = time.monotonic() - start
             eta = elapsed / state["trials"] * max(config.trials - state["trials"], 0) if state["trials"] else 0
             best_text = f"{task.best_s * 1e6:.1f} µs" if task.best_s else "-"
@@ -424,6 +430,21 @@ def tune_model(
     database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
                                         str(work_dir / "database_tuning_record.json"))
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(work_dir), seed=config.seed)
+    searched = [i for i, share in enumerate(shares) if share.trials] if by_share else []
+    seeds = _seed_by_anchor(tracker, device, contexts, searched, prior, tvm_target, toolchain, database, config, say)
+    for seeded_task, secs in seeds.items():
+        task = progress_by_task[seeded_task]
+        task.trials, task.best_s = task.trials + 1, float(np.mean(secs))
+        state["trials"] += 1
+    trajectory: list[tuple[int, float]] = []
+
+    def note_trajectory() -> None:
+        if by_share:
+            trajectory.append((state["trials"], sum(
+                shares[i].weight * (progress_by_task[i].best_s or progress_by_task[i].untuned_s or 0.0)
+                for i in searched)))
+
+    note_trajectory()
     say(f"MetaSchedule's own log: {work_dir / 'logs'}")
     say(f"{len(tasks)} task(s), {len(prior.records)} record(s) already in the store for this target; "
         f"cost model: {samples_of(cost_model)} sample(s) from earlier sessions; {runners} runner(s) on key {device.key!r}"
@@ -431,7 +452,8 @@ def tune_model(
     # by share: searches of one task each, in passes (search_passes), all sharing one cost model and database;
     # else MetaSchedule's gradient scheduler over every task
     plan: Iterator[tuple[int | None, int]] = (
-        search_passes({i: s.trials for i, s in enumerate(shares)}, {i: s.share or 0.0 for i, s in enumerate(shares)},
+        search_passes({i: s.trials - int(i in seeds) for i, s in enumerate(shares)},
+                      {i: s.share or 0.0 for i, s in enumerate(shares)},
                       config.trials_per_iter) if by_share else iter([(None, config.trials)]))
     search_start = time.monotonic()
     try:
@@ -467,7 +489,70 @@ def tune_model(
     total = len(store.tuning_lines(key)[1])
     return TuneOutcome(session_id, key, state["status"], state["reason"], state["trials"], state["new"], total,
                        tuple(progress_by_task), time.monotonic() - start, runners,
-                       saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start, ahead)
+                       saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start, ahead,
+                       len(seeds), tuple(trajectory))
+
+
+def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int], prior: TuningSet,
+                    tvm_target, toolchain: str, database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+    """Each task to search that has no record of its own but one of the same anchor block (another model's conv
+    with another epilogue: what ``compile.apply_records`` would use) starts from it: the record's schedule is
+    transferred to the task, timed on the device like a candidate, and committed as the task's first record, so
+    MetaSchedule's search seeds its population with it. Returns {task: its run seconds}; a transfer or a timing
+    that fails is said and skipped (the search starts as it would have)."""
+    if not searched or not prior.records:
+        return {}
+    try:
+        return _seeds(tracker, device, contexts, searched, prior, tvm_target, toolchain, database, config, say)
+    except Exception as exc:  # TVM's errors, many types: seeds are a head start, never a failed session
+        log.info("seeding by anchor block failed", exc_info=True)
+        say(f"no seeds by anchor block: {message_line(exc)}")
+        return {}
+
+
+def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int], prior: TuningSet,
+           tvm_target, toolchain: str, database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
+
+    from farm.compile import record_databases
+
+    picked = []
+    with tempfile.TemporaryDirectory(prefix="farm-seeds-") as tmp:
+        exact, anchor = record_databases(prior, Path(tmp))
+        for index in searched:
+            mod, name = contexts[index].mod, contexts[index].task_name
+            if exact.query_tuning_record(mod, tvm_target, name) is not None:
+                continue
+            record = anchor.query_tuning_record(mod, tvm_target, name)
+            if record is None:
+                continue
+            try:
+                sch = Schedule(mod)
+                schedule_using_anchor_trace(sch, record.trace, tvm_target)
+            except Exception as exc:  # TVM's schedule errors: this task's search starts from nothing
+                say(f"  {name}: the record of its anchor block does not transfer ({message_line(exc)})")
+                continue
+            picked.append((index, sch))
+    if not picked:
+        return {}
+    say(f"timing {len(picked)} schedule(s) transferred by anchor block from other tasks' records")
+    try:
+        runs = time_modules(tracker, device, [(contexts[i].task_name, sch.mod) for i, sch in picked], tvm_target,
+                            functools.partial(_export, toolchain), config.request_timeout_s, number=3, repeat=1,
+                            build_fn=_build)
+    except FarmError as exc:
+        say(f"{exc.message}; the search starts without them")
+        return {}
+    seeds = {}
+    for (index, sch), secs in zip(picked, runs):
+        workload = database.commit_workload(contexts[index].mod)
+        database.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, workload, [float(s) for s in secs], tvm_target,
+            ms.arg_info.ArgInfo.from_prim_func(next(iter(sch.mod.functions.values())))))
+        seeds[index] = secs
+        say(f"  {contexts[index].task_name}: starts from a record of its anchor block, {np.mean(secs) * 1e6:.1f} µs")
+    return seeds
 
 
 def _profile(tracker: TrackerAddress, device: Device, tasks: list, tvm_target, toolchain: str, config: TuneConfig,

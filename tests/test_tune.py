@@ -99,6 +99,14 @@ def test_records_apply_by_anchor_block_to_a_model_whose_convs_have_another_epilo
                      "--repeat", "3", "--min-repeat-ms", "5", "--json", env=env)
     assert bench.returncode == 0, bench.stderr
     assert json.loads(bench.stdout)["check"]["status"] == "passed"  # the transferred schedule computes the model
+    # tuning the variant starts from the transferred schedule, measured on the device as its first record
+    seeded = run_farm(*base, "tune", "--device", "cpu-b", "--model", str(tmp_path / "convnet-leaky.onnx"), "--trials",
+                      "2", "--fresh-cost-model", "--json", env=env)
+    assert seeded.returncode == 0, seeded.stderr
+    out = json.loads(seeded.stdout)
+    assert out["seeded"] >= 1 and out["status"] == "done"
+    start = [t for t in out["tasks"] if t["trials"]]
+    assert start and all(t["best_s"] < t["untuned_s"] for t in start)  # the seed is the tuned conv, not naive loops
 
 
 def test_interrupted_tune_keeps_records_and_resumes(farm_net, inventory_file, farm_env, tmp_path):

@@ -51,7 +51,7 @@ def cmd_tune(args) -> int:
             out.update({"session_id": outcome.session_id, "status": outcome.status, "reason": outcome.reason,
                         "trials": outcome.trials_done, "new_records": outcome.new_records,
                         "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
-                        "runners": outcome.runners, "builds_ahead": outcome.builds_ahead,
+                        "runners": outcome.runners, "builds_ahead": outcome.builds_ahead, "seeded": outcome.seeded,
                         "cost_model_samples_before": outcome.cost_model_samples_before,
                         "cost_model_samples": outcome.cost_model_samples,
                         "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s, "untuned_s": t.untuned_s,
