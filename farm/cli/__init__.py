@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("tracker", cmd_tracker, "start, stop or query TVM's RPC tracker (a managed background process)",
-            "Runs `python -m tvm.exec.rpc_tracker` in the background with a pid record and a log in $FARM_HOME.\n"
+            "Runs `python -m farm.rpc.tracker_server` (TVM's tracker) in the background with a pid record and a log\n"
+            "in $FARM_HOME.\n"
             "Binds 127.0.0.1 unless --host says otherwise: TVM RPC has no authentication.")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--host", help="address to bind (default: [tracker] host in devices.toml, else 127.0.0.1)")

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SERVER_MODULE = "farm.rpc.server"
+TRACKER_MODULE = "farm.rpc.tracker_server"  # TVM's tracker with a backlog for a fleet's burst of requests
 
 
 @dataclass(frozen=True)
@@ -94,14 +95,13 @@ def log_tail(path: str, lines: int = 5) -> str:
 
 
 def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0) -> ManagedProcess:
-    """Run ``python -m tvm.exec.rpc_tracker`` on exactly ``host:port`` and wait until it answers."""
+    """Run ``python -m farm.rpc.tracker_server`` (TVM's tracker, listening with a full backlog) on exactly
+    ``host:port`` and wait until it answers."""
     if host not in LOOPBACK:
         log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code", host)
     log_path = state_dir / "tracker.log"
-    # --port-end = port + 1: TVM would otherwise slide to the next free port silently.
-    proc = spawn([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
-                  "--port-end", str(port + 1)], log_path)
-    record = ManagedProcess("tracker", "tracker", "", proc.pid, port, str(log_path), time.time())
+    proc = spawn([sys.executable, "-m", TRACKER_MODULE, "--host", host, "--port", str(port)], log_path)
+    record = ManagedProcess("tracker", "tracker", "", proc.pid, port, str(log_path), time.time(), TRACKER_MODULE)
     from farm.rpc.tracker import wait_for_tracker  # here, not above: importing TVM takes seconds, and the
     # device kinds (which every verb's inventory reads) import this module for starting servers
 
