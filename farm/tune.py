@@ -429,6 +429,7 @@ def tune_model(
                                           f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
     database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
                                         str(work_dir / "database_tuning_record.json"))
+    _metaschedule_logs_to_file_only()  # the contexts set up MetaSchedule's loggers ("Logging directory: …")
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(work_dir), seed=config.seed)
     searched = [i for i, share in enumerate(shares) if share.trials] if by_share else []
     seeds = _seed_by_anchor(tracker, device, contexts, searched, prior, tvm_target, toolchain, database, config, say)
