@@ -77,15 +77,9 @@ def test_records_apply_by_anchor_block_to_a_model_whose_convs_have_another_epilo
                                                                                     farm_env, tmp_path):
     """convnet's convs tuned; a variant whose convs end in LeakyRelu instead of Relu has no identical workload, yet
     compiles with those records (the same conv, the anchor block) and still computes its model."""
-    import onnx
+    from farm.models.zoo import leaky_variant
 
-    from farm.models.zoo import build_convnet
-
-    variant = build_convnet()
-    for node in variant.graph.node:
-        if node.op_type == "Relu":
-            node.op_type = "LeakyRelu"
-    onnx.save(variant, tmp_path / "convnet-leaky.onnx")
+    leaky_variant("convnet", tmp_path)
     env = {**farm_env, "FARM_DB": str(tmp_path / "anchor.db")}
     base = ("--devices", str(inventory_file))
     tuned = run_farm(*base, "tune", "--device", "cpu-b", "--model", "convnet", "--trials", "4", "--json", env=env)

@@ -6,7 +6,9 @@ Default: starts a private tracker and one local server, then for one conv net:
      is timed beside TVM with the same inputs and statistics),
   2. tuning sessions that build on each other (records and cost model kept), each --chunk minutes,
      until --minutes in all; after each, TVM tuned is benched again beside onnxruntime:
-     the budget → ratio curve.
+     the budget → ratio curve,
+  3. (P1b) the same model with LeakyRelu for Relu (the same convs, another epilogue: no task of its own has a
+     record) compiled with the farm's records and no session of its own, beside onnxruntime.
 
     .venv/bin/python tools/bench_tuning.py [--model onnx:squeezenet] [--minutes 60] [--chunk 10]
 
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 from farm.models import load_model
+from farm.models.zoo import leaky_variant
 from farm.records import BenchConfig, Device
 from farm.rpc.processes import private_farm
 from farm.stats import median, versus_text
@@ -49,6 +52,8 @@ def bench(tracker, device, model, store, work, config, tuned: bool) -> tuple[flo
     ref = cell.reference.result if cell.reference else None
     ref_s = median(ref.steady_samples_s) if ref and ref.status == "ok" else None
     coverage = f"{cell.artifact.tuned_tasks}/{cell.artifact.total_tasks} tasks tuned"
+    if cell.artifact.anchor_tasks:
+        coverage += f" ({cell.artifact.anchor_tasks} by anchor block)"
     return median(cell.result.steady_samples_s), ref_s, coverage
 
 
@@ -77,6 +82,14 @@ def curve(args) -> int:
                 print(f"at least as fast as onnxruntime after {spent_s / 60:.1f} min, {trials} trials, "
                       f"{sessions} session(s)", flush=True)
                 break
+        if args.shared:  # P1b: a model sharing the tuned convs (another epilogue), no session of its own
+            other = load_model(str(leaky_variant(args.model, work)))
+            shared_s, ref_s, coverage = bench(tracker, device, other, store, work, config, tuned=True)
+            untuned_other, _, _ = bench(tracker, device, other, store, work, config, tuned=False)
+            print(f"{other.name} ({args.model}'s convs, LeakyRelu epilogues), compiled with the farm's records, no "
+                  f"session of its own: TVM {shared_s * 1e3:.2f} ms · onnxruntime {ref_s * 1e3:.2f} ms "
+                  f"({versus_text(shared_s, ref_s, 'onnxruntime')}); untuned {untuned_other * 1e3:.2f} ms; {coverage}",
+                  flush=True)
     return 0
 
 
@@ -114,6 +127,8 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="default: onnx:squeezenet (curve), convnet (--scaling)")
     parser.add_argument("--minutes", type=float, default=60.0, help="curve: tuning minutes in all (default 60)")
     parser.add_argument("--chunk", type=float, default=10.0, help="curve: minutes a session (default 10)")
+    parser.add_argument("--no-shared", dest="shared", action="store_false",
+                        help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")
     parser.add_argument("--trials", type=int, default=48, help="--scaling: trials a session (default 48)")
     parser.add_argument("--candidate-cooldown", type=float, default=2.0,

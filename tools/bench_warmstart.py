@@ -22,10 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import onnx
-
 from farm.models import load_model
-from farm.models.zoo import BUILTINS
+from farm.models.zoo import leaky_variant
 from farm.records import Device
 from farm.rpc.processes import private_farm
 from farm.store import Store
@@ -36,17 +34,6 @@ QUALITY = 1.05  # within 5 % of the cold session's best
 
 def progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
-
-
-def leaky_variant(name: str, folder: Path) -> Path:
-    """Model ``name`` with every Relu made a LeakyRelu: the same convs, another epilogue, no identical task."""
-    model = BUILTINS[name]()
-    for node in model.graph.node:
-        if node.op_type == "Relu":
-            node.op_type = "LeakyRelu"
-    path = folder / f"{name}-leaky.onnx"
-    onnx.save(model, path)
-    return path
 
 
 def trials_to(outcome: TuneOutcome, goal_s: float) -> int | None:

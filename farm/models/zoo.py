@@ -104,6 +104,19 @@ BUILTINS: dict[str, Callable[[], onnx.ModelProto]] = {
 }
 
 
+def leaky_variant(spec: str, folder: Path) -> Path:
+    """A built-in or ``onnx:NAME`` model with every Relu made a LeakyRelu, saved in ``folder``: the same convs with
+    another epilogue, so none of its tasks is another model's (records reach it by anchor block only). For tests
+    and benches of record reuse."""
+    proto = BUILTINS[spec]() if spec in BUILTINS else onnx.load(LIGHT_DIR / f"light_{spec.removeprefix('onnx:')}.onnx")
+    for node in proto.graph.node:
+        if node.op_type == "Relu":
+            node.op_type = "LeakyRelu"
+    path = Path(folder) / f"{spec.removeprefix('onnx:')}-leaky.onnx"
+    onnx.save(proto, path)
+    return path
+
+
 def list_models() -> list[dict[str, str]]:
     rows = [{"name": n, "kind": "builtin", "about": (f.__doc__ or "").strip().splitlines()[0]} for n, f in BUILTINS.items()]
     for path in sorted(LIGHT_DIR.glob("light_*.onnx")):
