@@ -432,11 +432,14 @@ def tune_model(
     _metaschedule_logs_to_file_only()  # the contexts set up MetaSchedule's loggers ("Logging directory: …")
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(work_dir), seed=config.seed)
     searched = [i for i, share in enumerate(shares) if share.trials] if by_share else []
-    seeds = _seed_by_anchor(tracker, device, contexts, searched, prior, tvm_target, toolchain, database, config, say)
-    for seeded_task, secs in seeds.items():
+    seeds = _seed_by_anchor(tracker, device, contexts, searched, [s.untuned_s for s in shares], prior, tvm_target,
+                            toolchain, database, config, say)
+    for seeded_task, secs in seeds.items():  # a seed timed and refused (slower than untuned) counts a trial too
         task = progress_by_task[seeded_task]
-        task.trials, task.best_s = task.trials + 1, float(np.mean(secs))
+        task.trials += 1
         state["trials"] += 1
+        if secs:
+            task.best_s = float(np.mean(secs))
     trajectory: list[tuple[int, float]] = []
 
     def note_trajectory() -> None:
@@ -491,28 +494,31 @@ def tune_model(
     return TuneOutcome(session_id, key, state["status"], state["reason"], state["trials"], state["new"], total,
                        tuple(progress_by_task), time.monotonic() - start, runners,
                        saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start, ahead,
-                       len(seeds), tuple(trajectory))
+                       sum(1 for secs in seeds.values() if secs), tuple(trajectory))
 
 
-def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int], prior: TuningSet,
-                    tvm_target, toolchain: str, database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int],
+                    untuned: list[float | None], prior: TuningSet, tvm_target, toolchain: str, database,
+                    config: TuneConfig, say: Progress) -> dict[int, list[float]]:
     """Each task to search that has no record of its own but one of the same anchor block (another model's conv
     with another epilogue: what ``compile.apply_records`` would use) starts from it: the record's schedule is
     transferred to the task, timed on the device like a candidate, and committed as the task's first record, so
-    MetaSchedule's search seeds its population with it. Returns {task: its run seconds}; a transfer or a timing
-    that fails is said and skipped (the search starts as it would have)."""
+    MetaSchedule's search seeds its population with it. A transferred schedule slower than the task's untuned
+    time is not committed (a record is applied whatever its time). Returns {task: its run seconds, [] when timed
+    and refused}; a transfer or a timing that fails is said and skipped (the search starts as it would have)."""
     if not searched or not prior.records:
         return {}
     try:
-        return _seeds(tracker, device, contexts, searched, prior, tvm_target, toolchain, database, config, say)
+        return _seeds(tracker, device, contexts, searched, untuned, prior, tvm_target, toolchain, database, config, say)
     except Exception as exc:  # TVM's errors, many types: seeds are a head start, never a failed session
         log.info("seeding by anchor block failed", exc_info=True)
         say(f"no seeds by anchor block: {message_line(exc)}")
         return {}
 
 
-def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int], prior: TuningSet,
-           tvm_target, toolchain: str, database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int], untuned: list[float | None],
+           prior: TuningSet, tvm_target, toolchain: str, database, config: TuneConfig,
+           say: Progress) -> dict[int, list[float]]:
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
 
@@ -545,8 +551,14 @@ def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: li
     except FarmError as exc:
         say(f"{exc.message}; the search starts without them")
         return {}
-    seeds = {}
+    seeds: dict[int, list[float]] = {}
     for (index, sch), secs in zip(picked, runs):
+        slower = untuned[index] is not None and float(np.mean(secs)) >= (untuned[index] or 0.0)
+        if slower:
+            say(f"  {contexts[index].task_name}: its anchor block's record is slower here ({np.mean(secs) * 1e6:.1f} µs) "
+                f"than untuned ({(untuned[index] or 0.0) * 1e6:.1f} µs): not used")
+            seeds[index] = []
+            continue
         workload = database.commit_workload(contexts[index].mod)
         database.commit_tuning_record(ms.database.TuningRecord(
             sch.trace, workload, [float(s) for s in secs], tvm_target,
