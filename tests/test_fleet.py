@@ -56,8 +56,9 @@ def test_devices_and_probe_see_the_whole_fleet(fleet):
     _, env = fleet
     listed = json.loads(run_farm("devices", "--json", env=env).stdout)["devices"]
     assert sorted(d["state"] for d in listed) == ["online"] * FLEET
-    # every device must answer; each probe's bound is generous because 36 native servers share 2 loaded cores here
-    # (CI saw 2 of 36 miss the default 3 s)
+    # every device must answer; each probe's bound is generous because 36 native servers share 2 loaded cores here.
+    # (Free devices were once reported busy or unreachable even at 30 s: TVM's tracker listened with a backlog of 1
+    # and the kernel dropped the SYNs of the probe's concurrent requests; farm's tracker does not: test_tracker.)
     probed = run_farm("devices", "--probe", "--timeout", "30", "--json", env=env, timeout=300)
     assert probed.returncode == 0, probed.stderr
     rows = json.loads(probed.stdout)["devices"]
