@@ -178,6 +178,12 @@ class Row:
     said: str = ""  # an expected error's `error:` line
 
 
+def _terminal_signals() -> None:
+    """In the child, before exec: SIGINT and SIGQUIT do what they do in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class Newcomer:
     """Runs README commands in ``work`` and judges each against what it names."""
 
@@ -306,8 +312,11 @@ class Newcomer:
         """Start a command that serves until stopped, in its own process group; wait until ``ready()``."""
         out, err = self.work / f"fg-{len(self.background)}.out", self.work / f"fg-{len(self.background)}.err"
         with open(out, "w") as stdout, open(err, "w") as stderr:
+            # Ctrl-C as in a terminal: a suite started in the background (`cmd &` in a script) passes SIGINT on
+            # ignored, and Python then never raises KeyboardInterrupt
             proc = subprocess.Popen(["bash", "-c", f"exec {text}"], cwd=self.work, env=env, stdout=stdout,
-                                    stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_terminal_signals)
         self.background.append(proc)
         deadline = time.monotonic() + timeout_s
         while not ready(out.read_text()):
