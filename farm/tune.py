@@ -390,6 +390,8 @@ def tune_model(
             note_trajectory()
             elapsed = time.monotonic() - start
             eta = elapsed / state["trials"] * max(config.trials - state["trials"], 0) if state["trials"] else 0
+            if deadline:  # a session bounded by minutes ends by then, whatever its trial budget
+                eta = min(eta, max(deadline - time.monotonic(), 0.0))
             best_text = f"{task.best_s * 1e6:.1f} µs" if task.best_s else "-"
             speedup = f" ({task.speedup:.1f}x untuned)" if task.speedup else ""
             say(f"task {task_id + 1}/{len(tasks)} {task.name}: {task.trials} trials, best {best_text}{speedup} · "
