@@ -360,16 +360,22 @@ def tune_model(
         load_cost_model(cost_model, saved[0])
     prior = tuning_set(store, device)
     _write_database(work_dir, prior)
-    shares = allocate_trials([t.task_name for t in tasks], [int(t.weight) for t in tasks],
-                             _profile(tracker, device, tasks, tvm_target, toolchain, config, say), config.trials,
+    untuned = _profile(tracker, device, tasks, tvm_target, toolchain, config, say)
+    # where the time is now: a task that earlier sessions tuned costs its best record's time, not its untuned time
+    # (each session ranking by untuned time would search the same big tasks again and never reach the rest)
+    recorded = _best_recorded(prior, tasks, tvm_target) if untuned is not None else [None] * len(tasks)
+    now = [min(u, r) if r is not None else u for u, r in zip(untuned, recorded)] if untuned is not None else None
+    shares = allocate_trials([t.task_name for t in tasks], [int(t.weight) for t in tasks], now, config.trials,
                              config.min_share)
     session_id = store.start_tune_session(device, model, key, target, tvm.__version__, config.trials)
-    progress_by_task = [TaskProgress(s.name, untuned_s=s.untuned_s, share=s.share,
-                                     allotted=s.trials if s.share is not None else None) for s in shares]
+    progress_by_task = [TaskProgress(s.name, untuned_s=untuned[i] if untuned is not None else None, share=s.share,
+                                     allotted=s.trials if s.share is not None else None, best_s=recorded[i])
+                        for i, s in enumerate(shares)]
     for task in sorted(progress_by_task, key=lambda t: -(t.share or 0)):
         if task.share is not None and task.untuned_s is not None:
-            say(f"  {task.name}: {task.share:6.1%} of the untuned time ({task.untuned_s * 1e6:.1f} µs a call), "
-                f"{task.allotted} trial(s)")
+            tuned_text = f", {task.best_s * 1e6:.1f} µs with its best record" if task.best_s else ""
+            say(f"  {task.name}: {task.share:6.1%} of the model's time now (untuned {task.untuned_s * 1e6:.1f} µs a "
+                f"call{tuned_text}), {task.allotted} trial(s)")
     by_share = shares[0].share is not None
     current = [0]  # the task a single-task search is on (the callback's task_id is then 0)
     state: dict[str, Any] = {"status": "done", "reason": "", "trials": 0, "new": 0}
@@ -497,6 +503,23 @@ def tune_model(
                        tuple(progress_by_task), time.monotonic() - start, runners,
                        saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start, ahead,
                        sum(1 for secs in seeds.values() if secs), tuple(trajectory))
+
+
+def _best_recorded(prior: TuningSet, tasks: list, tvm_target) -> list[float | None]:
+    """Each task's best stored record's time (mean of its run seconds), or None: no record of its own."""
+    if not prior.records:
+        return [None] * len(tasks)
+    from farm.compile import record_databases
+
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+    best: list[float | None] = []
+    with tempfile.TemporaryDirectory(prefix="farm-recorded-") as tmp:
+        exact, _ = record_databases(prior, Path(tmp))
+        for task in tasks:
+            record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
+            secs = [float(getattr(v, "value", v)) for v in (record.run_secs or [])] if record is not None else []
+            best.append(float(np.mean(secs)) if secs and max(secs) < FAILED_RUN_S else None)
+    return best
 
 
 def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int],

@@ -293,3 +293,9 @@ def test_tune_times_each_task_first_and_shares_the_trials(farm_net, inventory_fi
     assert "conv2d" in biggest["name"] and biggest["allotted"] == max(t["allotted"] for t in tasks.values())
     assert all(t["allotted"] == 0 and t["trials"] == 0 for t in tasks.values() if t["share"] < 0.05)
     assert sum(t["allotted"] for t in tasks.values()) == 8 and out["trials"] <= 8
+    # the next session shares by where the time is now: the conv tuned above costs its best record's time
+    again = json.loads(run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "convnet",
+                                "--trials", "8", "--min-share", "0.05", "--json", env=farm_env).stdout)
+    now = {t["name"]: t for t in again["tasks"]}
+    assert now[biggest["name"]]["share"] < biggest["share"]
+    assert abs(sum(t["share"] for t in now.values()) - 1) < 1e-9
