@@ -40,18 +40,20 @@ def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: 
                   export: Callable[[Any], str], timeout_s: float) -> list[float]:
     """Each task's untuned time per call on ``device`` (seconds), in one session; ``export`` writes a built module
     as a library the device loads (the one tuning's candidates use). Raises FarmError."""
-    runs = time_modules(tracker, device, [(t.task_name, t.dispatched[0]) for t in tasks], target, export, timeout_s,
-                        number=1, repeat=3)
+    runs = time_modules(tracker, device, [(f"{t.task_name} untuned", t.dispatched[0]) for t in tasks], target, export,
+                        timeout_s, number=1, repeat=3,
+                        hint="tuning shares the trials by MetaSchedule's own scheduler instead")
     return [min(r) for r in runs]
 
 
 def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[str, Any]], target: Any,
                  export: Callable[[Any], str], timeout_s: float, number: int, repeat: int,
-                 build_fn: Callable[[Any, Any, None], Any] | None = None) -> list[list[float]]:
+                 build_fn: Callable[[Any, Any, None], Any] | None = None,
+                 hint: str = "tuning goes on without this figure") -> list[list[float]]:
     """Each (name, PrimFunc module) built for ``target`` (by ``build_fn(mod, target, None)``, else TVM's default
     lowering) and timed on ``device`` in one session (zeros for its buffers; ``time_evaluator`` with ``number``,
     ``repeat``, at least ``PROFILE_MIN_REPEAT_MS`` a repeat): its results per module, seconds a call. Raises
-    FarmError naming the module that failed.
+    FarmError naming the module that failed, with ``hint``.
     (TVM is imported here: the CLI reads this module's defaults without it.)"""
     import numpy as np
     import tvm
@@ -77,7 +79,7 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
             times.append([float(t) for t in timer(*args).results])
         except Exception as exc:  # TVM's errors: the profile is advice, the search goes on without it
             raise FarmError(f"could not time task {label} on {device.name}: {message_line(exc)}",
-                            "tuning goes on without this figure") from exc
+                            hint) from exc
         finally:
             try:
                 session.remove(name)

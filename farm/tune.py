@@ -137,14 +137,7 @@ def _build(mod, target, _params):
 
 def _export(toolchain: str, mod) -> str:
     """Export a candidate as a shared library the device can load (cross-linked when needed)."""
-    path = os.path.join(tempfile.mkdtemp(prefix="farm-cand-"), "candidate.so")
-    if toolchain:
-        from tvm.support import cc
-
-        mod.export_library(path, fcompile=cc.cross_compiler(toolchain))
-    else:
-        mod.export_library(path)
-    return path
+    return _export_to(toolchain, os.path.join(tempfile.mkdtemp(prefix="farm-cand-"), "candidate.so"), mod)
 
 
 def _session(host: str, port: int, key: str, request_timeout_s: float, session_timeout_s: float, _config):
@@ -363,7 +356,8 @@ def tune_model(
     untuned = _profile(tracker, device, tasks, tvm_target, toolchain, config, say)
     # where the time is now: a task that earlier sessions tuned costs its best record's time, not its untuned time
     # (each session ranking by untuned time would search the same big tasks again and never reach the rest)
-    recorded = _best_recorded(prior, tasks, tvm_target) if untuned is not None else [None] * len(tasks)
+    known = _prior_databases(prior)  # (exact, anchor block), or None: no records yet
+    recorded = _best_recorded(known[0], tasks, tvm_target) if known and untuned is not None else [None] * len(tasks)
     now = [min(u, r) if r is not None else u for u, r in zip(untuned, recorded)] if untuned is not None else None
     shares = allocate_trials([t.task_name for t in tasks], [int(t.weight) for t in tasks], now, config.trials,
                              config.min_share)
@@ -440,8 +434,8 @@ def tune_model(
     _metaschedule_logs_to_file_only()  # the contexts set up MetaSchedule's loggers ("Logging directory: …")
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(work_dir), seed=config.seed)
     searched = [i for i, share in enumerate(shares) if share.trials] if by_share else []
-    seeds = _seed_by_anchor(tracker, device, contexts, searched, [s.untuned_s for s in shares], prior, tvm_target,
-                            toolchain, database, config, say)
+    seeds = _seed_by_anchor(tracker, device, contexts, searched, [t.untuned_s for t in progress_by_task], known,
+                            tvm_target, toolchain, database, config, say)
     for seeded_task, secs in seeds.items():  # a seed timed and refused (slower than untuned) counts a trial too
         task = progress_by_task[seeded_task]
         task.trials += 1
@@ -505,25 +499,30 @@ def tune_model(
                        sum(1 for secs in seeds.values() if secs), tuple(trajectory))
 
 
-def _best_recorded(prior: TuningSet, tasks: list, tvm_target) -> list[float | None]:
-    """Each task's best stored record's time (mean of its run seconds), or None: no record of its own."""
+def _prior_databases(prior: TuningSet):
+    """The store's records for the session as MetaSchedule databases, exact and by anchor block (``compile``'s
+    pair), loaded once and only queried; None when there are none."""
     if not prior.records:
-        return [None] * len(tasks)
+        return None
     from farm.compile import record_databases
 
+    with tempfile.TemporaryDirectory(prefix="farm-prior-") as tmp:
+        return record_databases(prior, Path(tmp))  # read whole at construction: the files are not needed after
+
+
+def _best_recorded(exact, tasks: list, tvm_target) -> list[float | None]:
+    """Each task's best stored record's time (mean of its run seconds), or None: no record of its own."""
     normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     best: list[float | None] = []
-    with tempfile.TemporaryDirectory(prefix="farm-recorded-") as tmp:
-        exact, _ = record_databases(prior, Path(tmp))
-        for task in tasks:
-            record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
-            secs = [float(getattr(v, "value", v)) for v in (record.run_secs or [])] if record is not None else []
-            best.append(float(np.mean(secs)) if secs and max(secs) < FAILED_RUN_S else None)
+    for task in tasks:
+        record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
+        secs = [float(getattr(v, "value", v)) for v in (record.run_secs or [])] if record is not None else []
+        best.append(float(np.mean(secs)) if secs and max(secs) < FAILED_RUN_S else None)
     return best
 
 
 def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int],
-                    untuned: list[float | None], prior: TuningSet, tvm_target, toolchain: str, database,
+                    untuned: list[float | None], known, tvm_target, toolchain: str, database,
                     config: TuneConfig, say: Progress) -> dict[int, list[float]]:
     """Each task to search that has no record of its own but one of the same anchor block (another model's conv
     with another epilogue: what ``compile.apply_records`` would use) starts from it: the record's schedule is
@@ -531,10 +530,10 @@ def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, sea
     MetaSchedule's search seeds its population with it. A transferred schedule slower than the task's untuned
     time is not committed (a record is applied whatever its time). Returns {task: its run seconds, [] when timed
     and refused}; a transfer or a timing that fails is said and skipped (the search starts as it would have)."""
-    if not searched or not prior.records:
+    if not searched or known is None:
         return {}
     try:
-        return _seeds(tracker, device, contexts, searched, untuned, prior, tvm_target, toolchain, database, config, say)
+        return _seeds(tracker, device, contexts, searched, untuned, known, tvm_target, toolchain, database, config, say)
     except Exception as exc:  # TVM's errors, many types: seeds are a head start, never a failed session
         log.info("seeding by anchor block failed", exc_info=True)
         say(f"no seeds by anchor block: {message_line(exc)}")
@@ -542,30 +541,26 @@ def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, sea
 
 
 def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int], untuned: list[float | None],
-           prior: TuningSet, tvm_target, toolchain: str, database, config: TuneConfig,
-           say: Progress) -> dict[int, list[float]]:
+           known, tvm_target, toolchain: str, database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
 
-    from farm.compile import record_databases
-
+    exact, anchor = known
     picked = []
-    with tempfile.TemporaryDirectory(prefix="farm-seeds-") as tmp:
-        exact, anchor = record_databases(prior, Path(tmp))
-        for index in searched:
-            mod, name = contexts[index].mod, contexts[index].task_name
-            if exact.query_tuning_record(mod, tvm_target, name) is not None:
-                continue
-            record = anchor.query_tuning_record(mod, tvm_target, name)
-            if record is None:
-                continue
-            try:
-                sch = Schedule(mod)
-                schedule_using_anchor_trace(sch, record.trace, tvm_target)
-            except Exception as exc:  # TVM's schedule errors: this task's search starts from nothing
-                say(f"  {name}: the record of its anchor block does not transfer ({message_line(exc)})")
-                continue
-            picked.append((index, sch))
+    for index in searched:
+        mod, name = contexts[index].mod, contexts[index].task_name
+        if exact.query_tuning_record(mod, tvm_target, name) is not None:
+            continue
+        record = anchor.query_tuning_record(mod, tvm_target, name)
+        if record is None:
+            continue
+        try:
+            sch = Schedule(mod)
+            schedule_using_anchor_trace(sch, record.trace, tvm_target)
+        except Exception as exc:  # TVM's schedule errors: this task's search starts from nothing
+            say(f"  {name}: the record of its anchor block does not transfer ({message_line(exc)})")
+            continue
+        picked.append((index, sch))
     if not picked:
         return {}
     say(f"timing {len(picked)} schedule(s) transferred by anchor block from other tasks' records")
