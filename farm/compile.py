@@ -345,6 +345,27 @@ def record_databases(tuning: TuningSet, folder: Path):
     return exact, anchor
 
 
+# Instructions that only look a block or loop up: a trace of these alone leaves its function as it was
+LOOKUP_INSTRUCTIONS = frozenset({"GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers",
+                                 "GetOutputBlocks"})
+
+
+def untuned_trace(mod: tvm.IRModule):
+    """A trace that leaves ``mod`` untuned: the root block looked up, nothing changed. ``farm tune`` records a task's
+    untuned code with this trace and its time, so that the task's best record is never slower than untuned. (An
+    empty trace would do the same, but MetaSchedule's databases drop a record with no instruction as invalid.)"""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(mod)
+    sch.get_sblock("root")  # MetaSchedule's own rules annotate this block: every task has it
+    return sch.trace
+
+
+def is_schedule(trace) -> bool:
+    """A record's trace changes its function; one of lookups only (``untuned_trace``) is its untuned code."""
+    return any(inst.kind.name not in LOOKUP_INSTRUCTIONS for inst in trace.insts)
+
+
 def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSet) -> tuple[tvm.IRModule, int, int]:
     """``mod`` with each PrimFunc scheduled by its own record (replayed as tuned), else by the best record of the
     same anchor block (MetaSchedule's ``schedule_using_anchor_trace``, as its ApplyDatabase pass does when a
@@ -371,11 +392,13 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
             try:
                 record = exact.query_tuning_record(task, target, gv.name_hint)
                 if record is not None:
+                    if not is_schedule(record.trace):  # its best is its untuned code: no schedule beat it
+                        continue
                     sch = Schedule(record.workload.mod)
                     record.trace.apply_to_schedule(sch, remove_postproc=False)
                 else:
                     record = anchor.query_tuning_record(task, target, gv.name_hint)
-                    if record is None:
+                    if record is None or not is_schedule(record.trace):
                         continue
                     sch = Schedule(task)
                     schedule_using_anchor_trace(sch, record.trace, target)

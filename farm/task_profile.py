@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,9 +39,9 @@ class TaskShare:
 
 
 def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: Any,
-                  export: Callable[[Any], str], timeout_s: float) -> list[float]:
-    """Each task's untuned time per call on ``device`` (seconds), in one session; ``export`` writes a built module
-    as a library the device loads (the one tuning's candidates use). Raises FarmError."""
+                  export: Callable[[str, Any], str], timeout_s: float) -> list[float]:
+    """Each task's untuned time per call on ``device`` (seconds), in one session; ``export(path, module)`` writes a
+    built module as a library the device loads (the one tuning's candidates use). Raises FarmError."""
     runs = time_modules(tracker, device, [(f"{t.task_name} untuned", t.dispatched[0]) for t in tasks], target, export,
                         timeout_s, number=1, repeat=3,
                         hint="tuning shares the trials by MetaSchedule's own scheduler instead")
@@ -47,7 +49,7 @@ def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: 
 
 
 def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[str, Any]], target: Any,
-                 export: Callable[[Any], str], timeout_s: float, number: int, repeat: int,
+                 export: Callable[[str, Any], str], timeout_s: float, number: int, repeat: int,
                  build_fn: Callable[[Any, Any, None], Any] | None = None,
                  hint: str = "tuning goes on without this figure") -> list[list[float]]:
     """Each (name, PrimFunc module) built for ``target`` (by ``build_fn(mod, target, None)``, else TVM's default
@@ -69,7 +71,8 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
         name = f"task{index}.so"
         try:
             built = build_fn(mod, target, None) if build_fn else build(mod, target=target)
-            session.upload(export(built), name)
+            with tempfile.TemporaryDirectory(prefix="farm-profile-") as folder:
+                session.upload(export(os.path.join(folder, name), built), name)
             remote = session.load_module(name)
             infos = ms.arg_info.ArgInfo.from_prim_func(mod[mod.get_global_vars()[0]])
             args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)

@@ -39,7 +39,8 @@ from tvm.ir.utils import derived_object
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
-from farm.compile import effective_target, make_target, toolchain_for, tuning_key, tuning_module
+from farm.compile import (effective_target, is_schedule, make_target, toolchain_for, tuning_key, tuning_module,
+                          untuned_trace)
 from farm.devices import kind_of
 from farm.errors import BuildError, DeviceUnavailable, FarmError, ModelError, TrackerError, message_line
 from farm.records import Device, ModelSource, TrackerAddress, TuningSet, target_kind
@@ -122,6 +123,7 @@ class TuneOutcome:
     # (trials so far, the searched tasks' time: call sites × best measured, else untuned) after the seeds and each
     # batch: how fast the session got where it got (tools/bench_warmstart.py)
     trajectory: tuple[tuple[int, float], ...] = ()
+    device_busy_seconds: float = 0.0  # the servers' time on candidates (session asked for → released), summed
 
 
 Progress = Callable[[str], None]
@@ -225,9 +227,10 @@ def _note_build_failure(path: str, timeout_s: float, future) -> None:
         Path(path + BUILD_FAILED).write_text(why)
 
 
-def _measure_when_built(build_wait_s: float, *args):
+def _measure_when_built(build_wait_s: float, busy_log: str, *args):
     """RPCRunner's worker, once the candidate's library exists (``AheadBuilder``); the device's session is
-    asked for only then, so a server is not held while its candidate builds."""
+    asked for only then, so a server is not held while its candidate builds. The time from asking for the
+    session to releasing it (upload, load, runs, cooldown, clean-up) is appended to ``busy_log``."""
     artifact_path = args[8]
     deadline = time.monotonic() + build_wait_s
     while not os.path.exists(artifact_path):
@@ -237,7 +240,12 @@ def _measure_when_built(build_wait_s: float, *args):
         if time.monotonic() > deadline:
             raise RuntimeError(f"no library after {build_wait_s:g} s of building")
         time.sleep(0.05)
-    return ms_rpc_runner._worker_func(*args)  # pylint: disable=protected-access
+    started = time.monotonic()
+    try:
+        return ms_rpc_runner._worker_func(*args)  # pylint: disable=protected-access
+    finally:
+        with open(busy_log, "a", encoding="utf-8") as out:  # one short append per candidate: atomic
+            out.write(f"{time.monotonic() - started:.6f}\n")
 
 
 @derived_object
@@ -251,12 +259,19 @@ class AfterBuildRunner(PyRunner):
         self.build_wait_s = build_wait_s
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s + build_wait_s)
+        handle, self.busy_log = tempfile.mkstemp(prefix="farm-busy-", suffix=".txt")
+        os.close(handle)
+
+    def busy_seconds(self) -> float:
+        """Seconds the devices spent on this runner's candidates so far (session asked for → released), summed
+        over candidates: divided by K × the search's time, the share of it the devices were busy."""
+        return sum(float(line) for line in Path(self.busy_log).read_text().split())
 
     def run(self, runner_inputs: list) -> list:
         rpc = self.rpc
         return [ms_rpc_runner.RPCRunnerFuture(
             future=self.pool.submit(
-                _measure_when_built, self.build_wait_s, rpc.f_create_session, rpc.f_upload_module,
+                _measure_when_built, self.build_wait_s, self.busy_log, rpc.f_create_session, rpc.f_upload_module,
                 rpc.f_alloc_argument, rpc.f_run_evaluator, rpc.f_cleanup, rpc.rpc_config, rpc.evaluator_config,
                 rpc.alloc_repeat, str(runner_input.artifact_path), str(runner_input.device_type),
                 tuple(arg_info.as_json() for arg_info in runner_input.args_info)),
@@ -264,6 +279,8 @@ class AfterBuildRunner(PyRunner):
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False)
+        with contextlib.suppress(OSError):
+            os.unlink(self.busy_log)
 
 
 def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int,
@@ -304,6 +321,22 @@ def _sync(work_dir: Path, store: Store, key: str, session_id: int | None) -> int
             best = min(run_secs) if run_secs and min(run_secs) < FAILED_RUN_S else None
             records.append((index, json.dumps(body), best))
     return store.add_tuning_lines(key, workloads, records, session_id)
+
+
+# MetaSchedule's logs (per-batch tables, builder and runner errors) are kept for this many latest sessions
+KEPT_SESSION_LOGS = 20
+
+
+def _session_log_dir(work_root: Path, device: Device, session_id: int) -> Path:
+    """WORK_ROOT/sessions/KEY-SESSION: MetaSchedule's log folder for one session, kept after it (the last
+    ``KEPT_SESSION_LOGS`` sessions) so a slow or failing search can be read afterwards."""
+    root = work_root / "sessions"
+    root.mkdir(parents=True, exist_ok=True)
+    for old in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEPT_SESSION_LOGS + 1]:
+        shutil.rmtree(old, ignore_errors=True)
+    folder = root / f"{device.key}-{session_id}"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def _write_database(work_dir: Path, tuning: TuningSet) -> None:
@@ -432,7 +465,8 @@ def tune_model(
     database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
                                         str(work_dir / "database_tuning_record.json"))
     _metaschedule_logs_to_file_only()  # the contexts set up MetaSchedule's loggers ("Logging directory: …")
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(work_dir), seed=config.seed)
+    log_dir = _session_log_dir(Path(work_root), device, session_id)  # the database's folder is rewritten each session
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(log_dir), seed=config.seed)
     searched = [i for i, share in enumerate(shares) if share.trials] if by_share else []
     seeds = _seed_by_anchor(tracker, device, contexts, searched, [t.untuned_s for t in progress_by_task], known,
                             tvm_target, toolchain, database, config, say)
@@ -442,6 +476,10 @@ def tune_model(
         state["trials"] += 1
         if secs:
             task.best_s = float(np.mean(secs))
+    baselines = _commit_untuned(database, contexts, searched, [t.untuned_s for t in progress_by_task], tvm_target)
+    for baseline_task in baselines:  # the profile measured it on the device: a trial, as a seed is
+        progress_by_task[baseline_task].trials += 1
+        state["trials"] += 1
     trajectory: list[tuple[int, float]] = []
 
     def note_trajectory() -> None:
@@ -451,14 +489,14 @@ def tune_model(
                 for i in searched)))
 
     note_trajectory()
-    say(f"MetaSchedule's own log: {work_dir / 'logs'}")
+    say(f"MetaSchedule's own log: {log_dir / 'logs'}")
     say(f"{len(tasks)} task(s), {len(prior.records)} record(s) already in the store for this target; "
         f"cost model: {samples_of(cost_model)} sample(s) from earlier sessions; {runners} runner(s) on key {device.key!r}"
         f"; {'builds run ahead of the measurements' if ahead else 'each batch is built, then measured'}")
     # by share: searches of one task each, in passes (search_passes), all sharing one cost model and database;
     # else MetaSchedule's gradient scheduler over every task
     plan: Iterator[tuple[int | None, int]] = (
-        search_passes({i: s.trials - int(i in seeds) for i, s in enumerate(shares)},
+        search_passes({i: s.trials - int(i in seeds) - int(i in baselines) for i, s in enumerate(shares)},
                       {i: s.share or 0.0 for i, s in enumerate(shares)},
                       config.trials_per_iter) if by_share else iter([(None, config.trials)]))
     search_start = time.monotonic()
@@ -470,7 +508,7 @@ def tune_model(
             chosen = [contexts[index]] if index is not None else contexts
             _metaschedule_logs_to_file_only()
             ms.tune.tune_tasks(
-                tasks=chosen, task_weights=[weights[index]] if index is not None else weights, work_dir=str(work_dir),
+                tasks=chosen, task_weights=[weights[index]] if index is not None else weights, work_dir=str(log_dir),
                 max_trials_global=trials,
                 max_trials_per_task=min(config.per_task or trials, trials) if index is not None else config.per_task,
                 num_trials_per_iter=min(config.trials_per_iter, trials),
@@ -485,6 +523,7 @@ def tune_model(
                 raise
             state["status"], state["reason"] = "interrupted", "interrupted by the user"
     finally:
+        busy_s = runner.busy_seconds()
         runner.shutdown()
         if isinstance(builder, AheadBuilder):
             builder.shutdown()
@@ -496,7 +535,7 @@ def tune_model(
     return TuneOutcome(session_id, key, state["status"], state["reason"], state["trials"], state["new"], total,
                        tuple(progress_by_task), time.monotonic() - start, runners,
                        saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start, ahead,
-                       sum(1 for secs in seeds.values() if secs), tuple(trajectory))
+                       sum(1 for secs in seeds.values() if secs), tuple(trajectory), busy_s)
 
 
 def _prior_databases(prior: TuningSet):
@@ -516,9 +555,41 @@ def _best_recorded(exact, tasks: list, tvm_target) -> list[float | None]:
     best: list[float | None] = []
     for task in tasks:
         record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
-        secs = [float(getattr(v, "value", v)) for v in (record.run_secs or [])] if record is not None else []
-        best.append(float(np.mean(secs)) if secs and max(secs) < FAILED_RUN_S else None)
+        tuned = record is not None and is_schedule(record.trace)  # an untuned record: no record of its own yet
+        best.append(_mean_s(record) if tuned else None)
     return best
+
+
+def _commit_untuned(database, contexts: list, searched: list[int], untuned: list[float | None],
+                    tvm_target) -> list[int]:
+    """Each task to search whose untuned time is known and that has no record faster than it gets its untuned code
+    as a record (``compile.untuned_trace``, the profile's time): the best record of a task is then never slower than no
+    schedule at all, so ``compile.apply_records`` (which applies the best) never makes a task slower than untuned,
+    and a search whose candidates all lose (a 7×7 conv on 224×224) leaves the task as it was. Returns the tasks."""
+    committed = []
+    for index in searched:
+        secs, mod = untuned[index], contexts[index].mod
+        if secs is None:
+            continue
+        best = database.query_tuning_record(mod, tvm_target, contexts[index].task_name)
+        if best is not None and (not is_schedule(best.trace) or (_mean_s(best) or FAILED_RUN_S) < secs):
+            continue  # recorded already, or beaten
+        try:
+            trace = untuned_trace(mod)
+        except Exception as exc:  # TVM's schedule errors: a task without a root block keeps no such record
+            log.info("no untuned record for %s: %s", contexts[index].task_name, message_line(exc))
+            continue
+        database.commit_tuning_record(ms.database.TuningRecord(
+            trace, database.commit_workload(mod), [secs], tvm_target,
+            ms.arg_info.ArgInfo.from_prim_func(next(iter(mod.functions.values())))))
+        committed.append(index)
+    return committed
+
+
+def _mean_s(record) -> float | None:
+    """A record's time (mean of its run seconds), or None: its candidate failed."""
+    secs = [float(getattr(v, "value", v)) for v in (record.run_secs or [])]
+    return float(np.mean(secs)) if secs and max(secs) < FAILED_RUN_S else None
 
 
 def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int],
@@ -552,7 +623,7 @@ def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: li
         if exact.query_tuning_record(mod, tvm_target, name) is not None:
             continue
         record = anchor.query_tuning_record(mod, tvm_target, name)
-        if record is None:
+        if record is None or not is_schedule(record.trace):  # its anchor block's best is its untuned code
             continue
         try:
             sch = Schedule(mod)
@@ -566,7 +637,7 @@ def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: li
     say(f"timing {len(picked)} schedule(s) transferred by anchor block from other tasks' records")
     try:
         runs = time_modules(tracker, device, [(contexts[i].task_name, sch.mod) for i, sch in picked], tvm_target,
-                            functools.partial(_export, toolchain), config.request_timeout_s, number=3, repeat=1,
+                            functools.partial(_export_to, toolchain), config.request_timeout_s, number=3, repeat=1,
                             build_fn=_build)
     except FarmError as exc:
         say(f"{exc.message}; the search starts without them")
@@ -596,7 +667,7 @@ def _profile(tracker: TrackerAddress, device: Device, tasks: list, tvm_target, t
         return None
     say(f"timing {len(tasks)} task(s) untuned on {device.name} to share {config.trials} trials by time")
     try:
-        return profile_tasks(tracker, device, tasks, tvm_target, functools.partial(_export, toolchain),
+        return profile_tasks(tracker, device, tasks, tvm_target, functools.partial(_export_to, toolchain),
                              config.request_timeout_s)
     except FarmError as exc:
         say(f"{exc.message}; {exc.hint}")

@@ -74,7 +74,9 @@ def test_emulated_board_benchmarked_through_tracker_and_reported(board_lab):
     tuned, compiled, rows = board_lab["tuned"], board_lab["compiled"], board_lab["rows"]
     assert tuned["status"] == "done" and tuned["new_records"] == tuned["trials"] >= 1
     assert any(t["best_s"] for t in tuned["tasks"])
-    assert compiled[0]["arch"] == "aarch64" and compiled[0]["tuned_tasks"] == 1, (compiled, tuned)
+    # the task compiles tuned when a candidate beat its untuned code (each is a record; compile applies the best)
+    beaten = sum(1 for t in tuned["tasks"] if t["best_s"] and t["untuned_s"] and t["best_s"] < t["untuned_s"])
+    assert compiled[0]["arch"] == "aarch64" and compiled[0]["tuned_tasks"] == beaten, (compiled, tuned)
     assert {r["model"] for r in rows} == {"mlp", "convnet"} and all(r["emulated"] for r in rows)
     assert {r["model"] for r in rows if r["tuned"]} == set()  # the benches ran before tuning
 

@@ -16,8 +16,8 @@ Default: starts a private tracker and one local server, then for one conv net:
 one key (farm tune --max-runners), builds running ahead of the measurements (farm tune --builds-ahead, as
 for a device that is not this host), with a fixed device-side pause per candidate (--candidate-cooldown,
 as phones need), then K = 2 without it (builds dominate on 2 cores). The devices' busy share is
-estimated as (candidates × (cooldown + measured run time)) / (K × session time): session setup,
-upload and load count as idle, so the idle share printed is an upper bound.
+measured: each candidate's time from asking for its session to releasing it (upload, load, runs,
+cooldown, clean-up), summed, over K × the search's time (set-up and the untuned profile excluded).
 
     .venv/bin/python tools/bench_tuning.py --scaling [--model convnet] [--trials 48] [--candidate-cooldown 1]
 """
@@ -98,7 +98,7 @@ def scaling(args) -> int:
     model = load_model(args.model)
     print(f"model {model.name}, {args.trials} trials a session, candidate cooldown {args.candidate_cooldown:g} s, "
           f"tasks by share, {'each batch built, then measured' if args.build_first else 'builds ahead'}", flush=True)
-    print("K  cooldown  trials  minutes  trials/min  device busy (est.)  idle (upper bound)", flush=True)
+    print("K  cooldown  trials  minutes  trials/min  device busy  device idle", flush=True)
     rates = {}
     for k, cooldown in ((1, args.candidate_cooldown), (2, args.candidate_cooldown), (2, 0.0)):
         keys = {f"twin-{i}": "bench-twins" for i in range(k)}
@@ -110,12 +110,10 @@ def scaling(args) -> int:
                                             fresh_cost_model=True, builds_ahead=not args.build_first),
                                  progress=progress)
             wall = outcome.search_seconds  # builds and measurements: the session's set-up and profile excluded
-        measured = sum(t.trials for t in outcome.tasks)
-        busy = measured * cooldown + sum((t.best_s or 0) * 3 * t.trials for t in outcome.tasks)  # number=3 a candidate
-        share = busy / (k * wall)
+        share = outcome.device_busy_seconds / (outcome.runners * wall)  # sessions held on candidates, measured
         rates[(k, cooldown)] = outcome.trials_done / (wall / 60)
         print(f"{outcome.runners}  {cooldown:8g}  {outcome.trials_done:6d}  {wall / 60:7.2f}  "
-              f"{rates[(k, cooldown)]:10.1f}  {share:17.0%}  {1 - share:17.0%}", flush=True)
+              f"{rates[(k, cooldown)]:10.1f}  {share:11.0%}  {1 - share:11.0%}", flush=True)
     base = rates[(1, args.candidate_cooldown)]
     print(f"scaling at K = 2 with cooldown: {rates[(2, args.candidate_cooldown)] / base:.2f}x (goal >= 1.6x); "
           f"K = 2 without cooldown: {rates[(2, 0.0)]:.1f} trials/min", flush=True)

@@ -52,6 +52,8 @@ def cmd_tune(args) -> int:
                         "trials": outcome.trials_done, "new_records": outcome.new_records,
                         "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
                         "runners": outcome.runners, "builds_ahead": outcome.builds_ahead, "seeded": outcome.seeded,
+                        "search_seconds": round(outcome.search_seconds, 1),
+                        "device_busy_seconds": round(outcome.device_busy_seconds, 1),
                         "cost_model_samples_before": outcome.cost_model_samples_before,
                         "cost_model_samples": outcome.cost_model_samples,
                         "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s, "untuned_s": t.untuned_s,
