@@ -64,6 +64,12 @@ BUSY_RETRIES = 4
 # once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
 PASS_TRIALS = 256
 
+# Candidates a batch for each runner measuring at once. MetaSchedule generates a task's next batch only after the
+# last candidate of the batch is measured, so every device waits for the generation (and the last candidate's)
+# once a batch: K runners get K times the batch, and that wait is shared by as many candidates as at K = 1
+# (tools/bench_tuning.py --scaling: 29 % idle at K = 2 with 16 a batch).
+TRIALS_PER_RUNNER = 16
+
 
 class _StopTuning(Exception):
     """Raised from the measure callback to end a session (time budget, interrupt, lost device)."""
@@ -75,7 +81,7 @@ class TuneConfig:
     per_task: int | None = None
     minutes: float | None = None
     tasks: str | None = None  # only tasks whose name contains this
-    trials_per_iter: int = 16
+    trials_per_iter: int | None = None  # candidates a batch (None: TRIALS_PER_RUNNER × the runners)
     builder_timeout_s: float = 120.0  # the first batch can be slow: workers import TVM
     runner_timeout_s: float = 60.0  # per candidate on the device (TVM's 10 s is short for phones)
     request_timeout_s: float = 30.0  # wait for a free device per candidate (then asked again: BUSY_RETRIES)
@@ -124,6 +130,7 @@ class TuneOutcome:
     # batch: how fast the session got where it got (tools/bench_warmstart.py)
     trajectory: tuple[tuple[int, float], ...] = ()
     device_busy_seconds: float = 0.0  # the servers' time on candidates (session asked for → released), summed
+    candidates_measured: int = 0  # ... over this many candidates (the search's; seeds and untuned records excluded)
 
 
 Progress = Callable[[str], None]
@@ -262,10 +269,10 @@ class AfterBuildRunner(PyRunner):
         handle, self.busy_log = tempfile.mkstemp(prefix="farm-busy-", suffix=".txt")
         os.close(handle)
 
-    def busy_seconds(self) -> float:
-        """Seconds the devices spent on this runner's candidates so far (session asked for → released), summed
-        over candidates: divided by K × the search's time, the share of it the devices were busy."""
-        return sum(float(line) for line in Path(self.busy_log).read_text().split())
+    def busy_seconds(self) -> list[float]:
+        """Each candidate's time on its device so far (session asked for → released): summed and divided by
+        K × the search's time, the share of it the devices were busy."""
+        return [float(line) for line in Path(self.busy_log).read_text().split()]
 
     def run(self, runner_inputs: list) -> list:
         rpc = self.rpc
@@ -380,6 +387,7 @@ def tune_model(
     load_tensor_intrinsics()
     work_dir = Path(work_root) / f"{device.key}-{key}"
     runners = max(1, min(config.max_runners, status.free or 1))  # each runner holds one server of the key
+    batch = config.trials_per_iter or TRIALS_PER_RUNNER * runners
     cost_model = new_cost_model(os.cpu_count())
     saved = None if config.fresh_cost_model else store.cost_model(key)
     if saved is not None:
@@ -459,7 +467,7 @@ def tune_model(
     rpc.pool.shutdown(wait=False)  # AfterBuildRunner measures with RPCRunner's functions in its own pool
     runner = AfterBuildRunner(rpc, runners, config.builder_timeout_s if ahead else 1.0,
                               config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
-    builder = (AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, config.trials_per_iter)
+    builder = (AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, batch)
                if ahead else LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=_build,
                                           f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
     database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
@@ -498,7 +506,7 @@ def tune_model(
     plan: Iterator[tuple[int | None, int]] = (
         search_passes({i: s.trials - int(i in seeds) - int(i in baselines) for i, s in enumerate(shares)},
                       {i: s.share or 0.0 for i, s in enumerate(shares)},
-                      config.trials_per_iter) if by_share else iter([(None, config.trials)]))
+                      batch) if by_share else iter([(None, config.trials)]))
     search_start = time.monotonic()
     try:
         for index, trials in plan:
@@ -511,7 +519,7 @@ def tune_model(
                 tasks=chosen, task_weights=[weights[index]] if index is not None else weights, work_dir=str(log_dir),
                 max_trials_global=trials,
                 max_trials_per_task=min(config.per_task or trials, trials) if index is not None else config.per_task,
-                num_trials_per_iter=min(config.trials_per_iter, trials),
+                num_trials_per_iter=min(batch, trials),
                 builder=builder, runner=runner, database=database, cost_model=cost_model,
                 measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
             )
@@ -523,7 +531,7 @@ def tune_model(
                 raise
             state["status"], state["reason"] = "interrupted", "interrupted by the user"
     finally:
-        busy_s = runner.busy_seconds()
+        busy = runner.busy_seconds()
         runner.shutdown()
         if isinstance(builder, AheadBuilder):
             builder.shutdown()
@@ -535,7 +543,7 @@ def tune_model(
     return TuneOutcome(session_id, key, state["status"], state["reason"], state["trials"], state["new"], total,
                        tuple(progress_by_task), time.monotonic() - start, runners,
                        saved[2] if saved else 0, samples_of(cost_model), time.monotonic() - search_start, ahead,
-                       sum(1 for secs in seeds.values() if secs), tuple(trajectory), busy_s)
+                       sum(1 for secs in seeds.values() if secs), tuple(trajectory), sum(busy), len(busy))
 
 
 def _prior_databases(prior: TuningSet):

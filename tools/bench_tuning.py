@@ -98,7 +98,7 @@ def scaling(args) -> int:
     model = load_model(args.model)
     print(f"model {model.name}, {args.trials} trials a session, candidate cooldown {args.candidate_cooldown:g} s, "
           f"tasks by share, {'each batch built, then measured' if args.build_first else 'builds ahead'}", flush=True)
-    print("K  cooldown  trials  minutes  trials/min  device busy  device idle", flush=True)
+    print("K  cooldown  measured  minutes  trials/min  device busy  device idle", flush=True)
     rates = {}
     for k, cooldown in ((1, args.candidate_cooldown), (2, args.candidate_cooldown), (2, 0.0)):
         keys = {f"twin-{i}": "bench-twins" for i in range(k)}
@@ -111,8 +111,8 @@ def scaling(args) -> int:
                                  progress=progress)
             wall = outcome.search_seconds  # builds and measurements: the session's set-up and profile excluded
         share = outcome.device_busy_seconds / (outcome.runners * wall)  # sessions held on candidates, measured
-        rates[(k, cooldown)] = outcome.trials_done / (wall / 60)
-        print(f"{outcome.runners}  {cooldown:8g}  {outcome.trials_done:6d}  {wall / 60:7.2f}  "
+        rates[(k, cooldown)] = outcome.candidates_measured / (wall / 60)  # the search's (no untuned record)
+        print(f"{outcome.runners}  {cooldown:8g}  {outcome.candidates_measured:8d}  {wall / 60:7.2f}  "
               f"{rates[(k, cooldown)]:10.1f}  {share:11.0%}  {1 - share:11.0%}", flush=True)
     base = rates[(1, args.candidate_cooldown)]
     print(f"scaling at K = 2 with cooldown: {rates[(2, args.candidate_cooldown)] / base:.2f}x (goal >= 1.6x); "

@@ -54,6 +54,7 @@ def cmd_tune(args) -> int:
                         "runners": outcome.runners, "builds_ahead": outcome.builds_ahead, "seeded": outcome.seeded,
                         "search_seconds": round(outcome.search_seconds, 1),
                         "device_busy_seconds": round(outcome.device_busy_seconds, 1),
+                        "candidates_measured": outcome.candidates_measured,
                         "cost_model_samples_before": outcome.cost_model_samples_before,
                         "cost_model_samples": outcome.cost_model_samples,
                         "tasks": [{"name": t.name, "trials": t.trials, "best_s": t.best_s, "untuned_s": t.untuned_s,
