@@ -193,6 +193,17 @@ def _export_to(toolchain: str, path: str, mod) -> str:
 BUILD_FAILED = ".build-error"  # beside a candidate's planned library: why its build failed
 
 
+def _warm_worker() -> None:
+    """Nothing: run in a new pool worker, unpickling it imports this module, TVM and MetaSchedule (seconds), so
+    the first candidate's build or measurement does not wait for that while the devices idle."""
+
+
+def warm_pool(pool: PopenPoolExecutor, workers: int) -> None:
+    """Start ``workers`` of ``pool``'s processes now, each importing what candidates need (not waited for)."""
+    for _ in range(workers):
+        pool.submit(_warm_worker)
+
+
 @derived_object
 class AheadBuilder(PyBuilder):
     """Builds a batch in the background and answers at once with each candidate's planned library path, so
@@ -204,8 +215,9 @@ class AheadBuilder(PyBuilder):
         super().__init__()
         self.toolchain = toolchain
         # workers restart after `uses` builds: MetaSchedule restarts its builders each batch for a known leak
-        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses)
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses + 1)
         self.timeout_s = timeout_s
+        warm_pool(self.pool, workers)
 
     def build(self, build_inputs: list) -> list:
         results = []
@@ -266,6 +278,7 @@ class AfterBuildRunner(PyRunner):
         self.build_wait_s = build_wait_s
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s + build_wait_s)
+        warm_pool(self.pool, workers)
         handle, self.busy_log = tempfile.mkstemp(prefix="farm-busy-", suffix=".txt")
         os.close(handle)
 
@@ -456,20 +469,6 @@ def tune_model(
                 raise _StopTuning(state["reason"])
 
     ahead = config.builds_ahead if config.builds_ahead is not None else not kind_of(device).measures_on_this_host
-    rpc = RPCRunner(
-        RPCConfig(tracker.host, tracker.port, device.key, session_timeout_sec=int(config.runner_timeout_s)),
-        EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False),
-        f_create_session=functools.partial(_session, tracker.host, tracker.port, device.key,
-                                           config.request_timeout_s, config.runner_timeout_s),
-        f_run_evaluator=functools.partial(_run_with_cooldown, config.candidate_cooldown_s)
-        if config.candidate_cooldown_s else None,
-    )
-    rpc.pool.shutdown(wait=False)  # AfterBuildRunner measures with RPCRunner's functions in its own pool
-    runner = AfterBuildRunner(rpc, runners, config.builder_timeout_s if ahead else 1.0,
-                              config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
-    builder = (AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, batch)
-               if ahead else LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=_build,
-                                          f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
     database = ms.database.JSONDatabase(str(work_dir / "database_workload.json"),
                                         str(work_dir / "database_tuning_record.json"))
     _metaschedule_logs_to_file_only()  # the contexts set up MetaSchedule's loggers ("Logging directory: …")
@@ -501,6 +500,21 @@ def tune_model(
     say(f"{len(tasks)} task(s), {len(prior.records)} record(s) already in the store for this target; "
         f"cost model: {samples_of(cost_model)} sample(s) from earlier sessions; {runners} runner(s) on key {device.key!r}"
         f"; {'builds run ahead of the measurements' if ahead else 'each batch is built, then measured'}")
+    # made after the seeds were timed: their pools start their processes at once (warm_pool)
+    rpc = RPCRunner(
+        RPCConfig(tracker.host, tracker.port, device.key, session_timeout_sec=int(config.runner_timeout_s)),
+        EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False),
+        f_create_session=functools.partial(_session, tracker.host, tracker.port, device.key,
+                                           config.request_timeout_s, config.runner_timeout_s),
+        f_run_evaluator=functools.partial(_run_with_cooldown, config.candidate_cooldown_s)
+        if config.candidate_cooldown_s else None,
+    )
+    rpc.pool.shutdown(wait=False)  # AfterBuildRunner measures with RPCRunner's functions in its own pool
+    runner = AfterBuildRunner(rpc, runners, config.builder_timeout_s if ahead else 1.0,
+                              config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
+    builder = (AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, batch)
+               if ahead else LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=_build,
+                                          f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
     # by share: searches of one task each, in passes (search_passes), all sharing one cost model and database;
     # else MetaSchedule's gradient scheduler over every task
     plan: Iterator[tuple[int | None, int]] = (
