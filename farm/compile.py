@@ -339,10 +339,23 @@ def record_databases(tuning: TuningSet, folder: Path):
     workload_path, record_path = folder / "database_workload.json", folder / "database_tuning_record.json"
     workload_path.write_text("".join(line + "\n" for line in tuning.workloads))
     record_path.write_text("".join(line + "\n" for line in tuning.records))
+    # by anchor block, another workload's untuned record (a cheaper epilogue) would rank above a schedule that
+    # transfers: that database holds schedules only
+    scheduled_path = folder / "database_scheduled_record.json"
+    scheduled_path.write_text("".join(line + "\n" for line in tuning.records if not _untuned_line(line)))
     exact = ms.database.JSONDatabase(str(workload_path), str(record_path), allow_missing=False)
-    anchor = ms.database.JSONDatabase(str(workload_path), str(record_path), allow_missing=False,
+    anchor = ms.database.JSONDatabase(str(workload_path), str(scheduled_path), allow_missing=False,
                                       module_equality="anchor-block")
     return exact, anchor
+
+
+def _untuned_line(line: str) -> bool:
+    """A record line (``[workload, [trace, run_secs, …]]``) of a task's untuned code (``untuned_trace``)."""
+    try:
+        insts = json.loads(line)[1][0][0]
+        return all(inst[0] in LOOKUP_INSTRUCTIONS for inst in insts)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return False
 
 
 # Instructions that only look a block or loop up: a trace of these alone leaves its function as it was
@@ -351,9 +364,10 @@ LOOKUP_INSTRUCTIONS = frozenset({"GetSBlock", "GetLoops", "GetChildBlocks", "Get
 
 
 def untuned_trace(mod: tvm.IRModule):
-    """A trace that leaves ``mod`` untuned: the root block looked up, nothing changed. ``farm tune`` records a task's
-    untuned code with this trace and its time, so that the task's best record is never slower than untuned. (An
-    empty trace would do the same, but MetaSchedule's databases drop a record with no instruction as invalid.)"""
+    """A trace that leaves ``mod`` untuned: the root block looked up, nothing changed. ``farm tune`` records a searched
+    task's untuned code with this trace and its profiled time, so that the task's own best record is not slower than
+    its untuned code as profiled. (An empty trace would do the same, but MetaSchedule's databases drop a record with
+    no instruction as invalid.)"""
     from tvm.s_tir import Schedule
 
     sch = Schedule(mod)

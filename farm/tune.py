@@ -67,7 +67,7 @@ PASS_TRIALS = 256
 # Candidates a batch for each runner measuring at once. MetaSchedule generates a task's next batch only after the
 # last candidate of the batch is measured, so every device waits for the generation (and the last candidate's)
 # once a batch: K runners get K times the batch, and that wait is shared by as many candidates as at K = 1
-# (tools/bench_tuning.py --scaling: 29 % idle at K = 2 with 16 a batch).
+# (tools/bench_tuning.py --scaling, 48 trials: 29 % idle at K = 2 with 16 candidates a batch, 25 % with 32).
 TRIALS_PER_RUNNER = 16
 
 
@@ -285,7 +285,11 @@ class AfterBuildRunner(PyRunner):
     def busy_seconds(self) -> list[float]:
         """Each candidate's time on its device so far (session asked for → released): summed and divided by
         K × the search's time, the share of it the devices were busy."""
-        return [float(line) for line in Path(self.busy_log).read_text().split()]
+        try:
+            text = Path(self.busy_log).read_text()
+        except OSError:
+            return []
+        return [float(word) for word in text.split() if word.replace(".", "", 1).isdigit()]
 
     def run(self, runner_inputs: list) -> list:
         rpc = self.rpc
@@ -352,9 +356,11 @@ def _session_log_dir(work_root: Path, device: Device, session_id: int) -> Path:
     ``KEPT_SESSION_LOGS`` sessions) so a slow or failing search can be read afterwards."""
     root = work_root / "sessions"
     root.mkdir(parents=True, exist_ok=True)
-    for old in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEPT_SESSION_LOGS + 1]:
+    # named KEY-SESSION-TIME (stores sharing one FARM_HOME number their sessions alike), pruned by name's time
+    folders = sorted(root.iterdir(), key=lambda p: p.name.rsplit("-", 1)[-1])
+    for old in folders[:max(0, len(folders) - KEPT_SESSION_LOGS + 1)]:
         shutil.rmtree(old, ignore_errors=True)
-    folder = root / f"{device.key}-{session_id}"
+    folder = root / f"{device.key}-{session_id}-{time.strftime('%Y%m%dT%H%M%S')}"
     folder.mkdir(exist_ok=True)
     return folder
 
@@ -483,7 +489,12 @@ def tune_model(
         state["trials"] += 1
         if secs:
             task.best_s = float(np.mean(secs))
-    baselines = _commit_untuned(database, contexts, searched, [t.untuned_s for t in progress_by_task], tvm_target)
+    try:
+        baselines = _commit_untuned(database, contexts, searched, [t.untuned_s for t in progress_by_task], tvm_target)
+    except Exception as exc:  # TVM's errors: the guard is lost for this session, never the session itself
+        log.info("untuned records failed", exc_info=True)
+        say(f"no untuned records: {message_line(exc)}")
+        baselines = []
     for baseline_task in baselines:  # the profile measured it on the device: a trial, as a seed is
         progress_by_task[baseline_task].trials += 1
         state["trials"] += 1
@@ -584,18 +595,21 @@ def _best_recorded(exact, tasks: list, tvm_target) -> list[float | None]:
 
 def _commit_untuned(database, contexts: list, searched: list[int], untuned: list[float | None],
                     tvm_target) -> list[int]:
-    """Each task to search whose untuned time is known and that has no record faster than it gets its untuned code
-    as a record (``compile.untuned_trace``, the profile's time): the best record of a task is then never slower than no
-    schedule at all, so ``compile.apply_records`` (which applies the best) never makes a task slower than untuned,
-    and a search whose candidates all lose (a 7×7 conv on 224×224) leaves the task as it was. Returns the tasks."""
+    """Each task to search whose untuned time is known, that has no record faster than it and no untuned record yet
+    gets its untuned code as a record (``compile.untuned_trace``, the profile's time): the task's best record of its
+    own is then not slower than its untuned code as profiled, so ``compile.apply_records`` (which applies the best)
+    leaves a task whose candidates all lost (mlp's 1 µs matmuls) as it was. Tasks not searched, targets not profiled
+    (GPUs, ``--no-profile``) and records transferred by anchor block get no such guard. Returns the tasks."""
     committed = []
     for index in searched:
         secs, mod = untuned[index], contexts[index].mod
         if secs is None:
             continue
         best = database.query_tuning_record(mod, tvm_target, contexts[index].task_name)
-        if best is not None and (not is_schedule(best.trace) or (_mean_s(best) or FAILED_RUN_S) < secs):
-            continue  # recorded already, or beaten
+        if best is not None and (_mean_s(best) or FAILED_RUN_S) < secs:
+            continue  # beaten
+        if best is not None and any(not is_schedule(r.trace) for r in database.get_top_k(best.workload, 100_000)):
+            continue  # recorded once, by the first session that profiled it: a later profile's noise changes nothing
         try:
             trace = untuned_trace(mod)
         except Exception as exc:  # TVM's schedule errors: a task without a root block keeps no such record
@@ -617,11 +631,11 @@ def _mean_s(record) -> float | None:
 def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int],
                     untuned: list[float | None], known, tvm_target, toolchain: str, database,
                     config: TuneConfig, say: Progress) -> dict[int, list[float]]:
-    """Each task to search that has no record of its own but one of the same anchor block (another model's conv
+    """Each task to search that has no schedule of its own but one of the same anchor block (another model's conv
     with another epilogue: what ``compile.apply_records`` would use) starts from it: the record's schedule is
     transferred to the task, timed on the device like a candidate, and committed as the task's first record, so
     MetaSchedule's search seeds its population with it. A transferred schedule slower than the task's untuned
-    time is not committed (a record is applied whatever its time). Returns {task: its run seconds, [] when timed
+    time is not committed (it would seed the search with a loser). Returns {task: its run seconds, [] when timed
     and refused}; a transfer or a timing that fails is said and skipped (the search starts as it would have)."""
     if not searched or known is None:
         return {}
@@ -642,10 +656,11 @@ def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: li
     picked = []
     for index in searched:
         mod, name = contexts[index].mod, contexts[index].task_name
-        if exact.query_tuning_record(mod, tvm_target, name) is not None:
-            continue
+        own = exact.query_tuning_record(mod, tvm_target, name)
+        if own is not None and is_schedule(own.trace):
+            continue  # a schedule of its own (a task with only its untuned record is seeded)
         record = anchor.query_tuning_record(mod, tvm_target, name)
-        if record is None or not is_schedule(record.trace):  # its anchor block's best is its untuned code
+        if record is None:  # (the anchor-block database holds schedules only: compile.record_databases)
             continue
         try:
             sch = Schedule(mod)

@@ -150,6 +150,8 @@ def test_interrupted_tune_keeps_records_and_resumes(farm_net, inventory_file, fa
     assert again.returncode == 0, again.stderr
     out = json.loads(again.stdout)
     assert out["total_records"] == kept + out["new_records"] and out["new_records"] > 0
+    baselines, _ = _baselines_and_best(db_path)  # one untuned record per task over both sessions (it asserts so)
+    assert baselines
 
 
 def test_tune_whose_device_dies_ends_with_one_line_and_keeps_records(farm_net, farm_env, tmp_path):
