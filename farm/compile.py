@@ -352,8 +352,7 @@ def record_databases(tuning: TuningSet, folder: Path):
 def _untuned_line(line: str) -> bool:
     """A record line (``[workload, [trace, run_secs, …]]``) of a task's untuned code (``untuned_trace``)."""
     try:
-        insts = json.loads(line)[1][0][0]
-        return all(inst[0] in LOOKUP_INSTRUCTIONS for inst in insts)
+        return _lookups_only(inst[0] for inst in json.loads(line)[1][0][0])
     except (ValueError, TypeError, IndexError, KeyError):
         return False
 
@@ -361,6 +360,11 @@ def _untuned_line(line: str) -> bool:
 # Instructions that only look a block or loop up: a trace of these alone leaves its function as it was
 LOOKUP_INSTRUCTIONS = frozenset({"GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers",
                                  "GetOutputBlocks"})
+
+
+def _lookups_only(kinds) -> bool:
+    """The rule for a task's untuned code, by its trace's instruction names (a record line's or a Trace's)."""
+    return all(kind in LOOKUP_INSTRUCTIONS for kind in kinds)
 
 
 def untuned_trace(mod: tvm.IRModule):
@@ -377,7 +381,7 @@ def untuned_trace(mod: tvm.IRModule):
 
 def is_schedule(trace) -> bool:
     """A record's trace changes its function; one of lookups only (``untuned_trace``) is its untuned code."""
-    return any(inst.kind.name not in LOOKUP_INSTRUCTIONS for inst in trace.insts)
+    return not _lookups_only(inst.kind.name for inst in trace.insts)
 
 
 def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSet) -> tuple[tvm.IRModule, int, int]:
@@ -412,7 +416,7 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
                     record.trace.apply_to_schedule(sch, remove_postproc=False)
                 else:
                     record = anchor.query_tuning_record(task, target, gv.name_hint)
-                    if record is None or not is_schedule(record.trace):
+                    if record is None:  # (the anchor-block database holds schedules only: record_databases)
                         continue
                     sch = Schedule(task)
                     schedule_using_anchor_trace(sch, record.trace, target)

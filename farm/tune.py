@@ -417,7 +417,8 @@ def tune_model(
     # where the time is now: a task that earlier sessions tuned costs its best record's time, not its untuned time
     # (each session ranking by untuned time would search the same big tasks again and never reach the rest)
     known = _prior_databases(prior)  # (exact, anchor block), or None: no records yet
-    recorded = _best_recorded(known[0], tasks, tvm_target) if known and untuned is not None else [None] * len(tasks)
+    recorded: list[float | None] = (_best_recorded(known[0], tasks, tvm_target) if known and untuned is not None
+                                    else [None] * len(tasks))
     now = [min(u, r) if r is not None else u for u, r in zip(untuned, recorded)] if untuned is not None else None
     shares = allocate_trials([t.task_name for t in tasks], [int(t.weight) for t in tasks], now, config.trials,
                              config.min_share)
@@ -481,8 +482,8 @@ def tune_model(
     log_dir = _session_log_dir(Path(work_root), device, session_id)  # the database's folder is rewritten each session
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(log_dir), seed=config.seed)
     searched = [i for i, share in enumerate(shares) if share.trials] if by_share else []
-    seeds = _seed_by_anchor(tracker, device, contexts, searched, [t.untuned_s for t in progress_by_task], known,
-                            tvm_target, toolchain, database, config, say)
+    seeds = _seed_by_anchor(tracker, device, contexts, searched, [t.untuned_s for t in progress_by_task], recorded,
+                            known, tvm_target, toolchain, database, config, say)
     for seeded_task, secs in seeds.items():  # a seed timed and refused (slower than untuned) counts a trial too
         task = progress_by_task[seeded_task]
         task.trials += 1
@@ -605,10 +606,11 @@ def _commit_untuned(database, contexts: list, searched: list[int], untuned: list
         secs, mod = untuned[index], contexts[index].mod
         if secs is None:
             continue
-        best = database.query_tuning_record(mod, tvm_target, contexts[index].task_name)
-        if best is not None and (_mean_s(best) or FAILED_RUN_S) < secs:
+        workload = database.commit_workload(mod)  # (its search commits it anyway)
+        records = database.get_top_k(workload, 100_000)  # best first
+        if records and (_mean_s(records[0]) or FAILED_RUN_S) < secs:
             continue  # beaten
-        if best is not None and any(not is_schedule(r.trace) for r in database.get_top_k(best.workload, 100_000)):
+        if any(not is_schedule(r.trace) for r in records):
             continue  # recorded once, by the first session that profiled it: a later profile's noise changes nothing
         try:
             trace = untuned_trace(mod)
@@ -616,7 +618,7 @@ def _commit_untuned(database, contexts: list, searched: list[int], untuned: list
             log.info("no untuned record for %s: %s", contexts[index].task_name, message_line(exc))
             continue
         database.commit_tuning_record(ms.database.TuningRecord(
-            trace, database.commit_workload(mod), [secs], tvm_target,
+            trace, workload, [secs], tvm_target,
             ms.arg_info.ArgInfo.from_prim_func(next(iter(mod.functions.values())))))
         committed.append(index)
     return committed
@@ -629,8 +631,8 @@ def _mean_s(record) -> float | None:
 
 
 def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int],
-                    untuned: list[float | None], known, tvm_target, toolchain: str, database,
-                    config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+                    untuned: list[float | None], recorded: list[float | None], known, tvm_target, toolchain: str,
+                    database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
     """Each task to search that has no schedule of its own but one of the same anchor block (another model's conv
     with another epilogue: what ``compile.apply_records`` would use) starts from it: the record's schedule is
     transferred to the task, timed on the device like a candidate, and committed as the task's first record, so
@@ -640,7 +642,8 @@ def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, sea
     if not searched or known is None:
         return {}
     try:
-        return _seeds(tracker, device, contexts, searched, untuned, known, tvm_target, toolchain, database, config, say)
+        return _seeds(tracker, device, contexts, searched, untuned, recorded, known[1], tvm_target, toolchain,
+                      database, config, say)
     except Exception as exc:  # TVM's errors, many types: seeds are a head start, never a failed session
         log.info("seeding by anchor block failed", exc_info=True)
         say(f"no seeds by anchor block: {message_line(exc)}")
@@ -648,17 +651,16 @@ def _seed_by_anchor(tracker: TrackerAddress, device: Device, contexts: list, sea
 
 
 def _seeds(tracker: TrackerAddress, device: Device, contexts: list, searched: list[int], untuned: list[float | None],
-           known, tvm_target, toolchain: str, database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+           recorded: list[float | None], anchor, tvm_target, toolchain: str, database, config: TuneConfig,
+           say: Progress) -> dict[int, list[float]]:
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
 
-    exact, anchor = known
     picked = []
     for index in searched:
         mod, name = contexts[index].mod, contexts[index].task_name
-        own = exact.query_tuning_record(mod, tvm_target, name)
-        if own is not None and is_schedule(own.trace):
-            continue  # a schedule of its own (a task with only its untuned record is seeded)
+        if recorded[index] is not None:
+            continue  # a schedule of its own (_best_recorded; a task with only its untuned record is seeded)
         record = anchor.query_tuning_record(mod, tvm_target, name)
         if record is None:  # (the anchor-block database holds schedules only: compile.record_databases)
             continue
