@@ -362,9 +362,9 @@ LOOKUP_INSTRUCTIONS = frozenset({"GetSBlock", "GetLoops", "GetChildBlocks", "Get
                                  "GetOutputBlocks"})
 
 
-def _lookups_only(kinds) -> bool:
+def _lookups_only(instruction_names) -> bool:
     """The rule for a task's untuned code, by its trace's instruction names (a record line's or a Trace's)."""
-    return all(kind in LOOKUP_INSTRUCTIONS for kind in kinds)
+    return all(name in LOOKUP_INSTRUCTIONS for name in instruction_names)
 
 
 def untuned_trace(mod: tvm.IRModule):
