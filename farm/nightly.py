@@ -35,7 +35,7 @@ from typing import Callable
 
 from farm.compile import compile_model
 from farm.errors import FarmError
-from farm.records import BenchConfig, Device, ModelSource, TrackerAddress, TuningSet
+from farm.records import Artifact, BenchConfig, Device, ModelSource, TrackerAddress, TuningSet
 from farm.results import run_rows, versus_reference
 from farm.runs import Run
 from farm.store import Store
@@ -187,23 +187,37 @@ def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench
     """Compile ``model`` with each record set. The new set's artifact must run and pass its output check (one
     measurement); then both are measured in ``VALIDATION_ROUNDS`` interleaved rounds (``measure.interleaved_rounds``:
     each round a fresh session and load of both, alternating, so a night's drift hits both alike) and the new set is
-    kept when it is not slower across the rounds (``not_slower``). Returns (kept, before's median of the rounds,
-    after's, why)."""
+    kept when it is not slower across the rounds (``not_slower``). When both sets compile into the same library (the
+    session's records beat none of the model's best ones), the set is kept unmeasured. Returns (kept, before's median
+    of the rounds, after's, why)."""
     prepared = cell_inputs(model, bench)
     try:
         new = compile_model(model, device, cache_dir, after)
     except FarmError as exc:
         return False, None, None, f"rejected: the new records do not compile ({exc.message})"
+    old_error = ""
+    try:
+        old: Artifact | None = compile_model(model, device, cache_dir, before)
+    except FarmError as exc:
+        old, old_error = None, exc.message
+    if old is not None and old.file_digest == new.file_digest:  # measuring one library twice would judge noise
+        return True, None, None, ("kept: the new records change none of this model's code (the same library with "
+                                  "either set): nothing to validate")
     checked = measure_cell(tracker, device, model, new, bench, prepared=prepared)
     if checked.status != "ok" or (checked.check is not None and checked.check.status == "failed"):
         why = checked.reason if checked.status != "ok" else f"its output check failed ({checked.check.detail})"
         return False, None, None, f"rejected: measured with the new records, {why[:300]}"
-    try:
-        old = compile_model(model, device, cache_dir, before)
-        old_rounds, new_rounds = interleaved_rounds(tracker, device, old, new, prepared[0], VALIDATION_ROUNDS, bench)
-    except FarmError as exc:  # the previous set does not compile or run: the new one, which does, is better
+    old_rounds: list[float] = []
+    new_rounds: list[float] = []
+    if old is not None:
+        try:
+            old_rounds, new_rounds = interleaved_rounds(tracker, device, old, new, prepared[0], VALIDATION_ROUNDS,
+                                                        bench)
+        except FarmError as exc:
+            old_error = exc.message
+    if old_error:  # the previous set does not compile or run: the new one, which does, is better
         after_s = median(checked.steady_samples_s)
-        return True, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run: {exc.message})"  # type: ignore[operator]
+        return True, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run: {old_error})"  # type: ignore[operator]
     kept = not_slower(old_rounds, new_rounds)
     before_s, after_s = nonempty_median(old_rounds), nonempty_median(new_rounds)
     change = f"{before_s / after_s:.2f}× faster" if kept else f"{after_s / before_s:.2f}× slower: records not used"

@@ -74,3 +74,34 @@ def test_the_keep_rule_compares_interleaved_rounds():
     assert not_slower([1.0, 2.0, 3.0, 4.0, 5.0], [0.99, 1.98, 2.97, 4.2, 5.5])  # ratios .99 .99 .99 1.05 1.1
     assert not not_slower([1.0, 2.0, 3.0], [1.01, 2.02, 2.5])  # ratios 1.01 1.01 .83: median 1.01
     assert not_slower([], [2.0])  # the previous set did not run: anything that runs is better
+
+
+def test_a_session_that_changes_none_of_the_model_s_code_is_kept_without_measuring_it(tmp_path):
+    """Two record sets whose best schedules are the same compile into one library: validating would measure it
+    twice and keep or reject the session on noise. (No tracker is given: measuring would fail.)"""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.compile import effective_target, make_target, tuning_module, untuned_trace
+    from farm.models import load_model
+    from farm.nightly import _validate
+    from farm.records import BenchConfig, TuningSet
+    from tests.test_compile import LOCAL
+
+    model = load_model("mlp")
+    target = make_target(effective_target(LOCAL))
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+    database = ms.database.JSONDatabase(str(tmp_path / "w.json"), str(tmp_path / "r.json"), allow_missing=True)
+    for func in tuning_module(model).functions.values():  # each function's untuned code as its record (farm tune's)
+        if isinstance(func, tvm.tirx.PrimFunc):
+            mod = normalize(func)
+            database.commit_tuning_record(ms.database.TuningRecord(
+                untuned_trace(mod), database.commit_workload(mod), [1e-3], target,
+                ms.arg_info.ArgInfo.from_prim_func(func)))
+    workloads, records = (tuple((tmp_path / name).read_text().splitlines()) for name in ("w.json", "r.json"))
+    assert len(records) >= 2
+    before, after = TuningSet("k", workloads, records[:1]), TuningSet("k", workloads, records)
+    kept, before_s, after_s, reason = _validate(None, LOCAL, model, BenchConfig(), tmp_path / "cache",  # type: ignore[arg-type]
+                                                before, after)
+    assert (kept, before_s, after_s) == (True, None, None), reason
+    assert "change none of this model's code" in reason
