@@ -15,7 +15,8 @@ A record set that makes the tuned model slower is not shipped. After a session a
 compiled with the record set as it was before the session and with the new one; the new one must run and pass
 the output check, then both are measured on the device in interleaved rounds (each a fresh load of both);
 unless the new set is not slower across the rounds, the session is marked ``rejected`` and its records compile
-into nothing from then on (``Store.tuning_lines``). Records are per target and shared by every model on it:
+into nothing from then on (``Store.tuning_lines``). A session whose records change none of the model's code (the
+same library with either set) is kept unmeasured: measuring one library twice would judge noise. Records are per target and shared by every model on it:
 only the tuned model is validated (and for a replay, the first ranked model), so another model that shares a
 workload is not checked here; the next night's sweep and its regressions are.
 
