@@ -16,9 +16,10 @@ compiled with the record set as it was before the session and with the new one; 
 the output check, then both are measured on the device in interleaved rounds (each a fresh load of both);
 unless the new set is not slower across the rounds, the session is marked ``rejected`` and its records compile
 into nothing from then on (``Store.tuning_lines``). A session whose records change none of the model's code (the
-same library with either set) is kept unmeasured: measuring one library twice would judge noise. Records are per target and shared by every model on it:
-only the tuned model is validated (and for a replay, the first ranked model), so another model that shares a
-workload is not checked here; the next night's sweep and its regressions are.
+same library with either set) is kept unmeasured: measuring one library twice would judge noise. Records are per
+target and shared by every model on it: only the tuned model is validated (and for a replay, the first ranked
+model), so another model that shares a workload is not checked here; the next night's sweep and its regressions
+are.
 
 A TVM upgrade does not wipe the farm's tuning. Records are keyed by target and TVM version, so on the night of
 an upgrade a key has none. The newest records of the same target under an earlier TVM version are then
@@ -196,7 +197,7 @@ def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench
         new = compile_model(model, device, cache_dir, after)
     except FarmError as exc:
         return False, None, None, f"rejected: the new records do not compile ({exc.message})"
-    old_error = ""
+    old_error: str | None = None
     try:
         old: Artifact | None = compile_model(model, device, cache_dir, before)
     except FarmError as exc:
@@ -216,7 +217,7 @@ def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench
                                                         bench)
         except FarmError as exc:
             old_error = exc.message
-    if old_error:  # the previous set does not compile or run: the new one, which does, is better
+    if old_error is not None:  # the previous set does not compile or run: the new one, which does, is better
         after_s = median(checked.steady_samples_s)
         return True, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run: {old_error})"  # type: ignore[operator]
     kept = not_slower(old_rounds, new_rounds)
