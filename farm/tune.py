@@ -308,15 +308,18 @@ class AfterBuildRunner(PyRunner):
 
 
 def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int,
-                  pass_trials: int = PASS_TRIALS) -> Iterator[tuple[int, int]]:
+                  pass_trials: int = PASS_TRIALS, exhausted: set[int] | None = None) -> Iterator[tuple[int, int]]:
     """The by-share plan as (task, trials) searches: pass after pass, biggest share first, each task gets
-    ``pass_trials`` × its share (at least one ``batch``, at most what is left of its allotment)."""
+    ``pass_trials`` × its share (at least one ``batch``, at most what is left of its allotment). A task the caller
+    adds to ``exhausted`` (its search measured fewer than it was given: no new candidate left) is not searched
+    again."""
+    done = exhausted if exhausted is not None else set()
     left = {i: n for i, n in allotted.items() if n > 0}
     total = sum(shares[i] for i in left) or 1.0
     order = sorted(left, key=lambda i: -shares[i])
-    while any(left.values()):
+    while any(n for i, n in left.items() if i not in done):
         for i in order:
-            if left[i]:
+            if left[i] and i not in done:
                 take = min(left[i], max(batch, round(pass_trials * shares[i] / total)))
                 left[i] -= take
                 yield i, take
@@ -529,10 +532,11 @@ def tune_model(
                                           f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
     # by share: searches of one task each, in passes (search_passes), all sharing one cost model and database;
     # else MetaSchedule's gradient scheduler over every task
+    exhausted: set[int] = set()  # tasks whose search ran out of new candidates (a concatenate's few schedules)
     plan: Iterator[tuple[int | None, int]] = (
         search_passes({i: s.trials - int(i in seeds) - int(i in baselines) for i, s in enumerate(shares)},
                       {i: s.share or 0.0 for i, s in enumerate(shares)},
-                      batch) if by_share else iter([(None, config.trials)]))
+                      batch, exhausted=exhausted) if by_share else iter([(None, config.trials)]))
     search_start = time.monotonic()
     try:
         for index, trials in plan:
@@ -541,6 +545,7 @@ def tune_model(
             current[0] = index if index is not None else 0
             chosen = [contexts[index]] if index is not None else contexts
             _metaschedule_logs_to_file_only()
+            before = progress_by_task[index].trials if index is not None else 0
             ms.tune.tune_tasks(
                 tasks=chosen, task_weights=[weights[index]] if index is not None else weights, work_dir=str(log_dir),
                 max_trials_global=trials,
@@ -549,6 +554,8 @@ def tune_model(
                 builder=builder, runner=runner, database=database, cost_model=cost_model,
                 measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
             )
+            if index is not None and state["status"] == "done" and progress_by_task[index].trials - before < trials:
+                exhausted.add(index)  # MetaSchedule ends a task's search when it finds no candidate not measured
     except KeyboardInterrupt:
         state["status"], state["reason"] = "interrupted", "interrupted by the user"
     except Exception:  # _StopTuning comes back wrapped by TVM's FFI; an interrupt inside C++ too

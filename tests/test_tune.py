@@ -298,6 +298,12 @@ def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task
     whole = list(search_passes({0: 700, 1: 290, 2: 10}, {0: 0.7, 1: 0.29, 2: 0.01}, 16))
     assert sum(t for i, t in whole if i == 0) == 700 and sum(t for i, t in whole if i == 1) == 290
     assert [i for i, _ in whole][:3] == [0, 1, 2] and whole[2] == (2, 10)
+    # a task whose search ran out of new candidates (a concatenate's few schedules) is not searched again
+    exhausted: set[int] = set()
+    plan = search_passes({0: 700, 1: 290}, {0: 0.7, 1: 0.29}, 16, exhausted=exhausted)
+    assert [next(plan), next(plan)] == [(0, 181), (1, 75)]
+    exhausted.add(1)
+    assert {i for i, _ in plan} == {0}
 
 
 def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):
