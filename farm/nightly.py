@@ -197,7 +197,7 @@ def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench
         new = compile_model(model, device, cache_dir, after)
     except FarmError as exc:
         return False, None, None, f"rejected: the new records do not compile ({exc.message})"
-    old_error: str | None = None
+    old_error = ""  # why the previous set did not compile or run (then ``old`` is None)
     try:
         old: Artifact | None = compile_model(model, device, cache_dir, before)
     except FarmError as exc:
@@ -209,15 +209,13 @@ def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench
     if checked.status != "ok" or (checked.check is not None and checked.check.status == "failed"):
         why = checked.reason if checked.status != "ok" else f"its output check failed ({checked.check.detail})"
         return False, None, None, f"rejected: measured with the new records, {why[:300]}"
-    old_rounds: list[float] = []
-    new_rounds: list[float] = []
     if old is not None:
         try:
             old_rounds, new_rounds = interleaved_rounds(tracker, device, old, new, prepared[0], VALIDATION_ROUNDS,
                                                         bench)
         except FarmError as exc:
-            old_error = exc.message
-    if old_error is not None:  # the previous set does not compile or run: the new one, which does, is better
+            old, old_error = None, exc.message
+    if old is None:  # the previous set does not compile or run: the new one, which does, is better
         after_s = median(checked.steady_samples_s)
         return True, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run: {old_error})"  # type: ignore[operator]
     kept = not_slower(old_rounds, new_rounds)
