@@ -91,6 +91,7 @@ class TuneConfig:
     candidate_cooldown_s: float = 0.0  # the device rests this long after each candidate, session held (phones)
     by_share: bool = True  # profile each task untuned on the device first, share the trials by its time
     builds_ahead: bool | None = None  # build while the devices measure (None: unless the device measures on this host's CPU)
+    take_turns: bool = True  # builds ahead: a pass's tasks take turns in one search (False: one task a search)
     min_share: float = DEFAULT_MIN_SHARE  # a task below this share of the model's untuned time is not searched
 
 
@@ -308,21 +309,68 @@ class AfterBuildRunner(PyRunner):
 
 
 def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int,
-                  pass_trials: int = PASS_TRIALS, exhausted: set[int] | None = None) -> Iterator[tuple[int, int]]:
-    """The by-share plan as (task, trials) searches: pass after pass, biggest share first, each task gets
-    ``pass_trials`` × its share (at least one ``batch``, at most what is left of its allotment). A task the caller
-    adds to ``exhausted`` (its search measured fewer than it was given: no new candidate left) is not searched
-    again."""
+                  pass_trials: int = PASS_TRIALS, exhausted: set[int] | None = None) -> Iterator[list[tuple[int, int]]]:
+    """The by-share plan, pass after pass: each pass is a list of (task, trials), biggest share first, each task
+    getting ``pass_trials`` × its share in whole batches (at least one ``batch``, at most what is left of its
+    allotment). A task the caller adds to ``exhausted`` (its search measured fewer than it was given: no new
+    candidate left) is not in the passes after."""
     done = exhausted if exhausted is not None else set()
     left = {i: n for i, n in allotted.items() if n > 0}
     total = sum(shares[i] for i in left) or 1.0
     order = sorted(left, key=lambda i: -shares[i])
     while any(n for i, n in left.items() if i not in done):
+        searches = []
         for i in order:
             if left[i] and i not in done:
-                take = min(left[i], max(batch, round(pass_trials * shares[i] / total)))
+                take = min(left[i], batch * max(1, round(pass_trials * shares[i] / total / batch)))
                 left[i] -= take
-                yield i, take
+                searches.append((i, take))
+        yield searches
+
+
+def overlapped_calls(searches: list[tuple[int, int]], batch: int) -> list[list[tuple[int, int]]]:
+    """A pass's searches as ``tune_tasks`` calls: the searches of whole batches together in one call (``PassScheduler``
+    takes their turns, so one task's batch is generated while another's is measured), each other search alone."""
+    whole = [(i, n) for i, n in searches if n % batch == 0]
+    return ([whole] if whole else []) + [[(i, n)] for i, n in searches if n % batch]
+
+
+@derived_object
+class PassScheduler(ms.task_scheduler.PyTaskScheduler):
+    """MetaSchedule's round robin over one pass's tasks, each until its quota of trials. MetaSchedule generates a
+    task's next batch only once its last batch is measured; taking turns, the next task's batch is generated (and
+    built ahead) while the devices measure this one's, instead of the devices waiting for each generation.
+    ``measured(i)``: the trials task ``i`` of this call has measured so far (the measure callback counts them);
+    once ``stopped()`` (a time budget, an interrupt, a lost device), no task gets a new batch and the batches in
+    flight are joined (their records kept), where a single search's callback would raise."""
+
+    def __init__(self, quotas: list[int], measured: Callable[[int], int], stopped: Callable[[], bool]) -> None:
+        super().__init__()
+        self.quotas = quotas
+        self.measured = measured
+        self.stopped = stopped
+        self.turn = -1
+
+    def next_task_id(self) -> int:
+        scheduler = self._outer()  # pylint: disable=no-member
+        count = len(self.quotas)
+        for i in range(count):
+            scheduler.touch_task(i)  # joins a task whose batch is all measured, without waiting
+        if self.stopped():
+            return -1  # MetaSchedule then joins the batches in flight
+        for _ in range(count):
+            self.turn = (self.turn + 1) % count
+            if scheduler.tasks_[self.turn].is_terminated:
+                continue
+            if scheduler.tasks_[self.turn].runner_futures is not None:
+                self.join_running_task(self.turn)  # its batch in flight: the devices are busy with it meanwhile
+                if self.stopped():
+                    return -1
+            if self.measured(self.turn) >= self.quotas[self.turn]:
+                scheduler.terminate_task(self.turn)
+                continue
+            return self.turn
+        return -1
 
 
 def _sync(work_dir: Path, store: Store, key: str, session_id: int | None) -> int:
@@ -435,14 +483,14 @@ def tune_model(
             say(f"  {task.name}: {task.share:6.1%} of the model's time now (untuned {task.untuned_s * 1e6:.1f} µs a "
                 f"call{tuned_text}), {task.allotted} trial(s)")
     by_share = shares[0].share is not None
-    current = [0]  # the task a single-task search is on (the callback's task_id is then 0)
+    current = [0]  # by share: the tasks of the tune_tasks call running (its callback's task_id indexes them)
     state: dict[str, Any] = {"status": "done", "reason": "", "trials": 0, "new": 0}
     deadline = start + config.minutes * 60 if config.minutes else None
 
     @derived_object
     class FarmCallback(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-            task_id = current[0] if by_share else task_id
+            task_id = current[task_id] if by_share else task_id
             task = progress_by_task[task_id]
             task.trials += len(runner_results)
             state["trials"] += len(runner_results)
@@ -473,9 +521,10 @@ def tune_model(
                 state["status"], state["reason"] = "time-budget", f"stopped after {config.minutes:g} min"
             if should_stop is not None and should_stop() and state["status"] == "done":
                 state["status"], state["reason"] = "interrupted", "interrupted by the user"
-            if state["status"] != "done":
+            if state["status"] != "done" and len(current) == 1:
                 # Terminating tasks from a callback trips the scheduler's checks; an exception ends
-                # tune_tasks cleanly instead, after this batch's records were synced above.
+                # tune_tasks cleanly instead, after this batch's records were synced above. Tasks taking turns
+                # (PassScheduler) are given no new batch instead: the batches in flight are measured and kept.
                 raise _StopTuning(state["reason"])
 
     ahead = config.builds_ahead if config.builds_ahead is not None else not kind_of(device).measures_on_this_host
@@ -530,32 +579,44 @@ def tune_model(
     builder = (AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, batch)
                if ahead else LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=_build,
                                           f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
-    # by share: searches of one task each, in passes (search_passes), all sharing one cost model and database;
-    # else MetaSchedule's gradient scheduler over every task
     exhausted: set[int] = set()  # tasks whose search ran out of new candidates (a concatenate's few schedules)
-    plan: Iterator[tuple[int | None, int]] = (
-        search_passes({i: s.trials - int(i in seeds) - int(i in baselines) for i, s in enumerate(shares)},
-                      {i: s.share or 0.0 for i, s in enumerate(shares)},
-                      batch, exhausted=exhausted) if by_share else iter([(None, config.trials)]))
+
+    def search(call: list[tuple[int, int]]) -> None:
+        """One ``tune_tasks`` call over the searches ``call`` (task, trials) of a pass, its tasks taking turns."""
+        current[:] = [i for i, _ in call]
+        quotas = [min(config.per_task or n, n) for _, n in call]
+        before = [progress_by_task[i].trials for i in current]
+        _metaschedule_logs_to_file_only()
+        ms.tune.tune_tasks(
+            tasks=[contexts[i] for i in current], task_weights=[weights[i] for i in current], work_dir=str(log_dir),
+            max_trials_global=sum(quotas), max_trials_per_task=max(quotas), num_trials_per_iter=min(batch, max(quotas)),
+            builder=builder, runner=runner, database=database, cost_model=cost_model,
+            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
+            task_scheduler=PassScheduler(quotas, lambda j: progress_by_task[current[j]].trials - before[j],
+                                         lambda: state["status"] != "done") if len(call) > 1 else "gradient")
+        for i, quota, trials_before in zip(current, quotas, before):
+            if state["status"] == "done" and progress_by_task[i].trials - trials_before < quota:
+                exhausted.add(i)  # MetaSchedule ends a task's search when it finds no candidate not measured
+
     search_start = time.monotonic()
     try:
-        for index, trials in plan:
-            if state["status"] != "done":
-                break
-            current[0] = index if index is not None else 0
-            chosen = [contexts[index]] if index is not None else contexts
+        if by_share:  # passes (search_passes), all sharing one cost model and database: a task's search a call, or,
+            # when builds run ahead of a device that is not this host, a pass's tasks taking turns in one call
+            passes = search_passes({i: s.trials - int(i in seeds) - int(i in baselines) for i, s in enumerate(shares)},
+                                   {i: s.share or 0.0 for i, s in enumerate(shares)}, batch, exhausted=exhausted)
+            for call in (call for searches in passes
+                         for call in (overlapped_calls(searches, batch) if ahead and config.take_turns
+                             else [[one] for one in searches])):
+                if state["status"] != "done":
+                    break
+                search(call)
+        else:  # MetaSchedule's gradient scheduler over every task
             _metaschedule_logs_to_file_only()
-            before = progress_by_task[index].trials if index is not None else 0
             ms.tune.tune_tasks(
-                tasks=chosen, task_weights=[weights[index]] if index is not None else weights, work_dir=str(log_dir),
-                max_trials_global=trials,
-                max_trials_per_task=min(config.per_task or trials, trials) if index is not None else config.per_task,
-                num_trials_per_iter=min(batch, trials),
+                tasks=contexts, task_weights=weights, work_dir=str(log_dir), max_trials_global=config.trials,
+                max_trials_per_task=config.per_task, num_trials_per_iter=min(batch, config.trials),
                 builder=builder, runner=runner, database=database, cost_model=cost_model,
-                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
-            )
-            if index is not None and state["status"] == "done" and progress_by_task[index].trials - before < trials:
-                exhausted.add(index)  # MetaSchedule ends a task's search when it finds no candidate not measured
+                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()])
     except KeyboardInterrupt:
         state["status"], state["reason"] = "interrupted", "interrupted by the user"
     except Exception:  # _StopTuning comes back wrapped by TVM's FFI; an interrupt inside C++ too

@@ -287,23 +287,51 @@ def test_trials_go_where_the_untuned_time_is():
 
 
 def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task():
-    from farm.tune import search_passes
+    from farm.tune import overlapped_calls, search_passes
 
     # a budget bounded by minutes asks for 100,000 trials: the biggest task's share must not be one endless search
     plan = search_passes({0: 70_000, 1: 29_000, 2: 1_000, 3: 0}, {0: 0.7, 1: 0.29, 2: 0.01, 3: 0.001}, 16)
-    first = [next(plan) for _ in range(6)]
-    assert first == [(0, 179), (1, 74), (2, 16), (0, 179), (1, 74), (2, 16)]  # 256 a pass by share, >= one batch each
+    first = [next(plan) for _ in range(2)]
+    assert first == [[(0, 176), (1, 80), (2, 16)]] * 2  # 256 a pass by share, in whole batches, >= one batch each
     # small allotments (a trial budget) are searched in one go each, biggest first, and add up to the budget
-    assert list(search_passes({0: 60, 1: 4, 2: 0}, {0: 0.9, 1: 0.06, 2: 0.04}, 16)) == [(0, 60), (1, 4)]
-    whole = list(search_passes({0: 700, 1: 290, 2: 10}, {0: 0.7, 1: 0.29, 2: 0.01}, 16))
+    assert list(search_passes({0: 60, 1: 4, 2: 0}, {0: 0.9, 1: 0.06, 2: 0.04}, 16)) == [[(0, 60), (1, 4)]]
+    whole = [search for searches in search_passes({0: 700, 1: 290, 2: 10}, {0: 0.7, 1: 0.29, 2: 0.01}, 16)
+             for search in searches]
     assert sum(t for i, t in whole if i == 0) == 700 and sum(t for i, t in whole if i == 1) == 290
     assert [i for i, _ in whole][:3] == [0, 1, 2] and whole[2] == (2, 10)
     # a task whose search ran out of new candidates (a concatenate's few schedules) is not searched again
     exhausted: set[int] = set()
     plan = search_passes({0: 700, 1: 290}, {0: 0.7, 1: 0.29}, 16, exhausted=exhausted)
-    assert [next(plan), next(plan)] == [(0, 181), (1, 75)]
+    assert next(plan) == [(0, 176), (1, 80)]
     exhausted.add(1)
-    assert {i for i, _ in plan} == {0}
+    assert {i for searches in plan for i, _ in searches} == {0}
+    # builds running ahead: a pass's searches of whole batches take turns in one call, the rest run alone
+    assert overlapped_calls([(0, 176), (1, 80), (2, 10)], 16) == [[(0, 176), (1, 80)], [(2, 10)]]
+    assert overlapped_calls([(2, 10)], 16) == [[(2, 10)]]
+
+
+def test_a_pass_s_tasks_take_turns_in_one_search_when_builds_run_ahead(farm_net, tmp_path):
+    """Builds ahead of the device: MetaSchedule generates a task's next batch only once its last is measured, so a
+    pass's tasks take turns in one call (PassScheduler) and one task's batch is generated while another's is
+    measured. Each task measures exactly its allotment (unless its search runs out of candidates)."""
+    from farm.models import load_model
+    from farm.records import Device
+    from farm.store import Store
+    from farm.tune import TuneConfig, tune_model
+
+    lines: list[str] = []
+    with Store(str(tmp_path / "results.db")) as store:
+        outcome = tune_model(farm_net.tracker, Device("cpu-a", "local", "test-a", {"kind": "llvm"}), load_model("mlp"),
+                             store, tmp_path / "tune", TuneConfig(trials=16, trials_per_iter=1, builds_ahead=True,
+                                                                  min_share=0.0), progress=lines.append)
+    assert outcome.status == "done" and outcome.builds_ahead, outcome
+    searched = [t for t in outcome.tasks if (t.allotted or 0) > 1]  # more than its untuned record (a trial too)
+    assert len(searched) >= 2 and all(t.trials <= t.allotted for t in searched), outcome.tasks
+    assert outcome.trials_done == sum(t.trials for t in outcome.tasks)
+    # the measure callback's lines name their task: another task was measured before the first one's last batch
+    order = [line.split(":")[0].split()[-1] for line in lines if line.startswith("task ")]
+    second = next(name for name in order if name != order[0])
+    assert order.index(second) < len(order) - 1 - order[::-1].index(order[0]), order
 
 
 def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):

@@ -18,8 +18,13 @@ for a device that is not this host), with a fixed device-side pause per candidat
 as phones need), then K = 2 without it (builds dominate on 2 cores). The devices' busy share is
 measured: each candidate's time from asking for its session to releasing it (upload, load, runs,
 cooldown, clean-up), summed, over K × the search's time (set-up and the untuned profile excluded).
+With builds ahead, a pass's tasks take turns in one search (one task's batch is generated while another's
+is measured); the row "K = 2, one task a search" is the same session without the turns, for comparison.
+--session-minutes M bounds each session by minutes instead of --trials, as nightly tuning does (a task
+takes turns only with whole batches to search, which a small trial budget rarely gives).
 
     .venv/bin/python tools/bench_tuning.py --scaling [--model convnet] [--trials 48] [--candidate-cooldown 1]
+    .venv/bin/python tools/bench_tuning.py --scaling --model onnx:squeezenet --session-minutes 3
 """
 
 from __future__ import annotations
@@ -96,27 +101,31 @@ def curve(args) -> int:
 def scaling(args) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-scaling-"))
     model = load_model(args.model)
-    print(f"model {model.name}, {args.trials} trials a session, candidate cooldown {args.candidate_cooldown:g} s, "
-          f"tasks by share, {'each batch built, then measured' if args.build_first else 'builds ahead'}", flush=True)
-    print("K  cooldown  measured  minutes  trials/min  device busy  device idle", flush=True)
+    budget = (f"{args.session_minutes:g} min" if args.session_minutes else f"{args.trials} trials") + " a session"
+    print(f"model {model.name}, {budget}, candidate cooldown {args.candidate_cooldown:g} s, tasks by share, "
+          f"{'each batch built, then measured' if args.build_first else 'builds ahead'}", flush=True)
+    print("K  cooldown  turns  measured  minutes  trials/min  device busy  device idle", flush=True)
     rates = {}
-    for k, cooldown in ((1, args.candidate_cooldown), (2, args.candidate_cooldown), (2, 0.0)):
+    for k, cooldown, turns in ((1, args.candidate_cooldown, True), (2, args.candidate_cooldown, False),
+                               (2, args.candidate_cooldown, True), (2, 0.0, True)):
         keys = {f"twin-{i}": "bench-twins" for i in range(k)}
         device = Device("twins", "local", "bench-twins", {"kind": "llvm"})
-        run = work / f"k{k}-c{cooldown:g}"
+        run = work / f"k{k}-c{cooldown:g}-{'turns' if turns else 'one'}"
         with private_farm(run, keys) as tracker, Store(run / "results.db") as store:
             outcome = tune_model(tracker, device, model, store, run / "tune",
-                                 TuneConfig(trials=args.trials, max_runners=k, candidate_cooldown_s=cooldown,
-                                            fresh_cost_model=True, builds_ahead=not args.build_first),
+                                 TuneConfig(trials=100_000 if args.session_minutes else args.trials,
+                                            minutes=args.session_minutes, max_runners=k, candidate_cooldown_s=cooldown,
+                                            fresh_cost_model=True, builds_ahead=not args.build_first, take_turns=turns),
                                  progress=progress)
             wall = outcome.search_seconds  # builds and measurements: the session's set-up and profile excluded
         share = outcome.device_busy_seconds / (outcome.runners * wall)  # sessions held on candidates, measured
-        rates[(k, cooldown)] = outcome.candidates_measured / (wall / 60)  # the search's (no untuned record)
-        print(f"{outcome.runners}  {cooldown:8g}  {outcome.candidates_measured:8d}  {wall / 60:7.2f}  "
-              f"{rates[(k, cooldown)]:10.1f}  {share:11.0%}  {1 - share:11.0%}", flush=True)
-    base = rates[(1, args.candidate_cooldown)]
-    print(f"scaling at K = 2 with cooldown: {rates[(2, args.candidate_cooldown)] / base:.2f}x (goal >= 1.6x); "
-          f"K = 2 without cooldown: {rates[(2, 0.0)]:.1f} trials/min", flush=True)
+        rates[(k, cooldown, turns)] = outcome.candidates_measured / (wall / 60)  # the search's (no untuned record)
+        print(f"{outcome.runners}  {cooldown:8g}  {'yes' if turns else 'no':5s}  {outcome.candidates_measured:8d}  "
+              f"{wall / 60:7.2f}  {rates[(k, cooldown, turns)]:10.1f}  {share:11.0%}  {1 - share:11.0%}", flush=True)
+    base = rates[(1, args.candidate_cooldown, True)]
+    print(f"scaling at K = 2 with cooldown: {rates[(2, args.candidate_cooldown, True)] / base:.2f}x (goal >= 1.6x; "
+          f"one task a search: {rates[(2, args.candidate_cooldown, False)] / base:.2f}x); "
+          f"K = 2 without cooldown: {rates[(2, 0.0, True)]:.1f} trials/min", flush=True)
     return 0
 
 
@@ -129,6 +138,8 @@ def main() -> int:
                         help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")
     parser.add_argument("--trials", type=int, default=48, help="--scaling: trials a session (default 48)")
+    parser.add_argument("--session-minutes", type=float, default=None,
+                        help="--scaling: bound each session by minutes instead of --trials")
     parser.add_argument("--candidate-cooldown", type=float, default=2.0,
                         help="--scaling: the device's rest after each candidate, seconds (default 2)")
     parser.add_argument("--build-first", action="store_true",
