@@ -337,38 +337,53 @@ def overlapped_calls(searches: list[tuple[int, int]], batch: int) -> list[list[t
 
 @derived_object
 class PassScheduler(ms.task_scheduler.PyTaskScheduler):
-    """MetaSchedule's round robin over one pass's tasks, each until its quota of trials. MetaSchedule generates a
+    """MetaSchedule's round robin over one pass's tasks, each up to its quota of trials. MetaSchedule generates a
     task's next batch only once its last batch is measured; taking turns, the next task's batch is generated (and
     built ahead) while the devices measure this one's, instead of the devices waiting for each generation.
-    ``measured(i)``: the trials task ``i`` of this call has measured so far (the measure callback counts them);
-    once ``stopped()`` (a time budget, an interrupt, a lost device), no task gets a new batch and the batches in
-    flight are joined (their records kept), where a single search's callback would raise."""
 
-    def __init__(self, quotas: list[int], measured: Callable[[int], int], stopped: Callable[[], bool]) -> None:
+    At most two batches are in flight (the one measured, the one queued behind it), so a stop waits for no more
+    than that: once ``stopped()`` (a time budget, an interrupt, a lost device) no task gets a new batch and
+    MetaSchedule joins the batches in flight (their records kept). A task gets a batch only while a whole one
+    fits its quota (all tasks share one per-task cap in MetaSchedule, the largest quota, and a search may return
+    a short batch), so none exceeds it; ``ended`` holds the tasks this ended, the rest ended by MetaSchedule
+    (no new candidate). ``measured(i)``: the trials task ``i`` of this call has measured so far."""
+
+    def __init__(self, quotas: list[int], batch: int, measured: Callable[[int], int],
+                 stopped: Callable[[], bool]) -> None:
         super().__init__()
         self.quotas = quotas
+        self.batch = batch
         self.measured = measured
         self.stopped = stopped
         self.turn = -1
+        self.in_flight: list[int] = []  # tasks whose batch was handed out and not yet joined, oldest first
+        self.ended: set[int] = set()
 
     def next_task_id(self) -> int:
         scheduler = self._outer()  # pylint: disable=no-member
-        count = len(self.quotas)
-        for i in range(count):
+        for i in range(len(self.quotas)):
             scheduler.touch_task(i)  # joins a task whose batch is all measured, without waiting
+        self.in_flight = [i for i in self.in_flight if scheduler.tasks_[i].runner_futures is not None]
+        while len(self.in_flight) > 1 and not self.stopped():
+            self.join_running_task(self.in_flight.pop(0))  # the devices measure the other one meanwhile
         if self.stopped():
             return -1  # MetaSchedule then joins the batches in flight
-        for _ in range(count):
-            self.turn = (self.turn + 1) % count
-            if scheduler.tasks_[self.turn].is_terminated:
+        for _ in range(2 * len(self.quotas)):  # twice round: a task in flight is waited for once it is the last
+            self.turn = (self.turn + 1) % len(self.quotas)
+            task = scheduler.tasks_[self.turn]
+            live = sum(1 for other in scheduler.tasks_ if not other.is_terminated)
+            if task.is_terminated or (self.turn in self.in_flight and live > 1):
                 continue
-            if scheduler.tasks_[self.turn].runner_futures is not None:
-                self.join_running_task(self.turn)  # its batch in flight: the devices are busy with it meanwhile
+            if task.runner_futures is not None:  # the last task left: wait for its batch
+                self.join_running_task(self.turn)
+                self.in_flight.remove(self.turn)
                 if self.stopped():
                     return -1
-            if self.measured(self.turn) >= self.quotas[self.turn]:
+            if self.quotas[self.turn] - self.measured(self.turn) < min(self.batch, self.quotas[self.turn]):
+                self.ended.add(self.turn)
                 scheduler.terminate_task(self.turn)
                 continue
+            self.in_flight.append(self.turn)
             return self.turn
         return -1
 
@@ -428,7 +443,8 @@ def tune_model(
     config: TuneConfig, progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
 ) -> TuneOutcome:
     """Tune ``model`` on ``device``. ``should_stop`` is polled after every batch (the CLI sets it on Ctrl-C):
-    the session then ends after the batch in flight, status "interrupted", every record kept."""
+    the session then ends after the batch in flight (tasks taking turns: the two), status "interrupted", every record
+    kept."""
     say = progress or (lambda message: None)
     start = time.monotonic()
     if device.export != "so":
@@ -487,6 +503,14 @@ def tune_model(
     state: dict[str, Any] = {"status": "done", "reason": "", "trials": 0, "new": 0}
     deadline = start + config.minutes * 60 if config.minutes else None
 
+    def stopping() -> bool:
+        """Whether the session must end now (time budget, interrupt, lost device); records why in ``state``."""
+        if deadline and time.monotonic() > deadline and state["status"] == "done":
+            state["status"], state["reason"] = "time-budget", f"stopped after {config.minutes:g} min"
+        if should_stop is not None and should_stop() and state["status"] == "done":
+            state["status"], state["reason"] = "interrupted", "interrupted by the user"
+        return state["status"] != "done"
+
     @derived_object
     class FarmCallback(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
@@ -517,11 +541,7 @@ def tune_model(
                 if alive is None or alive.servers == 0:
                     state["status"] = "device-lost"
                     state["reason"] = stop or f"the server for key {device.key!r} left the tracker during tuning"
-            if deadline and time.monotonic() > deadline and state["status"] == "done":
-                state["status"], state["reason"] = "time-budget", f"stopped after {config.minutes:g} min"
-            if should_stop is not None and should_stop() and state["status"] == "done":
-                state["status"], state["reason"] = "interrupted", "interrupted by the user"
-            if state["status"] != "done" and len(current) == 1:
+            if stopping() and len(current) == 1:
                 # Terminating tasks from a callback trips the scheduler's checks; an exception ends
                 # tune_tasks cleanly instead, after this batch's records were synced above. Tasks taking turns
                 # (PassScheduler) are given no new batch instead: the batches in flight are measured and kept.
@@ -586,16 +606,18 @@ def tune_model(
         current[:] = [i for i, _ in call]
         quotas = [min(config.per_task or n, n) for _, n in call]
         before = [progress_by_task[i].trials for i in current]
+        turns = PassScheduler(quotas, batch, lambda j: progress_by_task[current[j]].trials - before[j],
+                              stopping) if len(call) > 1 else None
         _metaschedule_logs_to_file_only()
         ms.tune.tune_tasks(
             tasks=[contexts[i] for i in current], task_weights=[weights[i] for i in current], work_dir=str(log_dir),
             max_trials_global=sum(quotas), max_trials_per_task=max(quotas), num_trials_per_iter=min(batch, max(quotas)),
             builder=builder, runner=runner, database=database, cost_model=cost_model,
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
-            task_scheduler=PassScheduler(quotas, lambda j: progress_by_task[current[j]].trials - before[j],
-                                         lambda: state["status"] != "done") if len(call) > 1 else "gradient")
-        for i, quota, trials_before in zip(current, quotas, before):
-            if state["status"] == "done" and progress_by_task[i].trials - trials_before < quota:
+            task_scheduler=turns or "gradient")
+        for j, ((i, trials), trials_before) in enumerate(zip(call, before)):
+            ended_by_quota = turns is not None and j in turns.ended
+            if state["status"] == "done" and not ended_by_quota and progress_by_task[i].trials - trials_before < trials:
                 exhausted.add(i)  # MetaSchedule ends a task's search when it finds no candidate not measured
 
     search_start = time.monotonic()
@@ -605,7 +627,7 @@ def tune_model(
             passes = search_passes({i: s.trials - int(i in seeds) - int(i in baselines) for i, s in enumerate(shares)},
                                    {i: s.share or 0.0 for i, s in enumerate(shares)}, batch, exhausted=exhausted)
             for call in (call for searches in passes
-                         for call in (overlapped_calls(searches, batch) if ahead and config.take_turns
+                         for call in (overlapped_calls(searches, batch) if ahead and config.take_turns and not config.per_task
                              else [[one] for one in searches])):
                 if state["status"] != "done":
                     break
