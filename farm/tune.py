@@ -499,7 +499,8 @@ def tune_model(
             say(f"  {task.name}: {task.share:6.1%} of the model's time now (untuned {task.untuned_s * 1e6:.1f} µs a "
                 f"call{tuned_text}), {task.allotted} trial(s)")
     by_share = shares[0].share is not None
-    current = [0]  # by share: the tasks of the tune_tasks call running (its callback's task_id indexes them)
+    current: list[int] = []  # the tasks of the tune_tasks call running (its callback's task_id indexes them)
+    turns_now: list[PassScheduler | None] = [None]  # ... and its PassScheduler, if its tasks take turns
     state: dict[str, Any] = {"status": "done", "reason": "", "trials": 0, "new": 0}
     deadline = start + config.minutes * 60 if config.minutes else None
 
@@ -514,7 +515,7 @@ def tune_model(
     @derived_object
     class FarmCallback(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-            task_id = current[task_id] if by_share else task_id
+            task_id = current[task_id]
             task = progress_by_task[task_id]
             task.trials += len(runner_results)
             state["trials"] += len(runner_results)
@@ -541,7 +542,7 @@ def tune_model(
                 if alive is None or alive.servers == 0:
                     state["status"] = "device-lost"
                     state["reason"] = stop or f"the server for key {device.key!r} left the tracker during tuning"
-            if stopping() and len(current) == 1:
+            if stopping() and turns_now[0] is None:
                 # Terminating tasks from a callback trips the scheduler's checks; an exception ends
                 # tune_tasks cleanly instead, after this batch's records were synced above. Tasks taking turns
                 # (PassScheduler) are given no new batch instead: the batches in flight are measured and kept.
@@ -601,20 +602,26 @@ def tune_model(
                                           f_export=functools.partial(_export, toolchain), max_workers=os.cpu_count()))
     exhausted: set[int] = set()  # tasks whose search ran out of new candidates (a concatenate's few schedules)
 
-    def search(call: list[tuple[int, int]]) -> None:
-        """One ``tune_tasks`` call over the searches ``call`` (task, trials) of a pass, its tasks taking turns."""
-        current[:] = [i for i, _ in call]
-        quotas = [min(config.per_task or n, n) for _, n in call]
-        before = [progress_by_task[i].trials for i in current]
-        turns = PassScheduler(quotas, batch, lambda j: progress_by_task[current[j]].trials - before[j],
-                              stopping) if len(call) > 1 else None
+    def run_tasks(chosen: list[int], max_trials: int, per_task: int | None, turns: PassScheduler | None = None) -> None:
+        """One MetaSchedule ``tune_tasks`` call over the tasks ``chosen`` with the session's builder, runner, database,
+        cost model and callbacks: MetaSchedule's gradient scheduler, or ``turns``."""
+        current[:], turns_now[0] = chosen, turns
         _metaschedule_logs_to_file_only()
         ms.tune.tune_tasks(
-            tasks=[contexts[i] for i in current], task_weights=[weights[i] for i in current], work_dir=str(log_dir),
-            max_trials_global=sum(quotas), max_trials_per_task=max(quotas), num_trials_per_iter=min(batch, max(quotas)),
+            tasks=[contexts[i] for i in chosen], task_weights=[weights[i] for i in chosen], work_dir=str(log_dir),
+            max_trials_global=max_trials, max_trials_per_task=per_task, num_trials_per_iter=min(batch, max_trials),
             builder=builder, runner=runner, database=database, cost_model=cost_model,
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()],
             task_scheduler=turns or "gradient")
+
+    def search(call: list[tuple[int, int]]) -> None:
+        """The searches ``call`` (task, trials) of a pass in one call: one task, or tasks taking turns."""
+        chosen = [i for i, _ in call]
+        quotas = [min(config.per_task or n, n) for _, n in call]
+        before = [progress_by_task[i].trials for i in chosen]
+        turns = PassScheduler(quotas, batch, lambda j: progress_by_task[chosen[j]].trials - before[j],
+                              stopping) if len(call) > 1 else None
+        run_tasks(chosen, sum(quotas), max(quotas), turns)
         for j, ((i, trials), trials_before) in enumerate(zip(call, before)):
             ended_by_quota = turns is not None and j in turns.ended
             if state["status"] == "done" and not ended_by_quota and progress_by_task[i].trials - trials_before < trials:
@@ -633,12 +640,7 @@ def tune_model(
                     break
                 search(call)
         else:  # MetaSchedule's gradient scheduler over every task
-            _metaschedule_logs_to_file_only()
-            ms.tune.tune_tasks(
-                tasks=contexts, task_weights=weights, work_dir=str(log_dir), max_trials_global=config.trials,
-                max_trials_per_task=config.per_task, num_trials_per_iter=min(batch, config.trials),
-                builder=builder, runner=runner, database=database, cost_model=cost_model,
-                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), FarmCallback()])
+            run_tasks(list(range(len(contexts))), config.trials, config.per_task)
     except KeyboardInterrupt:
         state["status"], state["reason"] = "interrupted", "interrupted by the user"
     except Exception:  # _StopTuning comes back wrapped by TVM's FFI; an interrupt inside C++ too

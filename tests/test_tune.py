@@ -334,6 +334,18 @@ def test_a_pass_s_tasks_take_turns_in_one_search_when_builds_run_ahead(farm_net,
     assert order.index(second) < len(order) - 1 - order[::-1].index(order[0]), order
 
 
+def test_without_the_profile_metaschedule_s_scheduler_shares_the_trials_over_every_task(farm_net, inventory_file,
+                                                                                       farm_env):
+    """--no-profile: no task is timed first; one MetaSchedule search over every task decides where the trials go."""
+    proc = run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "mlp", "--no-profile",
+                    "--trials", "4", "--json", env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "done" and out["trials"] >= 1, out
+    assert all(t["allotted"] is None and t["untuned_s"] is None for t in out["tasks"]), out["tasks"]
+    assert out["trials"] == sum(t["trials"] for t in out["tasks"])  # each result counted on the task that measured it
+
+
 def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):
     from farm.tune import BUILD_FAILED, _measure_when_built
 
