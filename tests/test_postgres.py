@@ -50,7 +50,9 @@ def test_cli_sweeps_reports_and_probes_on_postgres(farm_net, inventory_file, pos
         [(c["device"], c["model"], c["status"], c["failed_step"], c["reason"]) for c in cells]
     results = json.loads(run_farm("--devices", str(inventory_file), "results", "--json", env=env).stdout)
     assert {(r["device"], r["model"]) for r in results} >= {(d, m) for d in ("cpu-a", "cpu-b") for m in ("mlp", "convnet")}
-    assert all(r["steady_n"] == 3 for r in results), [(r["device"], r["model"], r["steady_n"]) for r in results]
+    # every stored attempt, a retried one too: a first attempt that failed says its step and reason here
+    assert all(r["steady_n"] == 3 for r in results), \
+        [(r["device"], r["model"], r["attempt"], r["status"], r["failed_step"], r["reason"], r["steady_n"]) for r in results]
     report = tmp_path / "report.html"
     made = run_farm("--devices", str(inventory_file), "report", "--out", str(report), env=env)
     assert made.returncode == 0, made.stderr

@@ -236,3 +236,44 @@ def test_serve_keeps_a_server_whose_host_did_not_answer(tracker, tmp_path, farm_
     assert "phone: could not check server pid 4242 (its host did not answer); not starting another" in serve.stderr
     assert json.loads((home / "processes.json").read_text()) == [record]
 
+
+
+def test_a_clock_stepped_after_the_start_does_not_hide_a_server_from_farm_down(tmp_path, farm_env):
+    """The wall clock is stepped after farm recorded a tracker (NTP's first sync, a VM restored from a snapshot:
+    this machine's /dev nodes carry a clock from days before its boot). ``farm tracker stop`` still stops it."""
+    inventory = write_inventory(tmp_path / "devices.toml", "", free_port())
+    started = run_farm("--devices", str(inventory), "--json", "tracker", "start", env=farm_env)
+    assert started.returncode == 0, started.stderr
+    pid = json.loads(started.stdout)["pid"]
+    registry = Path(farm_env["FARM_HOME"]) / "processes.json"
+    try:
+        records = json.loads(registry.read_text())
+        for record in records:  # as the record reads after the clock moved an hour forward
+            record["started_at"] -= 3600
+        registry.write_text(json.dumps(records))
+        status = run_farm("--devices", str(inventory), "--json", "tracker", "status", env=farm_env)
+        assert json.loads(status.stdout)["managed_pid"] == pid, status.stderr
+        stopped = run_farm("--devices", str(inventory), "tracker", "stop", env=farm_env)
+        assert stopped.stdout.strip() == f"tracker stopped (pid {pid})", stopped.stderr
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        if psutil.pid_exists(pid):  # only where the test failed: the group farm started, by its recorded pid
+            os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_record_of_another_boot_or_an_older_farm(tmp_path):
+    """Same PID and command line, another boot: not ours. A record an older farm wrote (no boot id) is still told
+    by its wall-clock start."""
+    from dataclasses import replace
+
+    from farm.rpc.processes import is_running
+
+    record = start_tracker("127.0.0.1", free_port(), tmp_path)
+    try:
+        assert record.boot_id and record.since_boot > 0 and is_running(record)
+        assert not is_running(replace(record, boot_id="another-boot"))
+        assert not is_running(replace(record, since_boot=record.since_boot + 5))  # the PID reused by a later process
+        assert is_running(replace(record, boot_id="", since_boot=0.0))
+        assert not is_running(replace(record, boot_id="", since_boot=0.0, started_at=record.started_at - 3600))
+    finally:
+        assert stop_process(record)

@@ -131,7 +131,6 @@ def cmd_serve(args) -> int:
 
 def _watch(devices, tracker, state: Path, interval_s: float) -> None:
     """The watchdog: restart what dies until SIGTERM/SIGINT; recorded so `farm down` can end it."""
-    import os
     import signal
     import threading
 
@@ -141,7 +140,7 @@ def _watch(devices, tracker, state: Path, interval_s: float) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    me = processes.ManagedProcess("watchdog", "watchdog", "", os.getpid(), 0, "", processes.own_start_time(), "--watch")
+    me = processes.own_record("watchdog", "--watch")
     processes.update_records(state, lambda current: current + [me])
     print(f"watching {len(devices)} device(s) every {interval_s:g} s; `farm down` or Ctrl-C ends the watch",
           file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ from farm.devices.opencl_runtime import board_with_opencl
 from farm.devices.pocl_arm64 import ensure_sysroot
 from farm.errors import DeviceError
 from farm.records import Device, HostCPU, TrackerAddress, target_kind
-from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
+from farm.rpc.processes import ManagedProcess, free_port, local_process, log_tail, spawn
 
 log = logging.getLogger(__name__)
 
@@ -88,4 +88,4 @@ class Qemu(DeviceKind):
         time.sleep(0.2)
         if proc.poll() is not None:
             raise DeviceError(f"the emulated board {device.name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")
-        return [ManagedProcess("server", device.name, device.key, proc.pid, port, str(log_path), time.time(), SERVER)]
+        return [local_process("server", device.name, device.key, proc.pid, port, str(log_path), SERVER)]

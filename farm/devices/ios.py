@@ -17,7 +17,7 @@ from pathlib import Path
 from farm.devices.kind import DeviceKind, Field
 from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
-from farm.rpc.processes import ManagedProcess, free_port, log_tail, spawn
+from farm.rpc.processes import ManagedProcess, free_port, local_process, log_tail, spawn
 
 DEFAULT_PROXY = "127.0.0.1:9091"
 
@@ -62,5 +62,4 @@ class IOS(DeviceKind):
         if proc.poll() is not None:
             raise DeviceError(f"the RPC proxy for {device.name!r} exited at start: {log_tail(str(log_path))}",
                               f"is {host}:{port} taken? set proxy = \"HOST:PORT\" on the device; log: {log_path}")
-        return [ManagedProcess("server", device.name, device.key, proc.pid, port, str(log_path), time.time(),
-                               "tvm.exec.rpc_proxy")]
+        return [local_process("server", device.name, device.key, proc.pid, port, str(log_path), "tvm.exec.rpc_proxy")]

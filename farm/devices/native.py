@@ -11,14 +11,13 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from farm.devices.board import SERVER, SOURCE
 from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, spawn
+from farm.rpc.processes import ManagedProcess, free_port, local_process, spawn
 
 HOST_CXX = "g++"
 
@@ -62,4 +61,4 @@ def start_native_server(server: Path, tracker: TrackerAddress, name: str, key: s
     port = free_port()
     log_path = state_dir / f"server-{name}.log"
     proc = spawn(native_command(server, tracker, key, port), log_path)
-    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time(), SERVER)
+    return local_process("server", name, key, proc.pid, port, str(log_path), SERVER)

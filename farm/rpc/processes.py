@@ -48,6 +48,8 @@ class ManagedProcess:
     started_at: float
     marker: str = ""  # a string the process's command line must contain to be ours
     remote: str = ""  # JSON list: the ssh command that reaches the host it runs on ('' = this host)
+    boot_id: str = ""  # this host's boot when a local process started ('' = a record written before farm kept it)
+    since_boot: float = 0.0  # when it started, in seconds since that boot: a stepped wall clock does not move it
 
     def expected_marker(self) -> str:
         if self.marker:
@@ -82,9 +84,37 @@ def spawn(command: list[str], log_path: Path, env: dict[str, str] | None = None)
         )
 
 
-def own_start_time() -> float:
-    """This process's start time as ``is_running`` compares it."""
-    return psutil.Process().create_time()
+def boot_id() -> str:
+    """This host's boot (``/proc/sys/kernel/random/boot_id``; '' where there is none)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def start_since_boot(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since this host booted (``/proc/PID/stat``), or None when it is gone.
+
+    A wall-clock start time (``psutil``'s ``create_time``: boot time + this) moves when the clock is stepped (NTP's
+    first sync, a VM restored from a snapshot): a record written before a step would then no longer match its
+    process, and ``stop_process`` would leave it running. This does not move."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime in ticks
+
+
+def local_process(role: str, name: str, key: str, pid: int, port: int, log_path: str, marker: str,
+                  started_at: float | None = None) -> ManagedProcess:
+    """The record of a process farm started on this host, with what identifies it across clock steps."""
+    return ManagedProcess(role, name, key, pid, port, log_path, time.time() if started_at is None else started_at,
+                          marker, boot_id=boot_id(), since_boot=start_since_boot(pid) or 0.0)
+
+
+def own_record(role: str, marker: str) -> ManagedProcess:
+    """This process's record (the watchdog's), with its start time as ``is_running`` compares it."""
+    return local_process(role, role, "", os.getpid(), 0, "", marker, psutil.Process().create_time())
 
 
 def log_tail(path: str, lines: int = 5) -> str:
@@ -101,7 +131,7 @@ def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0
         log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code", host)
     log_path = state_dir / "tracker.log"
     proc = spawn([sys.executable, "-m", TRACKER_MODULE, "--host", host, "--port", str(port)], log_path)
-    record = ManagedProcess("tracker", "tracker", "", proc.pid, port, str(log_path), time.time(), TRACKER_MODULE)
+    record = local_process("tracker", "tracker", "", proc.pid, port, str(log_path), TRACKER_MODULE)
     from farm.rpc.tracker import wait_for_tracker  # here, not above: importing TVM takes seconds, and the
     # device kinds (which every verb's inventory reads) import this module for starting servers
 
@@ -137,7 +167,7 @@ def start_server(
     time.sleep(0.05)
     if proc.poll() is not None:
         raise DeviceError(f"rpc_server for {name!r} exited at start: {log_tail(str(log_path))}", f"see {log_path}")
-    return ManagedProcess("server", name, key, proc.pid, port, str(log_path), time.time(), SERVER_MODULE)
+    return local_process("server", name, key, proc.pid, port, str(log_path), SERVER_MODULE)
 
 
 def _on_remote(record: ManagedProcess, command: str, timeout_s: float = 15.0) -> subprocess.CompletedProcess | None:
@@ -166,8 +196,16 @@ def process_state(record: ManagedProcess) -> str:
         cmdline = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "gone"
-    return "running" if record.expected_marker() in cmdline and abs(proc.create_time() - record.started_at) < 60 \
-        else "gone"
+    return "running" if record.expected_marker() in cmdline and _same_start(record, proc) else "gone"
+
+
+def _same_start(record: ManagedProcess, proc: psutil.Process) -> bool:
+    """Whether ``proc`` is the process ``record`` was written for, not another that reuses its PID: the same boot
+    and start (``start_since_boot``); a record without them (written by an older farm) by its wall-clock start."""
+    if not record.boot_id:
+        return abs(proc.create_time() - record.started_at) < 60
+    started = start_since_boot(record.pid)
+    return record.boot_id == boot_id() and started is not None and abs(started - record.since_boot) < 1.0
 
 
 def is_running(record: ManagedProcess) -> bool:
