@@ -21,6 +21,18 @@ from farm.rpc.tracker import wait_for_servers
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A user's own farm: the settings farm reads from the environment when a command names none (README: lab hosts
+# `export FARM_DB=postgresql://...`). Exported in the shell that runs pytest, they reached every farm command a test
+# ran without its own (run_farm passes os.environ on): test_postgres's check that the inventory's [store] db
+# is read "when neither --db nor FARM_DB names one" then read the user's FARM_DB instead, and failed in every run
+# of that shell, and `farm demo` wrote to the user's database. The tests start from none of them.
+USER_SETTINGS = ("FARM_DEVICES", "FARM_DB", "FARM_HOME")
+
+
+def pytest_configure(config):
+    for name in USER_SETTINGS:
+        os.environ.pop(name, None)
+
 
 @dataclass
 class Farm:

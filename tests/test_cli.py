@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -266,3 +267,33 @@ def test_an_old_opset_model_onnxruntime_refuses_is_checked_against_its_shipped_o
                     env=farm_env)
     check = json.loads(proc.stdout)["check"]
     assert check["status"] == "failed" and abs(check["max_abs_err"] - 1.0) < 1e-5, check
+
+
+def test_the_inventory_s_store_db_is_read_when_no_flag_or_env_names_one(tmp_path):
+    from farm.models import load_model
+    from farm.store import Store
+    from tests.test_store import DEVICE, _result
+
+    lab_db, other_db = tmp_path / "lab.db", tmp_path / "other.db"
+    with Store(str(lab_db)) as store:
+        store.record_result(_result(), DEVICE, load_model("mlp"), None)
+    Store(str(other_db)).close()
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(f'[store]\ndb = "{lab_db}"\n')
+    home = {"FARM_HOME": str(tmp_path / "home")}
+    assert len(json.loads(run_farm("--devices", str(inventory), "results", "--json", env=home).stdout)) == 1
+    for env, args in (({**home, "FARM_DB": str(other_db)}, ()), (home, ("--db", str(other_db)))):
+        assert json.loads(run_farm("--devices", str(inventory), *args, "results", "--json", env=env).stdout) == []
+
+
+def test_the_tests_ignore_the_user_s_own_farm_settings(tmp_path):
+    """A lab host exports FARM_DB (the README says to), and may set FARM_HOME and FARM_DEVICES. A pytest run in such
+    a shell must not hand them to the farm commands its tests run: the test above, run that way, passes."""
+    user = {"FARM_DB": "postgresql://farm@dbhost:5432/farm", "FARM_HOME": str(tmp_path / "user-home"),
+            "FARM_DEVICES": str(tmp_path / "user-devices.toml")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                           str(tmp_path / "basetemp"),
+                           f"{__file__}::test_the_inventory_s_store_db_is_read_when_no_flag_or_env_names_one"],
+                          cwd=Path(__file__).parent.parent, env={**os.environ, **user}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]

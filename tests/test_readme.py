@@ -192,7 +192,7 @@ class Newcomer:
         self.inventory = load_inventory(str(work / "devices.toml"))
         self.tracker = self.inventory.tracker
         venv_bin = work / ".venv" / "bin"
-        self.env = {k: v for k, v in os.environ.items() if k not in ("FARM_HOME", "FARM_DB", "FARM_DEVICES")}
+        self.env = dict(os.environ)  # without the user's FARM_* settings (conftest.USER_SETTINGS)
         self.env["PATH"] = f"{venv_bin}:{self.env.get('PATH', '')}"  # `python -m tvm.exec.rpc_server`: the venv's
         self.rows: list[Row] = []
         self.background: list[subprocess.Popen] = []
