@@ -13,7 +13,7 @@ import pytest
 
 from farm.cli import build_parser
 from farm.rpc.processes import free_port
-from tests.conftest import run_farm, stock_remote_device, unreachable_phone, write_inventory
+from tests.conftest import REPO, run_farm, stock_remote_device, unreachable_phone, write_inventory
 
 
 def _digest(path):
@@ -294,6 +294,6 @@ def test_the_tests_ignore_the_user_s_own_farm_settings(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
                            str(tmp_path / "basetemp"),
                            f"{__file__}::test_the_inventory_s_store_db_is_read_when_no_flag_or_env_names_one"],
-                          cwd=Path(__file__).parent.parent, env={**os.environ, **user}, capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, **user}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]

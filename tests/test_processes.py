@@ -237,7 +237,6 @@ def test_serve_keeps_a_server_whose_host_did_not_answer(tracker, tmp_path, farm_
     assert json.loads((home / "processes.json").read_text()) == [record]
 
 
-
 def test_a_clock_stepped_after_the_start_does_not_hide_a_server_from_farm_down(tmp_path, farm_env):
     """The wall clock is stepped after farm recorded a tracker (NTP's first sync, a VM restored from a snapshot:
     this machine's /dev nodes carry a clock from days before its boot). ``farm tracker stop`` still stops it."""
