@@ -216,6 +216,7 @@ def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, 
         '\n[devices.victim]\nkind = "local"\nkey = "probe-victim"\ntarget = { kind = "llvm" }\n'))
     try:
         wait_for_servers(farm_net.tracker, {"probe-victim": 1}, timeout_s=120)
+        before_first = time.time()
         first = json.loads(run_farm("--devices", str(inventory), "devices", "--probe", "--json", env=farm_env).stdout)
         states = {d["device"]: d for d in first["devices"]}
         assert states["victim"]["state"] == "online" and states["victim"]["probe_ms"] > 0
@@ -226,7 +227,9 @@ def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, 
     second = run_farm("--devices", str(inventory), "devices", "--probe", "--json", env=farm_env)
     victim_row = next(d for d in json.loads(second.stdout)["devices"] if d["device"] == "victim")
     assert victim_row["state"] == "missing" and "probe-victim" in victim_row["reason"]
-    assert victim_row["last_seen_s_ago"] is not None and victim_row["last_seen_s_ago"] < 10
+    # last seen by the first probe: no longer ago than that probe began (a bound a loaded machine keeps; was < 10 s)
+    assert victim_row["last_seen_s_ago"] is not None
+    assert victim_row["last_seen_s_ago"] <= time.time() - before_first + 0.05, victim_row  # rounded to 0.1 s
 
 
 def test_phones_without_an_adb_server_is_one_error_with_a_hint(tmp_path):
