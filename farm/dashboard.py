@@ -22,7 +22,8 @@ from farm.results import run_rows
 from farm.stats import hottest
 from farm.store import Store, exists
 
-RUN_FIELDS = ("started_at", "device", "model", "status", "failed_step", "reason", "sweep_id", "steady_median_s", "context")
+RUN_FIELDS = ("started_at", "device", "model", "runtime", "threads", "status", "failed_step", "reason", "sweep_id",
+              "steady_median_s", "context")
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>farm dashboard</title><link rel="icon" href="data:,">
@@ -74,7 +75,7 @@ async function refresh() {
                           : "no sweep yet";
     sweep.className = state.sweep ? state.sweep.status : "";
     fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change"], state.alerts, {status: 1});
-    fill("runs", ["id", "started_at", "device", "model", "status", "steady", "reason"],
+    fill("runs", ["id", "started_at", "device", "model", "runtime", "threads", "status", "steady", "reason"],
          state.runs.map(r => Object.assign({}, r, {steady: ms(r.steady_median_s)})), {status: 1});
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString() +
       (state.tracker_error ? " · tracker: " + state.tracker_error : "");

@@ -22,8 +22,10 @@ DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
     "emulated", "tags", "cc", "runner_timeout_s", "max_temp_c", "min_battery_pct", "max_cooldown_s", "fallback",
+    "threads",
 }
 FALLBACKS = ("cpu",)
+THREADS_DEFAULT = "the target's num-cores, else the CPUs online on the device"
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
 EXAMPLE = '''[devices.x86-local]
 kind = "local"
@@ -175,6 +177,10 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     for gate in GATE_FIELDS:
         if gate in raw:
             _gate_number(raw[gate], fail, gate)
+    threads = raw.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise fail("threads", f"{threads!r} must be a whole number >= 1",
+                   f"write threads = 4 (TVM's CPU threads on the device), or leave it out: {THREADS_DEFAULT}")
     plugin.validate(raw, target, fail)
     if "fallback" in raw:
         if raw["fallback"] not in FALLBACKS:
@@ -186,7 +192,7 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
-        tags=tuple(tags), options=options,
+        tags=tuple(tags), options=options, threads=threads,
     )
 
 

@@ -2,7 +2,8 @@
 
     1 session   request a server for the device's key (bounded wait)
     2 upload    push the artifact (timed)
-    3 load      load the module and create the Relax VM (timed); the driver's kernel cache is
+    3 load      read the session's CPU threads (``runtime.NumThreads``, as farm's server set them: ``session_threads``),
+                then load the module and create the Relax VM (timed); the driver's kernel cache is
                 cleared first where the server offers it (farm's GPU server), so this is a cold start.
                 Where the server offers ``farm.MemoryStats`` (farm's servers), the session process's RSS
                 before and after the load, and its peak over load, first run and steady runs (``_Memory``)
@@ -52,7 +53,10 @@ STEADY_CLOCK = {"cpu": "wall", "opencl": "kernel"}
 # Device types whose TVM timer sees only kernels: copies (blocking: clFinish) are timed with the CPU's clock
 KERNEL_ONLY_TIMERS = ("opencl",)
 CPU_DEVICE_TYPE = 1
-SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache", "farm.MemoryStats")  # farm's servers have them
+SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache", "farm.MemoryStats",
+                  "farm.ThreadsSet")  # farm's servers have them
+THREADS_BY_FARM = "farm's server (TVM_NUM_THREADS)"
+THREADS_NOT_SET = "threads not set by farm: the server's own default (a stock TVM server)"
 MEMORY_MEASURED = "RSS of the process serving the session (VmRSS, VmHWM); GPU driver allocations are not in it"
 MEMORY_EMULATED = "RSS of qemu's process (its translator and code cache too): emulated, never compare with hardware"
 MEMORY_UNMEASURED = "not measured: the device's server has no farm.MemoryStats (a stock TVM server, iOS)"
@@ -103,6 +107,7 @@ def bench_artifact(
         context["kernel_cache"] = "cpu code" if device_type == "cpu" else \
             f"cleared ({helpers['farm.ClearKernelCache']()})" if "farm.ClearKernelCache" in helpers else "not controlled"
         fields["steady_clock"] = STEADY_CLOCK.get(device_type, "device")
+        fields["threads"], context["threads_by"] = session_threads(session, helpers)
         memory = _Memory(helpers.get("farm.MemoryStats"), fields, context, device.emulated)
         memory.read("rss_before_load_bytes", reset_peak=True)
         t0 = time.perf_counter()
@@ -225,6 +230,15 @@ class _Memory:
             self.context["memory"] += "; peak not measured: the server could not reset it (no /proc/self/clear_refs)"
         if peak and self.peak_known and reading.get("peak_bytes") is not None:
             self.fields["rss_peak_bytes"] = max(reading["peak_bytes"], self.fields.get("rss_peak_bytes") or 0)
+
+
+def session_threads(session, helpers: dict[str, Any]) -> tuple[int, str]:
+    """The CPU threads TVM uses in this session, as the device reports them (``runtime.NumThreads``, never assumed),
+    and who set them: farm's server (``farm.ThreadsSet``) or the server's own default."""
+    threads = int(session.get_function("runtime.NumThreads")())
+    if "farm.ThreadsSet" not in helpers:
+        return threads, THREADS_NOT_SET
+    return threads, THREADS_BY_FARM
 
 
 def _server_helpers(session) -> dict[str, Any]:

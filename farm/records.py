@@ -142,6 +142,25 @@ class Device:
     emulated: bool = False
     tags: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None  # devices.toml's ``threads``: TVM's CPU threads on the device (``threads_setting``)
+
+
+THREADS_RULE = ("TVM's CPU threads on a device: devices.toml's threads, else the target's num-cores (its host's for a "
+                "GPU target), else the CPUs online on the device, as its server counts them; farm's servers apply it "
+                "(TVM_NUM_THREADS) before any session, every run stores the count the session reports "
+                "(runtime.NumThreads), and the reference runtime gets that count")
+
+
+def threads_setting(device: Device) -> int | None:
+    """The CPU threads farm's servers give TVM on ``device`` (``THREADS_RULE``); None: the server's own count of its
+    online CPUs. Never TVM's default, which halves the CPUs on x86 (it assumes two hyper-threads per core: 1 thread
+    on a 2-core VM)."""
+    if device.threads is not None:
+        return device.threads
+    for target in (device.target, device.target.get("host"), device.host):
+        if isinstance(target, dict) and target.get("num-cores"):
+            return int(target["num-cores"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -343,6 +362,9 @@ class BenchResult:
     fallback_of: int | None = None  # the failed GPU run this CPU run stands in for
     runtime: str = "tvm"  # tvm, or the reference runtime timed beside it: onnxruntime | litert | torch (no artifact)
     runtime_version: str = ""  # the reference runtime's version (TVM's is in the context)
+    # the CPU threads the run used, as the device's session reported them (runtime.NumThreads) for TVM, and as given
+    # to the reference runtime (TVM's reported count, THREADS_RULE); None: not known. context["threads_by"] says who set them
+    threads: int | None = None
     copies: tuple[CopyTiming, ...] = ()
     # planned memory, the artifact's (Artifact.params_bytes …), carried onto the run; None for a reference runtime
     params_bytes: int | None = None

@@ -8,6 +8,10 @@ its users would otherwise ship (onnxruntime, LiteRT, torch; ``models.runtimes``)
                 by ``time.perf_counter`` (monotonic) around ``run`` (inputs in, outputs as numpy out)
     4 check     outputs against the same reference TVM's run is checked against
 
+Threads: exactly the count TVM's run reported for the same cell (``runtime.NumThreads`` on the device's session,
+``records.THREADS_RULE``), so the two figures are made on equal terms; where TVM's run never reached its session, the
+device's setting, else this host's online CPUs. Stored as the run's ``threads``, and in its settings.
+
 Where it runs: the device's kind says (``DeviceKind.reference_runs_here``: this host's CPU kinds). Anywhere
 else the run is not attempted and the reason is "no reference runtime on this device": a host figure is never
 passed off as a device's. Stored as a run of runtime ``onnxruntime`` / ``litert`` / ``torch`` (no artifact).
@@ -16,6 +20,7 @@ passed off as a device's. Stored as a run of runtime ``onnxruntime`` / ``litert`
 from __future__ import annotations
 
 import logging
+import os
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -27,7 +32,7 @@ from farm.devices import kind_of
 from farm.errors import FarmError, message_line
 from farm.measure import calibrate_number, check_outputs
 from farm.models.runtimes import open_runtime, runtime_name
-from farm.records import BenchConfig, BenchResult, CheckResult, Device, ModelSource
+from farm.records import BenchConfig, BenchResult, CheckResult, Device, ModelSource, threads_setting
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +41,16 @@ HOW_TIMED = ("wall time per call: time.perf_counter around number calls of the r
              "call discarded; number calibrated so a repeat lasts >= min_repeat_ms, as for TVM")
 
 
-def reference_threads(target: dict[str, Any]) -> int | None:
-    """The intra-op threads the reference runtime gets: the target's ``num-cores`` (TVM's thread count)."""
-    cores = target.get("num-cores") or (target.get("host") or {}).get("num-cores")
-    return int(cores) if cores else None
+def reference_threads(tvm_threads: int | None, device: Device) -> tuple[int, str]:
+    """The intra-op threads the reference runtime gets, and why: the count TVM's run of the same cell reported;
+    without one, the device's setting (``threads_setting``), else this host's online CPUs (the reference runs on this
+    host's CPU: ``reference_runs_here``)."""
+    if tvm_threads:
+        return tvm_threads, "as TVM's run of this cell reported (runtime.NumThreads)"
+    if (setting := threads_setting(device)) is not None:
+        return setting, "the device's threads setting (TVM's run reported none)"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpus, "this host's online CPUs (TVM's run reported none)"
 
 
 def reference_unavailable(device: Device) -> str:
@@ -48,21 +59,23 @@ def reference_unavailable(device: Device) -> str:
 
 
 def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.ndarray],
-                    reference: list[np.ndarray] | None, config: BenchConfig, reference_name: str, threads: int | None,
-                    say: Callable[[str, str], None] | None = None) -> BenchResult:
-    """Time ``model`` in its reference runtime here; always a BenchResult (ok or failed at its step)."""
+                    reference: list[np.ndarray] | None, config: BenchConfig, reference_name: str,
+                    threads: tuple[int, str], say: Callable[[str, str], None] | None = None) -> BenchResult:
+    """Time ``model`` in its reference runtime here with ``threads`` (``reference_threads``: the count and why);
+    always a BenchResult (ok or failed at its step)."""
     say = say or (lambda step, detail: None)
     runtime = runtime_name(model)
-    fields: dict[str, Any] = {"steady_clock": "wall"}
+    fields: dict[str, Any] = {"steady_clock": "wall", "threads": threads[0]}
     context: dict[str, Any] = {"farm_version": farm.__version__, "device_kind": device.kind,
                                "emulated": device.emulated, "runtime": runtime, "how_timed": HOW_TIMED,
+                               "threads_by": threads[1],
                                **kind_of(device).measurement_context(device)}
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     version, step = "", "load"
     try:
         say(f"{runtime} load", model.name)
         t0 = time.perf_counter()
-        session = open_runtime(model, threads)
+        session = open_runtime(model, threads[0])
         fields["load_s"] = time.perf_counter() - t0
         version = session.version
         context["runtime_settings"] = session.settings

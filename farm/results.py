@@ -51,10 +51,10 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
         copies = copies_of.get(run_id, [])
         context = json.loads(run["context"])
         seen = (run["tvm_version"], context.get("pipeline_version"), repr(context.get("target")), run["runtime"],
-                run["runtime_version"])
+                run["runtime_version"], run["threads"])
         if (series_context := contexts.get(seen)) is None:
             series_context = contexts[seen] = context_of(context, run["tvm_version"], run["runtime"],
-                                                         run["runtime_version"])
+                                                         run["runtime_version"], run["threads"])
         rows.append(Run(
             run_id=run_id, started_at=run["started_at"], device=run["device"], key=run["key"], model=run["model"],
             model_digest=run["model_digest"], status=run["status"], failed_step=run["failed_step"],
@@ -74,7 +74,7 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
             copy_bytes=tuple(c["nbytes"] for c in copies), params_bytes=run["params_bytes"],
             planned_host_bytes=run["planned_host_bytes"], planned_device_bytes=run["planned_device_bytes"],
             rss_before_load_bytes=run["rss_before_load_bytes"], rss_after_load_bytes=run["rss_after_load_bytes"],
-            rss_peak_bytes=run["rss_peak_bytes"]))
+            rss_peak_bytes=run["rss_peak_bytes"], threads=run["threads"]))
     return rows
 
 
@@ -114,7 +114,7 @@ class Versus(Record):
         if self.ratio is None:
             return self.note
         return versus_text(self.tvm.steady_median_s, self.reference.steady_median_s,  # type: ignore[union-attr]
-                           self.reference.runtime)  # type: ignore[union-attr]
+                           self.reference.runtime, self.tvm.threads, self.reference.threads)  # type: ignore[union-attr]
 
 
 def versus_reference(runs: list[Run]) -> tuple[list[Run], dict[int, Versus]]:

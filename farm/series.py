@@ -2,8 +2,9 @@
 one rule for the value each sweep contributes to it. No TVM, no database.
 
 A series also carries the context that must not change inside a baseline: the target, the TVM
-version and farm's pipeline version (for a reference runtime's runs: that runtime and its version). A run
-compiled for another target or by another TVM starts a new series (pyperf refuses to compare runs whose
+version and farm's pipeline version (for a reference runtime's runs: that runtime and its version), and the CPU
+threads the run used, where known. A run compiled for another target, by another TVM, or run on another number of
+threads starts a new series (never a slowdown) (pyperf refuses to compare runs whose
 metadata differ for the same reason): its baseline restarts.
 
 The upgrade rule (#22), here and nowhere else: beside the restarted baseline, a context change is compared.
@@ -29,15 +30,18 @@ if TYPE_CHECKING:
 SeriesKey = tuple[str, str, bool, str]  # device, model, tuned, context (JSON: target, tvm, pipeline)
 
 
-def context_of(context: dict[str, Any], tvm_version: str | None, runtime: str = "tvm", runtime_version: str = "") -> str:
+def context_of(context: dict[str, Any], tvm_version: str | None, runtime: str = "tvm", runtime_version: str = "",
+               threads: int | None = None) -> str:
     """What must be equal for two runs to share a baseline, as one comparable string: ``Run.series_context``.
     TVM's runs: the target, TVM version and farm's pipeline version. A reference runtime's runs (onnxruntime …):
     that runtime and its version, never TVM's: they are the control that tells whether the device or the model
-    changed when TVM did."""
-    if runtime != "tvm":
-        return json.dumps({"runtime": runtime, "version": runtime_version}, sort_keys=True)
-    return json.dumps({"target": context.get("target"), "tvm": tvm_version,
-                       "pipeline": context.get("pipeline_version")}, sort_keys=True)
+    changed when TVM did. Both: the threads, where known (runs stored before farm knew them have none, and keep
+    their context unchanged)."""
+    key: dict[str, Any] = {"runtime": runtime, "version": runtime_version} if runtime != "tvm" else \
+        {"target": context.get("target"), "tvm": tvm_version, "pipeline": context.get("pipeline_version")}
+    if threads is not None:
+        key["threads"] = threads
+    return json.dumps(key, sort_keys=True)
 
 
 def describe_change(old: str, new: str) -> str:
@@ -54,8 +58,12 @@ def describe_change(old: str, new: str) -> str:
         elif key == "target":
             parts.append(f"target {_target_text(before.get(key))} → {_target_text(after.get(key))}")
         else:
-            parts.append(f"{names.get(key, key)} {before.get(key)} → {after.get(key)}")
+            parts.append(f"{names.get(key, key)} {_known(before.get(key))} → {_known(after.get(key))}")
     return ", ".join(parts)
+
+
+def _known(value: Any) -> str:
+    return "unknown" if value is None else str(value)  # e.g. threads of runs stored before farm recorded them
 
 
 def _target_text(target: Any) -> str:

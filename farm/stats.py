@@ -266,15 +266,30 @@ def model_label(model: str, tuned: bool, runtime: str = "tvm") -> str:
     return f"{model} (tuned)" if tuned else model
 
 
-def versus_text(tvm_s: float | None, reference_s: float | None, runtime: str) -> str:
-    """TVM's steady figure against a reference runtime's, in words: 'TVM 3.1× slower' / 'TVM 1.4× faster'
-    ('' when either is missing). The one wording of the comparison: farm bench, the report, the CLI."""
+def versus_text(tvm_s: float | None, reference_s: float | None, runtime: str, tvm_threads: int | None = None,
+                reference_threads: int | None = None) -> str:
+    """TVM's steady figure against a reference runtime's, in words, with the threads each used: 'TVM 3.1× slower,
+    2 threads each' / 'TVM 1.4× faster (unequal threads: TVM 1, onnxruntime 2)' ('' when either figure is missing).
+    The one wording of the comparison: farm bench, the report, the CLI."""
     if not tvm_s or not reference_s:
         return ""
     ratio = tvm_s / reference_s
     if 0.995 <= ratio <= 1.005:
-        return f"TVM as fast as {runtime}"
-    return f"TVM {ratio:.3g}× slower" if ratio > 1 else f"TVM {1 / ratio:.3g}× faster"
+        verdict = f"TVM as fast as {runtime}"
+    else:
+        verdict = f"TVM {ratio:.3g}× slower" if ratio > 1 else f"TVM {1 / ratio:.3g}× faster"
+    return f"{verdict}{threads_text(tvm_threads, reference_threads, runtime)}"
+
+
+def threads_text(tvm_threads: int | None, reference_threads: int | None, runtime: str) -> str:
+    """The threads behind a comparison, as ``versus_text`` appends them: ', 2 threads each', or the two counts when
+    they differ or one is not known (runs stored before farm recorded threads)."""
+    if tvm_threads is not None and tvm_threads == reference_threads:
+        return f", {tvm_threads} thread{'s' if tvm_threads != 1 else ''} each"
+    known = lambda n: "?" if n is None else str(n)  # noqa: E731
+    return f" (unequal threads: TVM {known(tvm_threads)}, {runtime} {known(reference_threads)})" \
+        if tvm_threads is not None and reference_threads is not None else \
+        f" (threads not known: TVM {known(tvm_threads)}, {runtime} {known(reference_threads)})"
 
 
 def hottest(health: dict[str, Any]) -> float | None:

@@ -145,15 +145,16 @@ def measure_cell(
 
 
 def reference_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
-                   prepared: CellInputs | None = None) -> CellResult | None:
+                   prepared: CellInputs | None = None, tvm_threads: int | None = None) -> CellResult | None:
     """The cell's model in its reference runtime (onnxruntime, LiteRT, torch) where the device's kind runs one
     (this host's CPU), with the cell's inputs, reference and statistics; stored as that runtime's run. None where
-    no reference runtime runs: farm never passes a host figure off as a device's."""
+    no reference runtime runs: farm never passes a host figure off as a device's. Its threads are those TVM's run
+    reported (``tvm_threads``; ``reference_threads``)."""
     if reference_unavailable(device):
         return None
     inputs, reference, reference_name, config = prepared or cell_inputs(model, ctx.config, ctx.reference_file)
     result = bench_reference(device, model, inputs, reference, config, reference_name,
-                             reference_threads(effective_target(device)), ctx.say(device, model))
+                             reference_threads(tvm_threads, device), ctx.say(device, model))
     return CellResult(store.record_result(result, device, model, None, ctx.sweep_id), result, None)
 
 
@@ -249,7 +250,8 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         if stored:
             stored(fallback)
     if ctx.reference_runtime:
-        cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model, prepared))
+        cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model, prepared,
+                                                                  cell.result.threads))
     return cell
 
 

@@ -23,9 +23,9 @@ FAST = BenchConfig(repeat=5, min_repeat_ms=5, timeout_s=20)
 
 
 def test_versus_text_says_which_way_and_how_much():
-    assert versus_text(8.1e-3, 2.6e-3, "onnxruntime") == "TVM 3.12× slower"
-    assert versus_text(1e-3, 4e-3, "onnxruntime") == "TVM 4× faster"
-    assert versus_text(1e-3, 1.004e-3, "litert") == "TVM as fast as litert"
+    assert versus_text(8.1e-3, 2.6e-3, "onnxruntime", 2, 2) == "TVM 3.12× slower, 2 threads each"
+    assert versus_text(1e-3, 4e-3, "onnxruntime", 2, 2) == "TVM 4× faster, 2 threads each"
+    assert versus_text(1e-3, 1.004e-3, "litert", 1, 1) == "TVM as fast as litert, 1 thread each"
     assert versus_text(None, 1e-3, "torch") == "" and versus_text(1e-3, None, "torch") == ""
 
 
@@ -42,14 +42,15 @@ def test_bench_times_onnxruntime_beside_tvm_as_a_series_of_its_own(farm_net, tmp
     assert ref.check.status == "passed"  # the same reference outputs TVM's run is checked against
     settings = ref.context["runtime_settings"]
     assert settings["graph_optimization_level"] == "ORT_ENABLE_ALL"
-    assert settings["intra_op_num_threads"] == cell.artifact.target["num-cores"]  # TVM's threads
+    assert settings["intra_op_num_threads"] == ref.threads == cell.result.threads  # TVM's threads, as reported
     assert "perf_counter" in ref.context["how_timed"]
     tvm_run, ref_run = rows[cell.run_id], rows[cell.reference.run_id]
     assert (tvm_run.runtime, tvm_run.is_reference) == ("tvm", False)
     assert (ref_run.runtime, ref_run.runtime_version, ref_run.is_reference) == ("onnxruntime", onnxruntime.__version__, True)
     assert ref_run.artifact_key == "" and ref_run.steady_median_s == pytest.approx(sorted(ref.steady_samples_s)[2])
     # its own series: keyed by runtime and its version, never by TVM's version or target
-    assert json.loads(ref_run.series_context) == {"runtime": "onnxruntime", "version": onnxruntime.__version__}
+    assert json.loads(ref_run.series_context) == {"runtime": "onnxruntime", "version": onnxruntime.__version__,
+                                                  "threads": ref.threads}
     assert "tvm" in json.loads(tvm_run.series_context)
     tvm_only, versus = versus_reference(list(rows.values()))
     assert [r.run_id for r in tvm_only] == [cell.run_id]

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.devices.board import SERVER, ensure_board
-from farm.devices.kind import DeviceKind, Fail, Field
+from farm.devices.kind import DeviceKind, Fail, Field, thread_options
 from farm.devices.opencl_runtime import board_with_opencl
 from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
@@ -217,7 +217,8 @@ def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[Mana
     log_path = f"{device_dir}/server-{device.key}.log"
     kernel_cache = f"{device_dir}/kernel-cache-{device.key}"  # the GPU driver's, emptied for a cold first run
     server = (f"{launcher} ./{SERVER} --tracker 127.0.0.1:{tracker.port} --key {shlex.quote(device.key)}"
-              f" --host 127.0.0.1 --port {port} --kernel-cache {shlex.quote(kernel_cache)}").strip()
+              f" --host 127.0.0.1 --port {port} --kernel-cache {shlex.quote(kernel_cache)}"
+              f" {' '.join(thread_options(device))}").strip()
     started = shell(phone, f"cd {shlex.quote(device_dir)} && (setsid nohup {server} > {shlex.quote(log_path)} 2>&1"
                            f" < /dev/null & echo $!)")
     pid = started.strip().splitlines()[-1:] or [""]

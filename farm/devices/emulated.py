@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.devices.board import SERVER, SYSROOT, Board, ensure_board, missing_tools
-from farm.devices.kind import DeviceKind, Field
+from farm.devices.kind import DeviceKind, Field, thread_options
 from farm.devices.opencl_runtime import board_with_opencl
 from farm.devices.pocl_arm64 import ensure_sysroot
 from farm.errors import DeviceError
@@ -35,9 +35,10 @@ def check_prerequisites() -> None:
         raise DeviceError(f"the emulated aarch64 board needs {', '.join(missing)}", SETUP_HINT)
 
 
-def board_command(board: Board, tracker: TrackerAddress, key: str, port: int, kernel_cache: Path) -> list[str]:
+def board_command(board: Board, tracker: TrackerAddress, key: str, port: int, kernel_cache: Path,
+                  options: tuple[str, ...] = ()) -> list[str]:
     return [QEMU, "-L", str(board.sysroot), str(board.server), "--tracker", str(tracker), "--key", key,
-            "--host", "127.0.0.1", "--port", str(port), "--kernel-cache", str(kernel_cache)]
+            "--host", "127.0.0.1", "--port", str(port), "--kernel-cache", str(kernel_cache), *options]
 
 
 def sysroot_for(device: Device, progress) -> Path:
@@ -83,7 +84,8 @@ class Qemu(DeviceKind):
         board = Board(folder / board.server.name, sysroot_for(device, say), board.versions)
         port = device.options.get("server_port") or free_port()
         log_path = state_dir / f"server-{device.name}.log"
-        proc = spawn(board_command(board, tracker, device.key, port, state_dir / f"kernel-cache-{device.name}"),
+        proc = spawn(board_command(board, tracker, device.key, port, state_dir / f"kernel-cache-{device.name}",
+                                   thread_options(device)),
                      log_path)
         time.sleep(0.2)
         if proc.poll() is not None:

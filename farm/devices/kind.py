@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar
 import psutil
 
 from farm.errors import InventoryError
-from farm.records import Device, HostCPU, TrackerAddress, split_address, target_kind
+from farm.records import Device, HostCPU, TrackerAddress, split_address, target_kind, threads_setting
 from farm.rpc.processes import ManagedProcess
 
 Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
@@ -160,6 +160,13 @@ class ThisHost(DeviceKind):
         if thermal := _host_thermal():
             context["thermal"] = thermal
         return context
+
+
+def thread_options(device: Device) -> tuple[str, ...]:
+    """The ``--threads`` option of farm's servers (Python and native) for ``device``; none when the setting is the
+    server's own count of its online CPUs (``records.THREADS_RULE``)."""
+    threads = threads_setting(device)
+    return () if threads is None else ("--threads", str(threads))
 
 
 def _host_thermal() -> dict[str, float]:

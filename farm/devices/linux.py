@@ -22,7 +22,7 @@ from pathlib import Path
 
 from farm.devices.kind import DeviceKind, Field
 from farm.errors import DeviceError, InventoryError
-from farm.records import Device, TrackerAddress
+from farm.records import Device, TrackerAddress, threads_setting
 from farm.rpc.processes import ManagedProcess
 
 
@@ -68,7 +68,9 @@ class Linux(DeviceKind):
         python = str(device.options.get("remote_python", "python3"))
         port = int(device.options.get("server_port", 9090))
         log = f"/tmp/farm-rpc-{device.key}.log"
-        server = (f"{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
+        threads = threads_setting(device)  # TVM's stock server: the thread count goes in through its environment
+        env = f"env TVM_NUM_THREADS={threads} " if threads else ""
+        server = (f"{env}{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
                   f" --host 0.0.0.0 --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
         remote = f"setsid nohup {server} > {log} 2>&1 < /dev/null & echo $!"
         try:

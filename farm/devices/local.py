@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from farm.devices.kind import Field, ThisHost
+from farm.devices.kind import Field, ThisHost, thread_options
 from farm.records import Device, TrackerAddress
 from farm.rpc.processes import ManagedProcess, start_server
 
@@ -24,4 +24,4 @@ class Local(ThisHost):
         # hands clients the address the server connected from).
         loopback = tracker.host.startswith("127.") or tracker.host in ("localhost", "::1")
         return [start_server(tracker, device.name, device.key, state_dir, host="127.0.0.1" if loopback else "0.0.0.0",
-                             port=port)]
+                             port=port, options=thread_options(device))]

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from farm.devices.kind import Fail, Field, ThisHost
+from farm.devices.kind import Fail, Field, ThisHost, thread_options
 from farm.devices.opencl_runtime import ensure_runtime, missing
 from farm.records import Device, HostCPU, TrackerAddress, target_kind
 from farm.rpc.processes import ManagedProcess, start_server
@@ -53,7 +53,8 @@ class OpenCL(ThisHost):
             ensure_runtime(progress=lambda msg: log.warning("%s: %s", device.name, msg))
         kernel_cache = state_dir / f"kernel-cache-{device.name}"
         return [start_server(tracker, device.name, device.key, state_dir, port=device.options.get("server_port"),
-                             options=("--load-library", str(library), "--kernel-cache", str(kernel_cache)))]
+                             options=("--load-library", str(library), "--kernel-cache", str(kernel_cache),
+                                      *thread_options(device)))]
 
     def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
         target = super().effective_target(device, target, host)

@@ -18,10 +18,13 @@
 // - farm.MemoryStats(reset_peak): the serving process's memory as JSON {"rss_bytes", "peak_bytes",
 //   "total_bytes", "peak_reset"} from /proc (VmRSS, VmHWM, MemTotal); then, if reset_peak, the peak is
 //   reset (5 > /proc/self/clear_refs; "peak_reset" says whether that worked). Each session is a forked
-//   child, so this is the model's process.
+//   child, so this is the model's process;
+// - farm.ThreadsSet(): the CPU threads this server gave TVM (--threads N, default the CPUs online here), set as
+//   TVM_NUM_THREADS before any session forks, so each session's thread pool is sized by it and not by TVM's
+//   default (half the CPUs on x86). A run stores what the session reports (runtime.NumThreads).
 //
 // usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090] [--load LIB]...
-//                        [--kernel-cache DIR]
+//                        [--kernel-cache DIR] [--threads N]
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -281,8 +284,11 @@ std::string MemoryStats(int reset_peak) {
   return stats + ", \"peak_reset\": " + (reset ? "true" : "false") + "}";
 }
 
+int g_threads = 0;  // --threads, or the CPUs online here
+
 void RegisterServerEnv() {
   namespace ffi = tvm::ffi;
+  ffi::Function::SetGlobal("farm.ThreadsSet", ffi::Function::FromTyped([]() -> int { return g_threads; }), true);
   ffi::Function::SetGlobal("farm.WallTimeEvaluator", ffi::Function::FromTyped(WallTimeEvaluator), true);
   ffi::Function::SetGlobal("farm.ClearKernelCache",
                            ffi::Function::FromTyped([]() -> ffi::String { return ClearKernelCache(); }), true);
@@ -332,7 +338,7 @@ void Serve(int conn, int timeout_s) {
 }  // namespace
 
 constexpr const char* kUsage =
-    "--tracker HOST:PORT --key KEY [--host H] [--port P] [--load LIB]... [--kernel-cache DIR]";
+    "--tracker HOST:PORT --key KEY [--host H] [--port P] [--load LIB]... [--kernel-cache DIR] [--threads N]";
 
 int main(int argc, char** argv) {
   std::string tracker_host, key, host = "127.0.0.1";
@@ -355,11 +361,16 @@ int main(int argc, char** argv) {
       loads.push_back(value);
     } else if (flag == "--kernel-cache") {
       g_kernel_cache = value;
+    } else if (flag == "--threads") {
+      g_threads = std::atoi(value.c_str());
+      if (g_threads < 1) Die("--threads must be a whole number >= 1");
     } else {
       Die("unknown option " + flag + " (usage: " + kUsage + ")");
     }
   }
   if (tracker_host.empty() || key.empty()) Die(std::string("usage: ") + kUsage);
+  if (g_threads == 0) g_threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  setenv("TVM_NUM_THREADS", std::to_string(g_threads).c_str(), 1);  // before any session: each child inherits it
   if (!g_kernel_cache.empty()) {  // before any driver starts: the children inherit it
     ClearKernelCache();
     setenv("POCL_CACHE_DIR", g_kernel_cache.c_str(), 1);

@@ -158,7 +158,8 @@ def start_server(
     options: tuple[str, ...] = (),
 ) -> ManagedProcess:
     """Run ``python -m farm.rpc.server`` (TVM's rpc_server that survives a client killed mid-transfer)
-    registered under ``key``, on exactly ``port``; ``options`` go to it (``--load-library``, ``--kernel-cache``).
+    registered under ``key``, on exactly ``port``; ``options`` go to it (``--load-library``, ``--kernel-cache``,
+    ``--threads``).
     Does not wait for registration."""
     port = port or free_port(host)
     log_path = state_dir / f"server-{name}.log"

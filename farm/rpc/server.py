@@ -1,7 +1,7 @@
 """farm's RPC server for devices on this host: TVM's own rpc_server, kept alive, plus what a GPU measurement needs.
 
     python -m farm.rpc.server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090]
-                              [--load-library libtvm_runtime_opencl.so] [--kernel-cache DIR]
+                              [--load-library libtvm_runtime_opencl.so] [--kernel-cache DIR] [--threads N]
 
 It runs TVM's ``rpc.Server`` (same protocol, same forked session per connection). Where TVM's
 server stops serving for good when a session's child exits non-zero (a client killed in the middle
@@ -20,6 +20,11 @@ It registers, in the server's worker before any session forks from it:
   VmHWM of the process serving the session (a session's forked child, where the model loads) and the
   machine's MemTotal (null where unreadable); then, when ``reset_peak`` is non-zero, the peak is reset to the
   current RSS (``5`` written to ``/proc/self/clear_refs``). farm's native server answers the same.
+
+- ``farm.ThreadsSet()`` → the CPU threads this server gave TVM (``--threads``, default the CPUs online here):
+  set as ``TVM_NUM_THREADS`` before the server starts, so every session's thread pool is sized by it, not by TVM's
+  default (half the CPUs on x86). A run stores what the session reports (``runtime.NumThreads``); this helper
+  says farm set it. farm's native server answers the same.
 
 The library is loaded in the worker (``import tvm`` there runs in a fresh process, not a fork
 of this one), so each session's OpenCL context is created fresh in its own child.
@@ -119,7 +124,12 @@ def keep_serving(serving):
     return wrapped
 
 
-def register(library: str | None) -> None:
+def online_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's limit counts)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def register(library: str | None, threads: int = 0) -> None:
     """Runs in TVM's server worker: keep serving after a bad session, load the device runtime, register helpers."""
     import tvm
     from tvm.rpc import server as tvm_server
@@ -131,6 +141,7 @@ def register(library: str | None) -> None:
     tvm.register_global_func("farm.WallTimeEvaluator", wall_time_evaluator, override=True)
     tvm.register_global_func("farm.ClearKernelCache", clear_kernel_cache, override=True)
     tvm.register_global_func("farm.MemoryStats", memory_stats, override=True)
+    tvm.register_global_func("farm.ThreadsSet", lambda: threads, override=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,7 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=9090, help="exactly this port (no sliding to the next)")
     parser.add_argument("--load-library", default="", help="a device runtime to load, e.g. libtvm_runtime_opencl.so")
     parser.add_argument("--kernel-cache", default="", help="the driver's kernel cache folder (cleared for cold runs)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TVM's CPU threads in every session (default: the CPUs online here; TVM's own default "
+                             "halves them on x86)")
     args = parser.parse_args(argv)
+    threads = args.threads if args.threads > 0 else online_cpus()
+    os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM starts: the worker and each session inherit it
     if args.kernel_cache:
         Path(args.kernel_cache).mkdir(parents=True, exist_ok=True)
         os.environ["FARM_KERNEL_CACHE"] = args.kernel_cache
@@ -153,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
 
     host, port = args.tracker.rsplit(":", 1)
     server = rpc.Server(args.host, args.port, args.port + 1, key=args.key, tracker_addr=(host, int(port)),
-                        server_init_callback=functools.partial(this.register, args.load_library or None))
+                        server_init_callback=functools.partial(this.register, args.load_library or None, threads))
     server.proc.join()
 
 

@@ -97,8 +97,8 @@ class RunsMixin:
                    min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
                    load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of, runtime,
                    runtime_version, params_bytes, planned_host_bytes, planned_device_bytes, rss_before_load_bytes,
-                   rss_after_load_bytes, rss_peak_bytes)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   rss_after_load_bytes, rss_peak_bytes, threads)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
                  result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
                  result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
@@ -108,7 +108,7 @@ class RunsMixin:
                  result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of,
                  result.runtime, result.runtime_version, result.params_bytes, result.planned_host_bytes,
                  result.planned_device_bytes, result.rss_before_load_bytes, result.rss_after_load_bytes,
-                 result.rss_peak_bytes))
+                 result.rss_peak_bytes, result.threads))
             db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                            [(run_id, "steady", 0, i, v, result.steady_number or 0)
                             for i, v in enumerate(result.steady_samples_s)]
@@ -187,10 +187,10 @@ class RunsMixin:
 
     def trajectories(self) -> list[dict[str, Any]]:
         """One row per ok run of a sweep, fallbacks left out, oldest first: its sweep, device, model, runtime, tuned
-        flag, TVM version, steady median and its artifact's tuning coverage (0/0 for a reference runtime's run).
+        flag, TVM version, threads, steady median and its artifact's tuning coverage (0/0 for a reference runtime's run).
         The report's per-night trajectory of TVM untuned, tuned and the reference; reads no sample."""
         return self._db.dicts(
-            "SELECT r.id, r.sweep_id, r.device, r.model, r.runtime, r.tuned, r.tvm_version, s.median, "
+            "SELECT r.id, r.sweep_id, r.device, r.model, r.runtime, r.tuned, r.tvm_version, r.threads, s.median, "
             "COALESCE(a.tuned_tasks, 0) AS tuned_tasks, COALESCE(a.total_tasks, 0) AS total_tasks FROM runs r "
             "JOIN summaries s ON s.run_id = r.id AND s.metric = 'steady' AND s.series = 0 "
             "LEFT JOIN artifacts a ON a.cache_key = r.artifact_key "

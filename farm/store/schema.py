@@ -31,13 +31,16 @@ SCHEMA_VERSION history:
  13  reviewed_sweeps: every sweep reviewed (``Store.record_findings``), with findings or none, so a finding that
      vanished for a reviewed night and came back is new again; filled from finding_sweeps and
      confirmation_budgets (the reviews schema 12 can tell)
+ 14  threads (#33): runs.threads, the CPU threads the run used as its session reported them (runtime.NumThreads) or,
+     for a reference runtime, as it was given (TVM's reported count); NULL for runs stored before (not known). A
+     series' context holds the count (series.context_of), so a change of threads starts a new series
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -196,6 +199,9 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE reviewed_sweeps (sweep_id INTEGER PRIMARY KEY, reviewed_at TEXT NOT NULL);
     INSERT INTO reviewed_sweeps (sweep_id, reviewed_at) SELECT sweep_id, '' FROM
         (SELECT sweep_id FROM finding_sweeps UNION SELECT sweep_id FROM confirmation_budgets) AS reviewed;
+    """,
+    14: """
+    ALTER TABLE runs ADD COLUMN threads INTEGER;
     """,
 }
 
