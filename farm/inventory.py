@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.devices import kinds
+from farm.devices.kind import COMMON as KIND_COMMON
 from farm.errors import InventoryError
 from farm.records import (CPU_TARGETS, EXPORT_FORMATS, TAG_KINDS, TARGET_KINDS, Device, Inventory, TrackerAddress,
                            tag_kind, target_kind)
@@ -22,10 +23,9 @@ DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
     "emulated", "tags", "cc", "runner_timeout_s", "max_temp_c", "min_battery_pct", "max_cooldown_s", "fallback",
-    "threads",
+    *KIND_COMMON,
 }
 FALLBACKS = ("cpu",)
-THREADS_DEFAULT = "the target's num-cores, else the CPUs online on the device"
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
 EXAMPLE = '''[devices.x86-local]
 kind = "local"
@@ -177,10 +177,10 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     for gate in GATE_FIELDS:
         if gate in raw:
             _gate_number(raw[gate], fail, gate)
+    for field, spec in KIND_COMMON.items():
+        if field in raw and (problem := spec.problem(raw[field])):
+            raise fail(field, f"{raw[field]!r} {problem}", f"write {spec.example}, or leave it out: {spec.help}")
     threads = raw.get("threads")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise fail("threads", f"{threads!r} must be a whole number >= 1",
-                   f"write threads = 4 (TVM's CPU threads on the device), or leave it out: {THREADS_DEFAULT}")
     plugin.validate(raw, target, fail)
     if "fallback" in raw:
         if raw["fallback"] not in FALLBACKS:

@@ -29,7 +29,7 @@ COLUMNS = [
     "copy_s", "copy_bytes", "copy_share", "fallback_of",
     "check", "max_abs_err", "emulated", "tuned", "tuned_tasks", "total_tasks", "sweep_id", "attempt",
     "artifact_key", "tvm_version",
-    "farm_version", "runtime", "runtime_version",
+    "farm_version", "runtime", "runtime_version", "threads",
     "params_bytes", "planned_host_bytes", "planned_device_bytes", "planned_bytes", "rss_before_load_bytes",
     "rss_after_load_bytes", "rss_peak_bytes", "rss_load_increase_bytes", "rss_peak_increase_bytes", "memory_total_bytes",
 ]
@@ -85,8 +85,8 @@ def rows_frame(rows: list[Run]):
     columns = {c: [getattr(row, c) for row in rows] for c in COLUMNS}  # by column: 3× faster at 50,000 runs
     columns["copy_s"] = [";".join("" if v is None else f"{v:.9g}" for v in row.copy_s) for row in rows]
     columns["copy_bytes"] = [";".join(str(v) for v in row.copy_bytes) for row in rows]
-    for name in COLUMNS:  # byte counts stay whole numbers where some are not known (pandas would make them floats)
-        if name.endswith("_bytes") and name != "copy_bytes":
+    for name in COLUMNS:  # counts stay whole numbers where some are not known (pandas would make them floats)
+        if name.endswith("_bytes") and name != "copy_bytes" or name == "threads":
             columns[name] = pd.array(columns[name], dtype="Int64")
     return pd.DataFrame(columns, columns=COLUMNS)
 

@@ -77,14 +77,17 @@ def test_farm_bench_prints_both_and_the_report_and_csv_carry_them(farm_net, inve
                     env=farm_env)
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("TVM "))
-    match = re.match(r"TVM ([\d.]+ [µm]?s) · onnxruntime ([\d.]+ [µm]?s) \(TVM ([\d.]+)× (slower|faster)\)", line)
+    match = re.match(r"TVM ([\d.]+ [µm]?s) · onnxruntime ([\d.]+ [µm]?s) \(TVM ([\d.]+)× (slower|faster), (\d+) threads? "
+                     r"each\)", line)
     assert match, line
     data = json.loads(run_farm(*base, "bench", "--device", "cpu-b", "--model", "mlp", "--repeat", "5",
                                "--min-repeat-ms", "5", "--json", env=farm_env).stdout)
     assert data["reference"]["runtime"] == "onnxruntime" and data["reference"]["status"] == "ok"
     ratio = data["steady_median_s"] / data["reference"]["steady_median_s"]
+    assert data["threads"] == data["reference"]["threads"] >= 1  # the reference runs on TVM's reported threads
     assert data["versus_reference"] == versus_text(data["steady_median_s"], data["reference"]["steady_median_s"],
-                                                   "onnxruntime") and data["versus_reference"].startswith("TVM ")
+                                                   "onnxruntime", data["threads"], data["threads"])
+    assert data["versus_reference"].startswith("TVM ")
     assert ratio > 0
     alone = json.loads(run_farm(*base, "bench", "--device", "cpu-b", "--model", "mlp", "--repeat", "3",
                                 "--min-repeat-ms", "5", "--tvm-only", "--json", env=farm_env).stdout)
@@ -92,6 +95,7 @@ def test_farm_bench_prints_both_and_the_report_and_csv_carry_them(farm_net, inve
     table = list(csv.DictReader(io.StringIO(run_farm(*base, "results", "--csv", env=farm_env).stdout)))
     assert sorted(r["runtime"] for r in table) == ["onnxruntime", "onnxruntime", "tvm", "tvm", "tvm"]
     assert {r["runtime_version"] for r in table if r["runtime"] == "onnxruntime"} == {onnxruntime.__version__}
+    assert {r["threads"] for r in table} == {str(data["threads"])}  # every run, TVM's and onnxruntime's, states them
     with Store(farm_env["FARM_DB"]) as store:
         html = render_report(store, tmp_path / "report.html").read_text()
     assert 'id="versus-table"' in html and "TVM against the reference runtime" in html

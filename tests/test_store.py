@@ -1,3 +1,4 @@
+import dataclasses
 import sqlite3
 
 import pytest
@@ -128,6 +129,7 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("ALTER TABLE runs DROP COLUMN threads")  # schema 14
     db.execute("DROP TABLE reviewed_sweeps")  # schema 13
     for table in ("finding_sweeps", "findings", "confirmation_budgets"):
         db.execute(f"DROP TABLE {table}")  # schema 12
@@ -161,6 +163,7 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("ALTER TABLE runs DROP COLUMN threads")  # schema 14
     db.execute("DROP TABLE reviewed_sweeps")
     db.execute("UPDATE meta SET value='12' WHERE key='schema_version'")
     db.close()
@@ -173,6 +176,25 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
     assert [row[0] for row in db.execute("SELECT sweep_id FROM reviewed_sweeps ORDER BY sweep_id").fetchall()] == [
         3, 5, 6, 7, 8]
     db.close()
+
+
+def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db_location):
+    """Schema 14 stores each run's threads; the runs stored before have none (NULL), and read as before: the same
+    series context (no threads in it), so their baselines go on until a run states its threads."""
+    with Store(db_location) as store:
+        run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
+        written = run_rows(store)
+    db = raw_connection(db_location)
+    db.execute("ALTER TABLE runs DROP COLUMN threads")
+    db.execute("UPDATE meta SET value='13' WHERE key='schema_version'")
+    db.close()
+    with Store(db_location) as store:
+        read = run_rows(store)
+        threaded = store.record_result(dataclasses.replace(_result(), threads=2), DEVICE, load_model("mlp"), None)
+        rows = {r.run_id: r for r in run_rows(store)}
+    assert [r.run_id for r in read] == [run_id] and read[0].threads is None
+    assert read[0].series_context == written[0].series_context and "threads" not in read[0].series_context
+    assert rows[threaded].threads == 2 and rows[threaded].series_context != rows[run_id].series_context
 
 
 def test_a_schema_8_database_gets_runtimes_and_keeps_its_alerts(db_location):

@@ -1,4 +1,4 @@
-"""Helpers shared by the CLI's verbs: paths, output formats, shared options."""
+"""Helpers shared by the CLI's verbs: the verb's parser, the error lines, paths, output formats, shared options."""
 
 from __future__ import annotations
 
@@ -14,13 +14,40 @@ import threading
 import time
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from farm.errors import FarmError
-from farm.records import TRIAGE_STATES, Record, split_address
+from farm.records import TRIAGE_STATES, BenchConfig, ModelSource, Record, split_address
 
 
 log = logging.getLogger("farm")
+
+
+REPORT_DIR = "reports"  # where an HTML report goes unless the verb is told otherwise
+MODEL_HELP = "built-in name (mlp, convnet), onnx:NAME, or a .onnx path"
+
+
+def add_verb(subparsers, common: argparse.ArgumentParser, name: str, run: Callable[[argparse.Namespace], int],
+             help_text: str, description: str = "") -> argparse.ArgumentParser:
+    """The verb's parser, with the options every verb takes (``common``); ``main`` calls ``run(args)``."""
+    p = subparsers.add_parser(name, parents=[common], help=help_text, description=description or help_text,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=run)
+    return p
+
+
+def print_error(message: str, hint: str = "") -> None:
+    """The one way the CLI says what went wrong: an ``error:`` line and a ``hint:`` line on stderr."""
+    print(f"error: {message}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+
+
+def record_default(record: type, name: str) -> Any:
+    """A record's field default, read from its dataclass: the CLI never types a default again."""
+    field = next(f for f in dataclasses.fields(record) if f.name == name)
+    assert field.default is not dataclasses.MISSING, f"{record.__name__}.{name} has no plain default"
+    return field.default
 
 
 def home_dir() -> Path:
@@ -92,13 +119,24 @@ def load_with_variant(args):
     return make_variant(model, args.variant, args.calibration, args.calibration_data)
 
 
+# farm.models.VARIANTS and CALIBRATION_METHODS (the first is make_variant's default), copied: importing farm.models
+# imports onnx, a third of a second more for every `farm` command; tests/test_cli_help.py checks the copies
+VARIANTS = ("fp32", "fp16", "int8")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+
+
 def add_variant_options(p: argparse.ArgumentParser) -> None:
+    variant = record_default(ModelSource, "variant")
     g = p.add_argument_group("variants")
-    g.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8"],
-                   help="fp16: graph converted to float16; int8: static QDQ quantization (default fp32)")
-    g.add_argument("--calibration", default="minmax", choices=["minmax", "entropy", "percentile"],
-                   help="int8 calibration method (default minmax)")
+    g.add_argument("--variant", default=variant, choices=VARIANTS,
+                   help=f"fp16: graph converted to float16; int8: static QDQ quantization (default {variant})")
+    g.add_argument("--calibration", default=CALIBRATION_METHODS[0], choices=CALIBRATION_METHODS,
+                   help=f"int8 calibration method (default {CALIBRATION_METHODS[0]})")
     g.add_argument("--calibration-data", help="folder of .npz input samples for int8 calibration (default: generated)")
+
+
+def add_shape_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", default=[], help="bind an input shape: NAME=1,3,224,224 (repeatable)")
 
 
 def load_inventory_of(args):
@@ -107,18 +145,11 @@ def load_inventory_of(args):
     return load_inventory(args.devices)
 
 
-def bench_config(args):
-    from farm.records import BenchConfig
-
-    return BenchConfig(repeat=args.repeat, number=args.number, min_repeat_ms=args.min_repeat_ms,
-                       timeout_s=args.timeout, rtol=args.rtol, atol=args.atol)
-
-
 class Parser(argparse.ArgumentParser):
     """argparse with farm's error format: one ``error:`` line and a ``hint:`` line on stderr, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"error: {self.prog}: {message}\nhint: see {self.prog} --help\n")
+        print_error(f"{self.prog}: {message}", f"see {self.prog} --help")
         raise SystemExit(2)
 
 
@@ -206,16 +237,29 @@ def add_progress(p: argparse.ArgumentParser) -> None:
                    help="print each step to stderr (default: on when stderr is a terminal)")
 
 
+# The measurement options: BenchConfig's field, its option and type, and help; each default is read from BenchConfig
+BENCH_OPTIONS = (
+    ("repeat", "--repeat", positive_int, "steady-state repeats kept raw (default {})"),
+    ("number", "--number", positive_int, "calls averaged per repeat (default: calibrated so a repeat lasts --min-repeat-ms)"),
+    ("min_repeat_ms", "--min-repeat-ms", non_negative_float, "minimum length of one repeat when calibrating (default {})"),
+    ("timeout_s", "--timeout", positive_float, "seconds to wait for a free device (default {})"),
+    ("rtol", "--rtol", non_negative_float, "relative tolerance of the output check (default {})"),
+    ("atol", "--atol", non_negative_float, "absolute tolerance of the output check (default {})"),
+)
+
+
 def add_bench_options(p: argparse.ArgumentParser) -> None:
+    defaults = BenchConfig()
     g = p.add_argument_group("measurement")
-    g.add_argument("--repeat", type=positive_int, default=20, help="steady-state repeats kept raw (default 20)")
-    g.add_argument("--number", type=positive_int, default=None,
-                   help="calls averaged per repeat (default: calibrated so a repeat lasts --min-repeat-ms)")
-    g.add_argument("--min-repeat-ms", type=non_negative_float, default=50.0,
-                   help="minimum length of one repeat when calibrating (default 50)")
-    g.add_argument("--timeout", type=positive_float, default=30.0, help="seconds to wait for a free device (default 30)")
-    g.add_argument("--rtol", type=non_negative_float, default=1e-4, help="relative tolerance of the output check (default 1e-4)")
-    g.add_argument("--atol", type=non_negative_float, default=1e-4, help="absolute tolerance of the output check (default 1e-4)")
+    for field, option, kind, help_text in BENCH_OPTIONS:
+        default = getattr(defaults, field)
+        g.add_argument(option, type=kind, default=default,
+                       help=help_text if default is None else help_text.format(f"{default:g}"))
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    """The measurement options as a BenchConfig (its other fields keep their defaults)."""
+    return BenchConfig(**{field: getattr(args, option[2:].replace("-", "_")) for field, option, _, _ in BENCH_OPTIONS})
 
 
 def require_db(path: str) -> None:

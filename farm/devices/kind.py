@@ -35,7 +35,7 @@ Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> th
 class Field:
     """One inventory field of a kind: the type it takes and how to write it (``farm devices --help``, errors)."""
 
-    type: str  # "port" | "text" | "texts" | "address"
+    type: str  # "port" | "count" | "text" | "texts" | "address"
     example: str  # a line to write, e.g. 'serial = "R58M123ABC"'
     help: str  # what it means
 
@@ -44,6 +44,9 @@ class Field:
         if self.type == "port":
             ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536
             return "" if ok else "is not a port"
+        if self.type == "count":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            return "" if ok else "must be a whole number >= 1"
         if self.type == "texts":
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
             return "" if ok else "must be a list of strings"
@@ -160,6 +163,13 @@ class ThisHost(DeviceKind):
         if thermal := _host_thermal():
             context["thermal"] = thermal
         return context
+
+
+# Fields every kind has that a kind's own code reads (the rest of the common fields are the inventory's)
+THREADS = Field("count", "threads = 4", "TVM's CPU threads on the device (default: the target's num-cores, else the CPUs "
+                "online on the device); farm's servers apply it, each run stores the count the session reports, and the "
+                "reference runtime gets that count")
+COMMON = {"threads": THREADS}
 
 
 def thread_options(device: Device) -> tuple[str, ...]:

@@ -18,6 +18,14 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 VARIANT_TOLERANCE = {"fp16": 0.01, "int8": 0.05}
 
 
+def split_variant(spec: str) -> tuple[str, str]:
+    """``NAME@VARIANT`` as (NAME, VARIANT); a spec with no known variant after its last ``@`` is (spec, "fp32")."""
+    base, _, variant = spec.rpartition("@")
+    if base and variant in VARIANTS:
+        return base, variant
+    return spec, "fp32"
+
+
 def make_variant(model: ModelSource, variant: str, calibration: str = "minmax", calibration_dir: str | None = None,
                  samples: int = 16) -> ModelSource:
     """fp16: the graph converted to float16 (inputs too). int8: static QDQ quantization by onnxruntime,

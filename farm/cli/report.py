@@ -1,0 +1,37 @@
+"""farm report: a self-contained HTML report of the results."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pathlib import Path
+
+from farm.errors import FarmError
+
+from farm.cli.common import REPORT_DIR, add_verb, emit_json, require_db, sweep_id
+
+
+def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
+    p = add_verb(subparsers, common, "report", run, "write a self-contained HTML report of the results")
+    p.add_argument("--out", help=f"output file (default {REPORT_DIR}/report-TIMESTAMP.html)")
+    p.add_argument("--title", default="farm report")
+    p.add_argument("--sweep", type=sweep_id, help="add that sweep's review (alerts with evidence, heatmap, data quality, "
+                   "drift), as `farm sweep` writes it")
+
+
+def run(args: argparse.Namespace) -> int:
+    from farm.report import render_report
+    from farm.store import Store
+
+    require_db(args.db)
+    out = Path(args.out) if args.out else Path(REPORT_DIR) / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    with Store(args.db) as store:
+        if args.sweep is not None and store.sweep(args.sweep) is None:
+            raise FarmError(f"no sweep {args.sweep} in {args.db}", "see the sweep ids: farm results --json (sweep_id)")
+        path = render_report(store, out, title=args.title, sweep_id=args.sweep)
+    if args.json:
+        emit_json({"report": str(path)})
+    else:
+        print(path)
+    return 0

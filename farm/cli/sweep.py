@@ -1,0 +1,219 @@
+"""farm sweep: measure every device × model in parallel, resumable; then review, tune and report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from farm.errors import FarmError
+from farm.records import Inventory, SweepSpec
+from farm.stats import median
+
+from farm.cli.common import (REPORT_DIR, VARIANTS, add_bench_options, add_budget_option, add_progress, add_verb,
+                             bench_config, count, duration, emit_json, home_dir, load_inventory_of, progress_printer,
+                             record_default, require_db, sweep_or_latest)
+from farm.cli.regressions import alert_change, detect_and_confirm, rounds_text
+from farm.cli.sweep_file import SweepFile, load_sweep_file
+
+if TYPE_CHECKING:  # the sweep's and the nightly's modules are imported where the verb runs
+    from farm.confirmation import SweepRegressions
+    from farm.nightly import TuneBudget
+    from farm.sweep import SweepOutcome
+
+UNFINISHED = ("running", "incomplete")  # a sweep's status when it was killed, or a worker ended early
+
+DESCRIPTION = (
+    "Compiles each artifact once (cached, with tuning records) while the devices measure, one\n"
+    "worker per device; a dropped session is retried; a failed cell is stored with its reason.\n"
+    "A reference model runs first on every device in every sweep, so device drift can be told\n"
+    "from model regressions. After a crash: farm sweep --resume finishes only the missing cells.\n\n"
+    "  farm sweep                                   # every device × the built-in models\n"
+    "  farm sweep --device x86-local --model convnet --model my.onnx\n"
+    "  farm sweep --file nightly.toml               # devices = [...], models = [...], [bench] repeat = 30\n"
+    "  farm sweep --resume                          # the latest sweep (or --resume ID)\n"
+    "  farm sweep --resume --if-incomplete          # only if it never finished (cron: after a reboot)\n\n"
+    "A device with no server on the tracker when the sweep starts has its cells stored 'offline' at\n"
+    "once (no wait, no retry spent); farm sweep --resume ID measures them once it is up.")
+
+
+def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
+    reference, retries = record_default(SweepSpec, "reference"), record_default(SweepSpec, "retries")
+    variants = ", ".join(record_default(SweepSpec, "variants"))
+    p = add_verb(subparsers, common, "sweep", run,
+                 "measure every device × model in parallel (one worker per device), resumable", DESCRIPTION)
+    p.add_argument("--device", action="append", help="a device (repeatable; default: every inventory device)")
+    p.add_argument("--model", action="append", help="a model (repeatable; default: the built-in zoo)")
+    p.add_argument("--file", help="sweep file (TOML: devices, models, variants, reference, [bench], [shapes.MODEL])")
+    p.add_argument("--reference", default=None,
+                   help=f"reference model run on every device first (default {reference}; none to skip)")
+    p.add_argument("--retries", type=count, default=retries,
+                   help=f"retries of a cell whose session dropped (default {retries})")
+    p.add_argument("--variant", action="append", choices=VARIANTS,
+                   help=f"a variant axis (repeatable; default {variants}); int8 is calibrated with min-max")
+    p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records")
+    p.add_argument("--tvm-only", action="store_true",
+                   help="do not time each cell's model in its reference runtime (onnxruntime …) beside TVM")
+    p.add_argument("--resume", nargs="?", const="latest", type=sweep_or_latest,
+                   help="finish a crashed sweep (default: the latest)")
+    p.add_argument("--if-incomplete", action="store_true",
+                   help="with --resume: do nothing (exit 0) unless that sweep never finished or is incomplete")
+    p.add_argument("--report-dir", default=REPORT_DIR, help=f"where the HTML report goes (default {REPORT_DIR}/)")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--confirm", action="store_true",
+                   help=f"confirm regression candidates by interleaved reruns ({rounds_text()})")
+    add_budget_option(p)
+    add_progress(p)
+    add_bench_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from farm.sweep import run_sweep
+
+    inventory = load_inventory_of(args)
+    if args.if_incomplete and args.resume is None:
+        raise FarmError("--if-incomplete goes with --resume", "farm sweep --resume --if-incomplete")
+    budget = None  # the sweep file's [tune]: a fresh sweep's, never a resumed one's
+    if args.resume is not None:
+        resumed = _resumed_spec(args)
+        if resumed is None:
+            return 0
+        spec, sweep_id = resumed
+    else:
+        (spec, budget), sweep_id = _fresh_spec(args, inventory), None
+    outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
+                        progress=progress_printer(args.progress), sweep_id=sweep_id)
+    reviewed, tuning, report = _review(args, inventory, spec, outcome, budget)
+    final = {(c.result.device, c.result.model): c for c in outcome.cells}  # the last attempt of each cell
+    if args.json:
+        emit_json(_sweep_json(outcome, final, reviewed, tuning, report))
+    else:
+        _print_sweep(outcome, final, reviewed, tuning, report)
+    if outcome.missing:
+        cells = ", ".join(f"{d} × {m}" for d, m in outcome.missing[:5]) + (" …" if len(outcome.missing) > 5 else "")
+        raise FarmError(f"sweep {outcome.sweep_id} is incomplete: {len(outcome.missing)} cell(s) never measured ({cells})",
+                        f"the log above says why; farm sweep --resume {outcome.sweep_id} measures what is missing")
+    return 0
+
+
+def _resumed_spec(args: argparse.Namespace) -> tuple[SweepSpec, int] | None:
+    """The spec and id of the sweep --resume names; None when --if-incomplete finds nothing to do (said on stderr)."""
+    from farm.store import Store, exists
+
+    if args.if_incomplete and not exists(args.db):
+        print(f"no sweep to resume: {args.db} does not exist yet", file=sys.stderr)
+        return None
+    require_db(args.db)
+    with Store(args.db) as store:
+        sweep = store.sweep(None if args.resume == "latest" else args.resume)
+    if sweep is None and args.if_incomplete:
+        print(f"no sweep to resume in {args.db}", file=sys.stderr)
+        return None
+    if sweep is None and args.resume == "latest":
+        raise FarmError(f"there is no sweep to resume in {args.db}: no farm sweep has run with this database",
+                        "start one with farm sweep (runs of farm bench and farm demo are not sweeps)")
+    if sweep is None:
+        raise FarmError(f"there is no sweep {args.resume} in {args.db}",
+                        "farm results --json shows the sweep_id of each stored run; farm sweep --resume takes the latest")
+    if args.if_incomplete and sweep["status"] not in UNFINISHED:
+        print(f"sweep {sweep['id']} is {sweep['status']}: nothing to resume", file=sys.stderr)
+        return None
+    return SweepSpec.from_json(sweep["spec"]), sweep["id"]
+
+
+def _fresh_spec(args: argparse.Namespace, inventory: Inventory) -> tuple[SweepSpec, TuneBudget | None]:
+    """A new sweep's spec: the command line first, then the sweep file, then SweepSpec's defaults; and its [tune]."""
+    from farm.models import BUILTINS
+
+    sweep_file = load_sweep_file(args.file) if args.file else SweepFile()
+    budget = _tune_budget(sweep_file.tune, args.file, inventory) if sweep_file.tune is not None else None
+    reference = next((r for r in (args.reference, sweep_file.reference) if r is not None),
+                     record_default(SweepSpec, "reference"))
+    spec = SweepSpec(tuple(args.device or sweep_file.devices or inventory.devices),
+                     tuple(args.model or sweep_file.models or BUILTINS),
+                     None if reference in ("", "none") else reference,
+                     dataclasses.replace(bench_config(args), **sweep_file.bench),
+                     retries=args.retries, tuned=not args.untuned,
+                     variants=tuple(args.variant or sweep_file.variants or record_default(SweepSpec, "variants")),
+                     shapes=sweep_file.shapes, reference_runtime=not args.tvm_only)
+    return spec, budget
+
+
+def _tune_budget(tune: dict[str, Any], path: str, inventory: Inventory) -> TuneBudget:
+    """The sweep file's [tune] as nightly's TuneBudget, its devices checked against the inventory."""
+    from farm.nightly import TuneBudget
+
+    budget = TuneBudget(**tune)
+    if unknown := [d for d in budget.devices if d not in inventory.devices]:
+        raise FarmError(f"{path}: [tune] devices names unknown device(s): {', '.join(unknown)}",
+                        "name devices of the inventory (farm devices)")
+    return budget
+
+
+def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, outcome: SweepOutcome,
+            budget: TuneBudget | None) -> tuple[SweepRegressions, list, Path | None]:
+    """After measuring: the sweep's alerts and findings (confirmed with --confirm), the [tune] budget spent, the report."""
+    from farm.store import Store
+
+    report = None
+    with Store(args.db) as store:
+        reviewed = detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
+                                      progress_printer(args.progress), args.confirm_budget)
+        tuning = _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) if budget else []
+        if not args.no_report:
+            from farm.report import render_report
+
+            report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
+                                   title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id)
+    return reviewed, tuning, report
+
+
+def _nightly_tuning(inventory: Inventory, spec: SweepSpec, sweep_id: int, budget: TuneBudget, db: str) -> list:
+    """The sweep file's [tune] budget, spent after measuring and confirming (``nightly.tune_after_sweep``)."""
+    from farm.models import load_model_variant
+    from farm.models.variants import split_variant
+    from farm.nightly import tune_after_sweep
+
+    models = {}
+    for name in spec.cell_models():
+        model = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+        models[model.name] = model
+    return tune_after_sweep(inventory.tracker, inventory.devices, spec.devices, sweep_id, models, spec.config, budget,
+                            db, home_dir() / "cache", home_dir() / "tune",
+                            lambda message: print(f"tune: {message}", file=sys.stderr))  # a few lines a night
+
+
+def _sweep_json(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, tuning: list,
+                report: Path | None) -> dict[str, Any]:
+    return {"sweep_id": outcome.sweep_id, "status": outcome.status, "seconds": round(outcome.seconds, 1),
+            "skipped": outcome.skipped, "report": str(report) if report else None,
+            "alerts": [{"device": a.device, "model": a.model, "runtime": a.runtime, "metric": a.metric,
+                        "status": a.status, "change": a.change, "z": a.z} for a in reviewed.alerts],
+            "findings": reviewed.findings,
+            "tuning": [dataclasses.asdict(t) for t in tuning],
+            "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
+                       "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason,
+                       "steady_median_s": median(c.result.steady_samples_s)}
+                      for c in final.values()]}
+
+
+def _print_sweep(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, tuning: list,
+                 report: Path | None) -> None:
+    failed = [c for c in final.values() if c.result.status != "ok"]
+    print(f"sweep {outcome.sweep_id}: {len(final)} cell(s) measured, {len(failed)} failed, "
+          f"{outcome.skipped} already done, {outcome.seconds:.0f} s")
+    for (device, model), c in sorted(final.items()):
+        print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(median(c.result.steady_samples_s)):>10s}"
+              + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
+    for t in tuning:
+        print(f"  tuned {t.device} · {t.model}: {t.status}" + (f" ({t.reason})" if t.reason else ""))
+    for finding in reviewed.findings:
+        print(f"  finding {finding.finding_id} [{finding.kind}, {finding.state}]: {finding.sentence}")
+    for a in reviewed.alerts:
+        runtime = "" if a.runtime == "tvm" else f" [{a.runtime}]"
+        print(f"  alert: {a.device} · {a.model}{runtime} · {a.metric}: {a.status} ({alert_change(a)})")
+    if report:
+        print(f"report: {report}")
