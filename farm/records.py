@@ -280,6 +280,18 @@ class CheckResult:
     detail: str = ""
 
 
+VARIANTS = ("fp32", "fp16", "int8")  # a model's precision variants (farm/models/variants.py makes them)
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")  # int8 calibration; the first is the default
+
+
+def split_variant(spec: str) -> tuple[str, str]:
+    """``NAME@VARIANT`` as (NAME, VARIANT); a spec with no known variant after its last ``@`` is (spec, "fp32")."""
+    base, _, variant = spec.rpartition("@")
+    if base and variant in VARIANTS:
+        return base, variant
+    return spec, "fp32"
+
+
 OFFLINE_ATTEMPT = 0  # a sweep cell stored failed because no server of its key was registered: not a measured attempt
 
 

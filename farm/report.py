@@ -13,7 +13,8 @@ import farm
 from farm.results import Run, Versus, run_rows, versus_reference
 from farm.figures import figure_png, figure_pool, pyplot
 from farm.review import PLOTTED_CELLS, format_metric, review_figures, stacked_png, sweep_review, worst_first
-from farm.stats import format_bytes, format_duration, memory_text, model_label, nonempty_median
+from farm.records import split_variant
+from farm.stats import format_bytes, format_duration, gb_per_s, memory_text, model_label, nonempty_median
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
@@ -122,7 +123,7 @@ def _copy_curves(store: Store) -> list[dict[str, Any]]:
         for point in curve["points"]:
             median_s = nonempty_median(point["samples_s"])
             curve["by_size"][(point["direction"], point["nbytes"])] = {
-                "median_s": median_s, "gb_per_s": point["nbytes"] / median_s / 1e9 if median_s > 0 else 0.0}
+                "median_s": median_s, "gb_per_s": gb_per_s(point["nbytes"], median_s)}
     return sorted(curves, key=lambda c: c["device"])
 
 
@@ -153,9 +154,7 @@ def _variant_rows(rows: list[Run]) -> list[dict[str, Any]]:
     """Per device × base model with variants: fp32 / fp16 / int8 latency and drift side by side."""
     table: dict[tuple, dict[str, Any]] = {}
     for row in rows:
-        base, _, variant = row.model.rpartition("@")
-        if not base or variant not in ("fp16", "int8"):
-            base, variant = row.model, "fp32"
+        base, variant = split_variant(row.model)
         entry = table.setdefault((row.device, base, row.tuned), {"device": row.device, "model": base})
         entry[variant] = {"steady": row.steady_median_s, "drift": row.max_abs_err, "check": row.check}
     return [e for _, e in sorted(table.items()) if "fp16" in e or "int8" in e]

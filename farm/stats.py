@@ -292,6 +292,11 @@ def threads_text(tvm_threads: int | None, reference_threads: int | None, runtime
         f" (threads not known: TVM {known(tvm_threads)}, {runtime} {known(reference_threads)})"
 
 
+def gb_per_s(nbytes: int, median_s: float) -> float:
+    """Effective bandwidth of a copy in GB/s; 0 for a copy too fast for its clock (a zero median)."""
+    return nbytes / median_s / 1e9 if median_s > 0 else 0.0
+
+
 def hottest(health: dict[str, Any]) -> float | None:
     """The highest temperature in a health reading (thermal zones and battery), None when it has none."""
     values = list((health.get("thermal") or {}).values())

@@ -32,7 +32,7 @@ from farm.models import (VARIANT_TOLERANCE, load_model_variant, load_reference_f
                          reference_outputs, shipped_test_data)
 from farm.reference import bench_reference, reference_threads, reference_unavailable
 from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
-                           SweepSpec, TrackerAddress, TuningSet, target_kind)
+                           SweepSpec, TrackerAddress, TuningSet, split_variant, target_kind)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 
@@ -382,7 +382,7 @@ def run_sweep(
     unknown = [d for d in spec.devices if d not in devices]
     if unknown:
         raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
-    models = {name: load_model_variant(name, spec.shapes.get(name.rpartition("@")[0] if "@" in name else name))
+    models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
               for name in spec.cell_models()}  # bad names fail before any work
     spec = dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()})
     with Store(db_path) as store:

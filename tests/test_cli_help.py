@@ -44,14 +44,3 @@ def test_help_follows_a_changed_method(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(farm.cli.regressions, "METHOD", other)
     text = _help("regressions")
     assert "last 37 accepted" in text and "p < 0.005" in text and "  steady: z ≥ 1.5 and change ≥ +3 %" in text
-
-
-def test_the_cli_s_copies_of_the_variant_lists_are_farm_models_own():
-    """The CLI keeps a copy of the variant and calibration lists (farm.models imports onnx: slow for --help)."""
-    import inspect
-
-    from farm.cli.common import CALIBRATION_METHODS, VARIANTS
-    from farm.models import variants
-
-    assert VARIANTS == variants.VARIANTS and CALIBRATION_METHODS == variants.CALIBRATION_METHODS
-    assert inspect.signature(variants.make_variant).parameters["calibration"].default == CALIBRATION_METHODS[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from farm.errors import FarmError
-from farm.records import TRIAGE_STATES, BenchConfig, ModelSource, Record, split_address
+from farm.records import CALIBRATION_METHODS, TRIAGE_STATES, VARIANTS, BenchConfig, ModelSource, Record, split_address
 
 
 log = logging.getLogger("farm")
@@ -119,10 +119,6 @@ def load_with_variant(args):
     return make_variant(model, args.variant, args.calibration, args.calibration_data)
 
 
-# farm.models.VARIANTS and CALIBRATION_METHODS (the first is make_variant's default), copied: importing farm.models
-# imports onnx, a third of a second more for every `farm` command; tests/test_cli_help.py checks the copies
-VARIANTS = ("fp32", "fp16", "int8")
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 
 
 def add_variant_options(p: argparse.ArgumentParser) -> None:

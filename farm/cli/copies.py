@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from farm.errors import FarmError
-from farm.stats import nonempty_median
+from farm.stats import gb_per_s, nonempty_median
 
 from farm.cli.common import (add_bench_options, add_progress, add_verb, bench_config, byte_size, duration, emit_json,
                              load_inventory_of, print_table, progress_printer)
@@ -59,7 +59,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def gb_per_s(nbytes: int, median_s: float) -> float:
-    """Effective bandwidth in GB/s, 0 for a copy too fast for its clock (a zero median), as the report's copy curves
-    (farm/report.py, _copy_curves) compute it: that rule belongs in farm/stats.py, for both to call."""
-    return nbytes / median_s / 1e9 if median_s > 0 else 0.0
+

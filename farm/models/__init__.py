@@ -18,12 +18,12 @@ import onnx
 from farm.errors import ModelError, message_line
 from farm.models.frameworks import TFLITE_HINT, _torch, load_tflite, load_torch, tflite_model, torch_program
 from farm.models.sources import _source, make_inputs, onnx_proto
-from farm.models.variants import CALIBRATION_METHODS, VARIANT_TOLERANCE, VARIANTS, make_variant
+from farm.models.variants import CALIBRATION_METHODS, VARIANT_TOLERANCE, VARIANTS, make_variant, split_variant
 from farm.models.zoo import BUILTINS, LIGHT_DIR, build_convnet, build_mlp, build_mobile_block, list_models
 from farm.records import ModelSource
 
 __all__ = [
-    "BUILTINS", "CALIBRATION_METHODS", "VARIANTS", "VARIANT_TOLERANCE", "build_convnet", "build_mlp",
+    "BUILTINS", "CALIBRATION_METHODS", "VARIANTS", "VARIANT_TOLERANCE", "split_variant", "build_convnet", "build_mlp",
     "build_mobile_block", "list_models", "load_model", "load_model_variant", "load_reference_file", "make_inputs",
     "load_test_data", "make_variant", "onnx_proto", "reference_outputs", "shipped_test_data", "tflite_model",
     "torch_program",
@@ -74,8 +74,8 @@ def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> M
 
 def load_model_variant(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelSource:
     """``NAME`` or ``NAME@VARIANT`` (int8 calibrated with min-max on generated inputs)."""
-    base, _, variant = spec.rpartition("@")
-    if base and variant in VARIANTS:
+    base, variant = split_variant(spec)
+    if base != spec:
         return make_variant(load_model(base, shapes), variant)
     return load_model(spec, shapes)
 

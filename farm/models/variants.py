@@ -10,23 +10,12 @@ import onnx
 
 from farm.errors import ModelError, message_line
 from farm.models.sources import _input_specs, make_inputs, onnx_proto
-from farm.records import ModelSource
-
-VARIANTS = ("fp32", "fp16", "int8")
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+from farm.records import CALIBRATION_METHODS, VARIANTS, ModelSource, split_variant  # noqa: F401 (the models' API)
 # Accuracy drift a variant may show against fp32, as a fraction of the fp32 output's range.
 VARIANT_TOLERANCE = {"fp16": 0.01, "int8": 0.05}
 
 
-def split_variant(spec: str) -> tuple[str, str]:
-    """``NAME@VARIANT`` as (NAME, VARIANT); a spec with no known variant after its last ``@`` is (spec, "fp32")."""
-    base, _, variant = spec.rpartition("@")
-    if base and variant in VARIANTS:
-        return base, variant
-    return spec, "fp32"
-
-
-def make_variant(model: ModelSource, variant: str, calibration: str = "minmax", calibration_dir: str | None = None,
+def make_variant(model: ModelSource, variant: str, calibration: str = CALIBRATION_METHODS[0], calibration_dir: str | None = None,
                  samples: int = 16) -> ModelSource:
     """fp16: the graph converted to float16 (inputs too). int8: static QDQ quantization by onnxruntime,
     calibrated with ``calibration`` on ``calibration_dir`` (.npz files of inputs) or generated inputs."""
