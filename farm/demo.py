@@ -17,7 +17,7 @@ from farm.devices import bring_up, kinds
 from farm.inventory import parse_inventory
 from farm.models import load_model
 from farm.records import BenchConfig, TrackerAddress
-from farm.report import render_report
+from farm.report import render_report, report_file
 from farm.rpc.processes import free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
 from farm.store import Store
@@ -57,8 +57,7 @@ def run_demo(
         wait_for_servers(tracker, {d.key: 1 for d in inventory.devices.values()}, timeout_s=60)
         with Store(db_path) as store:
             cells = run_matrix(tracker, list(inventory.devices.values()), sources, store, cache_dir, config, progress)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            report = render_report(store, report_dir / f"demo-{stamp}.html", title="farm demo: local devices × built-in models")
+            report = render_report(store, report_file(report_dir, "demo"), title="farm demo: local devices × built-in models")
     finally:
         for record in reversed(started):
             stop_process(record)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from farm.errors import InventoryError
 
-# The TVM target kinds farm compiles for and measures: the inventory accepts these, measure.py maps each to its
+# The TVM target kinds farm compiles for and measures: the inventory accepts these, measure/ maps each to its
 # device type (a GPU kind's device type has the kind's name).
 CPU_TARGETS = ("llvm", "c")  # code runs on the CPU (no GPU to fall back from; what can be a host)
 GPU_TARGETS = ("cuda", "opencl", "metal", "vulkan", "rocm", "webgpu")
@@ -278,6 +278,13 @@ class CheckResult:
     atol: float | None = None
     reference: str = ""
     detail: str = ""
+
+
+def utc_now() -> str:
+    """A timestamp as farm keeps them (runs, sweeps, the database, reports): UTC, ISO 8601, to the second."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 VARIANTS = ("fp32", "fp16", "int8")  # a model's precision variants (farm/models/variants.py makes them)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 import numpy as np
@@ -32,7 +31,7 @@ from farm.devices import kind_of
 from farm.errors import FarmError, message_line
 from farm.measure import calibrate_number, check_outputs
 from farm.models.runtimes import open_runtime, runtime_name
-from farm.records import BenchConfig, BenchResult, CheckResult, Device, ModelSource, threads_setting
+from farm.records import BenchConfig, BenchResult, CheckResult, Device, ModelSource, threads_setting, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
                                "emulated": device.emulated, "runtime": runtime, "how_timed": HOW_TIMED,
                                "threads_by": threads[1],
                                **kind_of(device).measurement_context(device)}
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = utc_now()
     version, step = "", "load"
     try:
         say(f"{runtime} load", model.name)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +12,18 @@ import farm
 from farm.results import Run, Versus, run_rows, versus_reference
 from farm.figures import figure_png, figure_pool, pyplot
 from farm.review import PLOTTED_CELLS, format_metric, review_figures, stacked_png, sweep_review, worst_first
-from farm.records import split_variant
+from farm.records import split_variant, utc_now
 from farm.stats import format_bytes, format_duration, gb_per_s, memory_text, model_label, nonempty_median
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
+
+
+def report_file(folder: str | Path, prefix: str = "report") -> Path:
+    """Where a report goes when the user names no file: ``FOLDER/PREFIX-YYYYMMDD-HHMMSS.html`` (local time)."""
+    import time
+
+    return Path(folder) / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.html"
 
 
 def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None) -> Path:
@@ -49,7 +55,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         memory_png = pool.submit(_memory_png, memory) if memory else None
         review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
         html = env.get_template("report.html").render(
-            title=title, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            title=title, generated=utc_now(),
             farm_version=farm.__version__, tvm_versions=sorted({r.tvm_version for r in latest if r.tvm_version}),
             db_path=str(store.path), runs=latest, failures=failures, any_emulated=any(r.emulated for r in latest),
             distribution_png=distribution.result(), phases_png=phases.result(), cells_ok=len(ok),

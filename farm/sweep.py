@@ -32,7 +32,7 @@ from farm.models import (VARIANT_TOLERANCE, load_model_variant, load_reference_f
                          reference_outputs, shipped_test_data)
 from farm.reference import bench_reference, reference_threads, reference_unavailable
 from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, Artifact, BenchConfig, BenchResult, CheckResult, Device, ModelSource,
-                           SweepSpec, TrackerAddress, TuningSet, split_variant, target_kind)
+                           SweepSpec, TrackerAddress, TuningSet, split_variant, target_kind, utc_now)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 
@@ -85,7 +85,7 @@ def _unmeasured(device: Device, model: ModelSource, config: BenchConfig, step: s
         device=device.name, key=device.key, model=model.name, model_digest=model.digest, status="failed",
         reason=reason, failed_step=step, hint=hint, config=config, check=CheckResult("skipped", detail=check_detail),
         context={"device_kind": device.kind, "emulated": device.emulated, "target": device.target},
-        started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        started_at=utc_now(),
     )
 
 

@@ -53,7 +53,7 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
                  build_fn: Callable[[Any, Any, None], Any] | None = None,
                  hint: str = "tuning goes on without this figure") -> list[list[float]]:
     """Each (name, PrimFunc module) built for ``target`` (by ``build_fn(mod, target, None)``, else TVM's default
-    lowering) and timed on ``device`` in one session (zeros for its buffers; ``time_evaluator`` with ``number``,
+    lowering) and timed on ``device`` in one session (zeros for its buffers; measure's ``device_timer`` with ``number``,
     ``repeat``, at least ``PROFILE_MIN_REPEAT_MS`` a repeat): its results per module, seconds a call. Raises
     FarmError naming the module that failed, with ``hint``.
     (TVM is imported here: the CLI reads this module's defaults without it.)"""
@@ -62,6 +62,7 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
     from tvm.driver import build
     from tvm.s_tir import meta_schedule as ms
 
+    from farm.measure.vm import device_timer, remove_quietly
     from farm.rpc.session import request_session
 
     session = request_session(tracker, device.key, timeout_s, max(60.0, timeout_s))
@@ -77,17 +78,12 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
             infos = ms.arg_info.ArgInfo.from_prim_func(mod[mod.get_global_vars()[0]])
             args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)
                     for info in infos]
-            timer = remote.time_evaluator(remote.entry_name, dev, number=number, repeat=repeat,
-                                          min_repeat_ms=PROFILE_MIN_REPEAT_MS)
-            times.append([float(t) for t in timer(*args).results])
+            times.append(list(device_timer(remote, remote.entry_name, dev, number, repeat, PROFILE_MIN_REPEAT_MS)(*args)))
         except Exception as exc:  # TVM's errors: the profile is advice, the search goes on without it
             raise FarmError(f"could not time task {label} on {device.name}: {message_line(exc)}",
                             hint) from exc
         finally:
-            try:
-                session.remove(name)
-            except Exception:
-                pass
+            remove_quietly(session, name)
     return times
 
 

@@ -171,29 +171,3 @@ def test_schema_10_database_gains_memory_columns_keeping_its_runs(tmp_path):
         artifact = store.artifact_record("a", "mlp")
     assert (run.device, run.model, run.params_bytes, run.rss_peak_bytes, run.planned_bytes) == ("cpu", "mlp", None, None, None)
     assert artifact is not None and artifact.params_bytes is None and artifact.path == "/x.so"
-
-
-def test_a_server_that_cannot_reset_or_read_memory_leaves_it_unmeasured_not_the_run_failed():
-    """farm.MemoryStats says whether the peak was reset (here it is); a reader whose reset failed keeps no peak, and
-    one that fails keeps no reading at all, with the reason: memory is a side figure, never a run's failure."""
-    from farm.measure import _Memory
-    from farm.rpc.server import memory_stats
-
-    here = json.loads(memory_stats(1))
-    assert here["peak_reset"] is True and here["rss_bytes"] > 0 and json.loads(memory_stats(0))["peak_reset"] is False
-
-    fields: dict = {}
-    context: dict = {}
-    no_reset = _Memory(lambda reset: json.dumps({**here, "peak_reset": False}), fields, context, emulated=False)
-    no_reset.read("rss_before_load_bytes", reset_peak=True)
-    no_reset.read(peak=True)
-    assert fields == {"rss_before_load_bytes": here["rss_bytes"]} and "peak not measured" in context["memory"]
-
-    def broken(reset: int) -> str:
-        raise RuntimeError("RPCError: the server went away")
-
-    fields, context = {"rss_before_load_bytes": 1}, {}
-    failing = _Memory(broken, fields, context, emulated=True)
-    failing.read("rss_after_load_bytes")
-    assert fields == {} and context["memory"].startswith("not measured: reading the server's memory failed")
-    assert "memory_total_bytes" not in context

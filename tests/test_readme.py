@@ -1,6 +1,8 @@
-"""Every shell command in README.md runs as a newcomer types it (pyperf's test_examples.py; issue #20 item 7).
+"""Every shell command in README.md and docs/*.md runs as a newcomer types it (pyperf's test_examples.py; issue #20
+item 7, #31 item 6).
 
-The README's fenced shell blocks run in their order, each command as written, through bash, in one fresh folder:
+The fenced shell blocks of README.md, then of each docs/*.md page in name order (``PAGES``), run in their order,
+each command as written, through bash, in one fresh folder:
 a copy of the repository's devices.toml (its fixed ports made free ones, so the test can run beside a farm someone
 started by hand), ``.venv`` and ``tools/`` linked in, FARM_HOME / FARM_DB / FARM_DEVICES unset, so farm's defaults
 apply as the README describes them (state in ./.farm, results in ./.farm/results.db, reports in ./reports).
@@ -19,6 +21,7 @@ not run (``NOT_RUN``: they set up the machine, run the whole suite, or benchmark
 checked to exist and to take the options the README gives it. A block that uses the farm without starting it runs
 after the README's own bring-up (``farm tracker start``, ``farm serve``), as a reader coming from "Using it on your
 own devices" has it. At the end the README's ``farm down`` stops everything; the process registry is the safety net.
+Every fence of these pages must name its language; output is shown in ``text`` fences, which are not run.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from farm.rpc.tracker import query_summary
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+PAGES = (README, *sorted((REPO / "docs").glob("*.md")))  # the README first, then the docs: the order they run in
 SHELL_FENCES = {"bash", "sh", "shell", "console"}
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 COMMAND_TIMEOUT_S = 600
@@ -70,10 +74,11 @@ NEWCOMER_FILES = ("my_model.onnx", "nightly.toml")
 
 @dataclass(frozen=True)
 class Command:
-    line: int  # in README.md
+    line: int  # in its page
     text: str  # one command as written, without its comment (a `&&` chain is split into its commands)
     argv: tuple[str, ...]  # its words, without VAR=value prefixes and redirections
     env: tuple[tuple[str, str], ...]  # its VAR=value prefixes
+    page: str = "README.md"  # the page it is in, relative to the repository
 
     @property
     def farm(self) -> tuple[str, ...] | None:
@@ -88,8 +93,13 @@ class Command:
         return self.argv[0]
 
 
-def readme_blocks(text: str) -> list[list[Command]]:
-    """The commands of each fenced shell block, in order. Every fence must name its language."""
+def page_blocks() -> list[list[Command]]:
+    """The commands of each fenced shell block of every page, in ``PAGES`` order."""
+    return [block for page in PAGES for block in readme_blocks(page.read_text(), page.relative_to(REPO).as_posix())]
+
+
+def readme_blocks(text: str, page: str = "README.md") -> list[list[Command]]:
+    """The commands of each fenced shell block of one page, in order. Every fence must name its language."""
     blocks: list[list[Command]] = []
     current: list[Command] | None = None
     language = ""
@@ -97,7 +107,7 @@ def readme_blocks(text: str) -> list[list[Command]]:
         if line.startswith("```"):
             if current is None:
                 language = line[3:].strip()
-                assert language, f"README.md:{number}: name the fence's language (bash, toml, ...)"
+                assert language, f"{page}:{number}: name the fence's language (bash, toml, text, ...)"
                 current = []
             else:
                 if language in SHELL_FENCES:
@@ -108,11 +118,11 @@ def readme_blocks(text: str) -> list[list[Command]]:
                 if not line.startswith("$ "):
                     continue  # output
                 line = line[2:]
-            current.extend(parse_line(number, line))
+            current.extend(parse_line(number, line, page))
     return blocks
 
 
-def parse_line(number: int, line: str) -> list[Command]:
+def parse_line(number: int, line: str, page: str = "README.md") -> list[Command]:
     text = re.sub(r"(^|\s)#.*$", "", line).strip()
     commands = []
     for part in filter(None, (p.strip() for p in text.split(" && "))):
@@ -121,17 +131,18 @@ def parse_line(number: int, line: str) -> list[Command]:
         while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
             env.append(tuple(words.pop(0).split("=", 1)))
         cut = next((i for i, w in enumerate(words) if w in (">", ">>", "<", "|", "2>")), len(words))
-        commands.append(Command(number, part, tuple(words[:cut]), tuple(env)))
+        commands.append(Command(number, part, tuple(words[:cut]), tuple(env), page))
     return commands
 
 
 def test_readme_parses_into_shell_commands():
-    blocks = readme_blocks(README.read_text())
+    blocks = page_blocks()
     commands = [c for block in blocks for c in block]
-    assert len(blocks) >= 8 and any(c.farm == ("demo",) for c in commands)
+    assert len(blocks) >= 8 and any(c.farm == ("demo",) for c in commands if c.page == "README.md")
+    assert {page.relative_to(REPO).as_posix() for page in PAGES} >= {"README.md", "docs/devices.md", "docs/tuning.md"}
     named = {c.program for c in commands}
-    assert set(NOT_RUN) <= named, f"NOT_RUN names commands the README no longer has: {set(NOT_RUN) - named}"
-    text = README.read_text()
+    assert set(NOT_RUN) <= named, f"NOT_RUN names commands the pages no longer have: {set(NOT_RUN) - named}"
+    text = "".join(page.read_text() for page in PAGES)
     assert all(name in text for name in NEWCOMER_FILES)
 
 
@@ -357,9 +368,10 @@ class Newcomer:
             stop_process(record)
 
     def table(self) -> str:
-        lines = [f"{'line':>4}  {'s':>5}  {'rc':>4}  {'expected':8}  command — why" + " " * 10]
+        lines = [f"{'page:line':>26}  {'s':>5}  {'rc':>4}  {'expected':8}  command — why" + " " * 10]
         for r in self.rows:
-            lines.append(f"{r.command.line:>4}  {r.seconds:5.1f}  {'' if r.rc is None else r.rc:>4}  {r.expected:8}  "
+            where = f"{r.command.page}:{r.command.line}"
+            lines.append(f"{where:>26}  {r.seconds:5.1f}  {'' if r.rc is None else r.rc:>4}  {r.expected:8}  "
                          f"{r.command.text} — {r.why}" + (f"\n      PROBLEM: {r.problem}" if r.problem else "")
                          + (f"\n      {r.said}" if r.said and r.expected == "error" else ""))
         return "\n".join(lines)
@@ -404,6 +416,7 @@ def needs_farm(block: list[Command]) -> bool:
 @pytest.mark.slow  # 5 min on a quiet 2-core machine, 8 beside another busy worker: the demo, five sweeps
 # (nightly.sh's included), four short tuning sessions
 def test_every_readme_command_runs_as_written(tmp_path):
+    """Every command of README.md's and docs/*.md's shell blocks, in ``PAGES`` order."""
     venv = Path(sys.prefix)
     assert (venv / "bin" / "farm").exists(), f"the test runs README's .venv/bin/farm: install farm into {venv}"
     work = tmp_path / "newcomer"
@@ -412,7 +425,7 @@ def test_every_readme_command_runs_as_written(tmp_path):
     (work / "tools").symlink_to(REPO / "tools")
     (work / "devices.toml").write_text(newcomer_inventory((REPO / "devices.toml").read_text()))
     write_newcomer_files(work)
-    blocks = readme_blocks(README.read_text())
+    blocks = page_blocks()
     commands = [c for block in blocks for c in block]
     bring_up = [next(c for c in commands if c.farm == args) for args in (("tracker", "start"), ("serve",))]
     stop = next(c for c in commands if c.farm == ("down",))
@@ -434,4 +447,4 @@ def test_every_readme_command_runs_as_written(tmp_path):
         newcomer.stop_everything()
         print(f"\n{newcomer.table()}\n{time.monotonic() - started:.0f} s in all")
     problems = [r for r in newcomer.rows if r.problem]
-    assert not problems, "README commands that did not do what they must:\n" + newcomer.table()
+    assert not problems, "README and docs commands that did not do what they must:\n" + newcomer.table()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 from pathlib import Path
 
@@ -21,11 +20,11 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.report import render_report
+    from farm.report import render_report, report_file
     from farm.store import Store
 
     require_db(args.db)
-    out = Path(args.out) if args.out else Path(REPORT_DIR) / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    out = Path(args.out) if args.out else report_file(REPORT_DIR)
     with Store(args.db) as store:
         if args.sweep is not None and store.sweep(args.sweep) is None:
             raise FarmError(f"no sweep {args.sweep} in {args.db}", "see the sweep ids: farm results --json (sweep_id)")

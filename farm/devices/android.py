@@ -20,7 +20,7 @@ on the stand-in phone under qemu (``launcher``) and on aarch64 Linux. The stand-
 POCL: ``launcher = ["qemu-aarch64", "-L", SYSROOT]`` with the sysroot ``python -m farm.devices.pocl_arm64``
 prints (``pocl_arm64.py``). A real Android phone
 needs a bionic build of the TVM runtime and server: set ``server_bundle`` to that folder
-(README: "Android phones"). Fields: ``serial``, ``server_port`` (both required), ``adb``
+(docs/devices.md: "Android phones"). Fields: ``serial``, ``server_port`` (both required), ``adb``
 (the adb server, default 127.0.0.1:$ANDROID_ADB_SERVER_PORT or 5037), ``device_dir``
 (default /data/local/tmp/farm), ``launcher`` (a command prefix, e.g. qemu), ``server_bundle``.
 """

@@ -4,7 +4,7 @@ iOS apps cannot listen for connections, so TVM's iOS RPC app connects *outward* 
 proxy, which registers the app's key with the tracker and relays sessions. ``farm serve``
 starts that proxy (``python -m tvm.exec.rpc_proxy``) at the device's ``proxy`` address
 (default 127.0.0.1:9091); then, in the iOS RPC app, set the proxy host and port and the
-device's key (README: "iPhones"). iOS forbids loading new dynamic libraries: export such
+device's key (docs/devices.md: "iPhones"). iOS forbids loading new dynamic libraries: export such
 devices as ``system-lib`` and link the objects into the app.
 """
 

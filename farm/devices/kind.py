@@ -8,7 +8,7 @@ plug-ins by ``tool_name`` the same way). farm asks the kind and never branches o
     farm serve     bring_up (the records it returns say how to stop what it started), unready, prerequisites
     health.py      read_health
     compile.py     effective_target, export_toolchain
-    measure.py     measurement_context
+    measure/       measurement_context
     cli, demo      summary, serve_help, fields (--help texts), demo_entry
 
 Importing a kind must not import TVM: the inventory reads the kinds' fields on every verb.

@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 import sqlite3
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 from farm.errors import StoreError, message_line
+from farm.records import utc_now
 from farm.store.schema import postgres_ddl, sqlite_ddl
 
 URL_PREFIXES = ("postgresql://", "postgres://")
@@ -49,9 +49,7 @@ def open_backend(location: str | Path, readonly: bool) -> "SqliteBackend | Postg
     return SqliteBackend(Path(location), readonly)
 
 
-def now() -> str:
-    """A timestamp as the database keeps it: UTC, ISO 8601, to the second."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+now = utc_now  # a timestamp as the database keeps it (records.utc_now: UTC, ISO 8601, to the second)
 
 
 def backend_hint(exc: BaseException, default: str = CHECK_HINT) -> str:
