@@ -30,6 +30,7 @@ from farm.records import Artifact, Device, HostCPU, ModelSource, TuningSet, targ
 
 log = logging.getLogger(__name__)
 
+TVM_VERSION: str = tvm.__version__  # part of every tuning key and artifact key (for modules that import no TVM)
 PIPELINE_VERSION = 2  # bump when farm changes how it lowers models (2: records applied without re-fusion)
 # how a compile finds a function's record: its own, else one of the same anchor block (part of a tuned artifact's key)
 RECORD_MATCH = "exact, else anchor-block"
@@ -156,16 +157,31 @@ def toolchain_for(device: Device, target: dict[str, Any]) -> str:
     )
 
 
+def export_library(module, path: str, toolchain: str) -> None:
+    """Write ``module`` (an executable, or a tuning candidate) to ``path`` as the device loads it, linked by
+    ``toolchain`` (``toolchain_for``): Xcode's dylib for iOS, a cross compiler, or TVM's host cc ('')."""
+    if toolchain == "xcode":
+        from tvm.support import xcode
+
+        module.export_library(path, fcompile=xcode.create_dylib, arch="arm64", sdk="iphoneos")
+    elif toolchain:
+        from tvm.support import cc
+
+        module.export_library(path, fcompile=cc.cross_compiler(toolchain))
+    else:
+        module.export_library(path)
+
+
 def tuning_key(target: dict[str, Any]) -> str:
     """Tuning records are valid for one effective target and TVM version (MetaSchedule ignores the target)."""
-    blob = json.dumps({"target": target, "tvm": tvm.__version__}, sort_keys=True)
+    blob = json.dumps({"target": target, "tvm": TVM_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
     blob = json.dumps(
         {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
-         "tvm": tvm.__version__, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest,
+         "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest,
          **({"record_match": RECORD_MATCH} if tuning_digest else {})},
         sort_keys=True,
     )
@@ -226,16 +242,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     tmp.mkdir(parents=True)
     filename = f"{_safe(model.name)}{EXPORT_SUFFIX[device.export]}"
     try:
-        if toolchain == "xcode":
-            from tvm.support import xcode
-
-            executable.export_library(str(tmp / filename), fcompile=xcode.create_dylib, arch="arm64", sdk="iphoneos")
-        elif toolchain:
-            from tvm.support import cc
-
-            executable.export_library(str(tmp / filename), fcompile=cc.cross_compiler(toolchain))
-        else:
-            executable.export_library(str(tmp / filename))
+        export_library(executable, str(tmp / filename), toolchain)
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise BuildError(f"exporting {model.name} as {device.export} failed: {message_line(exc)}",
@@ -245,7 +252,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     path = folder / filename
     artifact = Artifact(
         cache_key=key, path=str(path), model_name=model.name, model_digest=model.digest, target=target,
-        export=device.export, toolchain=toolchain or "default", tvm_version=tvm.__version__,
+        export=device.export, toolchain=toolchain or "default", tvm_version=TVM_VERSION,
         file_digest=_digest(path), build_s=time.perf_counter() - start,
         tuning_digest=tuning.digest if tuning else "", tuned_tasks=tuned_tasks, total_tasks=total_tasks,
         anchor_tasks=anchor_tasks, pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),

@@ -2,7 +2,7 @@
 
     [tune]
     minutes = 20             # per device key, each night, after the sweep's measurements (and --confirm)
-    trials = 64              # at most per model and session
+    trials = 64              # at most per model and session (default: tune.DEFAULT_TRIALS)
     models = 2               # optional: at most this many models per key a night (default: while minutes last)
     devices = ["x86-local"]  # optional: only these devices' keys (default: every device of the sweep)
 
@@ -23,8 +23,9 @@ are.
 
 A TVM upgrade does not wipe the farm's tuning. Records are keyed by target and TVM version, so on the night of
 an upgrade a key has none. The newest records of the same target under an earlier TVM version are then
-replayed into it (a session of their own) and validated the same way, against the untuned model: compiled,
-checked, measured, kept only if not slower. They are also the warm start of that night's search.
+replayed into it (a session of their own: ``replay_earlier_records``) and validated the same way, against the
+untuned model: compiled, checked, measured, kept only if not slower. They are also the warm start of that night's
+search.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import compile_model
+from farm.compile import TVM_VERSION, compile_model, effective_target, tuning_key
 from farm.errors import FarmError
 from farm.records import Artifact, BenchConfig, Device, ModelSource, TrackerAddress, TuningSet
 from farm.results import run_rows, versus_reference
@@ -44,7 +45,7 @@ from farm.store import Store
 from farm.stats import median, nonempty_median
 from farm.measure import interleaved_rounds
 from farm.sweep import cell_inputs, measure_cell, tuning_set
-from farm.tune import TuneConfig, replay_earlier_records, tune_model
+from farm.tune import DEFAULT_TRIALS, TuneConfig, TuneStatus, tune_model
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class TuneBudget:
     """A sweep file's ``[tune]`` table."""
 
     minutes: float
-    trials: int = 64
+    trials: int = DEFAULT_TRIALS
     devices: tuple[str, ...] = ()
     models: int | None = None  # at most this many models per key a night
 
@@ -77,6 +78,26 @@ class NightTuning:
     before_s: float | None = None  # steady median with the record set before the session
     after_s: float | None = None  # ... and with the new set
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """An earlier TVM version's records copied into this version's tuning key, as a session of their own."""
+
+    session_id: int
+    copied: int  # records copied
+    from_version: str  # the TVM version they were tuned with
+    key: str  # this version's tuning key they were copied into
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Whether a session's record set is kept (``_validate``), with the figures that decided it."""
+
+    kept: bool
+    before_s: float | None  # the median of the rounds with the set before the session (None: not measured)
+    after_s: float | None  # ... with the new set
+    reason: str
 
 
 def rank_models(runs: list[Run], device: str) -> list[tuple[str, str]]:
@@ -155,60 +176,86 @@ def _tune_one(tracker: TrackerAddress, device: Device, model: ModelSource, why: 
     if outcome.new_records == 0:
         tell(f"{device.name} · {model.name}: {outcome.trials_done} trial(s), no new records")
         return NightTuning(device.name, model.name, why, "no-new-records", outcome.session_id, 0, outcome.trials_done)
-    kept, before_s, after_s, reason = _validate(tracker, device, model, bench, cache_dir,
-                                                tuning_set(store, device, without_session=outcome.session_id),
-                                                tuning_set(store, device))
-    store.judge_tune_session(outcome.session_id, kept, reason)
-    tell(f"{device.name} · {model.name}: {outcome.trials_done} trial(s), {outcome.new_records} new record(s): {reason}")
-    return NightTuning(device.name, model.name, why, "kept" if kept else "rejected", outcome.session_id,
-                       outcome.new_records, outcome.trials_done, before_s, after_s, reason)
+    checked = _validate(tracker, device, model, bench, cache_dir,
+                        tuning_set(store, device, without_session=outcome.session_id), tuning_set(store, device))
+    store.judge_tune_session(outcome.session_id, checked.kept, checked.reason)
+    tell(f"{device.name} · {model.name}: {outcome.trials_done} trial(s), {outcome.new_records} new record(s): "
+         f"{checked.reason}")
+    return NightTuning(device.name, model.name, why, "kept" if checked.kept else "rejected", outcome.session_id,
+                       outcome.new_records, outcome.trials_done, checked.before_s, checked.after_s, checked.reason)
 
 
 def _replay_earlier(tracker: TrackerAddress, device: Device, model: ModelSource, why: str, store: Store,
                     cache_dir: Path, bench: BenchConfig, tell: Say) -> NightTuning | None:
     """On a key with no records (the night of a TVM upgrade), the same target's records under the newest earlier
-    TVM version (``tune.replay_earlier_records``), validated on ``model`` against the untuned model; None when
-    there is nothing to replay."""
+    TVM version (``replay_earlier_records``), validated on ``model`` against the untuned model; None when there
+    is nothing to replay."""
     replayed = replay_earlier_records(store, device, model)
     if replayed is None:
         return None
-    session_id, copied, version, key = replayed
-    now = (store.tune_session(session_id) or {}).get("tvm_version", "")
-    tell(f"{device.name}: no records for TVM {now}; replaying {copied} record(s) of TVM {version} on {model.name}")
-    kept, before_s, after_s, reason = _validate(tracker, device, model, bench, cache_dir, TuningSet(key, (), ()),
-                                                tuning_set(store, device))
-    reason = f"TVM {version} → {now}: {reason}"
-    store.judge_tune_session(session_id, kept, reason)
+    now = (store.tune_session(replayed.session_id) or {}).get("tvm_version", "")
+    tell(f"{device.name}: no records for TVM {now}; replaying {replayed.copied} record(s) of TVM "
+         f"{replayed.from_version} on {model.name}")
+    checked = _validate(tracker, device, model, bench, cache_dir, TuningSet(replayed.key, (), ()),
+                        tuning_set(store, device))
+    reason = f"TVM {replayed.from_version} → {now}: {checked.reason}"
+    store.judge_tune_session(replayed.session_id, checked.kept, reason)
     tell(f"{device.name} · {model.name}: {reason}")
-    return NightTuning(device.name, model.name, why, "replayed-kept" if kept else "replayed-rejected", session_id,
-                       copied, 0, before_s, after_s, reason)
+    return NightTuning(device.name, model.name, why, "replayed-kept" if checked.kept else "replayed-rejected",
+                       replayed.session_id, replayed.copied, 0, checked.before_s, checked.after_s, reason)
+
+
+def replay_earlier_records(store: Store, device: Device, model: ModelSource) -> Replay | None:
+    """On a tuning key that never had records (the night of a TVM upgrade: keys include the TVM version), the same
+    target's records under the newest older TVM version, copied into this version's key as a session of their own;
+    None when the key has records or nothing earlier exists. The caller validates them and rejects the session if
+    they make the model slower."""
+    from packaging.version import InvalidVersion, Version
+
+    def older(version: str) -> bool:  # a farm sharing one database across TVM versions never replays a newer one's
+        try:
+            return Version(version) < Version(TVM_VERSION)
+        except InvalidVersion:
+            return False
+
+    target = effective_target(device)
+    key = tuning_key(target)
+    if store.ever_had_records(key):  # records of its own, or a replay that was rejected: never replayed (again)
+        return None
+    earlier = next(((k, v) for k, v in store.other_tunings(target, TVM_VERSION) if older(v)), None)
+    if earlier is None:
+        return None
+    from_key, version = earlier
+    session_id = store.start_tune_session(device, model, key, target, TVM_VERSION, 0)
+    copied = store.copy_tuning(from_key, key, session_id)
+    store.finish_tune_session(session_id, TuneStatus.DONE.value, f"replayed {copied} record(s) of TVM {version}", 0)
+    return Replay(session_id, copied, version, key)
 
 
 def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench: BenchConfig, cache_dir: Path,
-              before: TuningSet, after: TuningSet) -> tuple[bool, float | None, float | None, str]:
+              before: TuningSet, after: TuningSet) -> Validation:
     """Compile ``model`` with each record set. The new set's artifact must run and pass its output check (one
     measurement); then both are measured in ``VALIDATION_ROUNDS`` interleaved rounds (``measure.interleaved_rounds``:
     each round a fresh session and load of both, alternating, so a night's drift hits both alike) and the new set is
     kept when it is not slower across the rounds (``not_slower``). When both sets compile into the same library (the
-    session's records beat none of the model's best ones), the set is kept unmeasured. Returns (kept, before's median
-    of the rounds, after's, why)."""
+    session's records beat none of the model's best ones), the set is kept unmeasured."""
     prepared = cell_inputs(model, bench)
     try:
         new = compile_model(model, device, cache_dir, after)
     except FarmError as exc:
-        return False, None, None, f"rejected: the new records do not compile ({exc.message})"
+        return Validation(False, None, None, f"rejected: the new records do not compile ({exc.message})")
     old_error = ""  # why the previous set did not compile or run (then ``old`` is None)
     try:
         old: Artifact | None = compile_model(model, device, cache_dir, before)
     except FarmError as exc:
         old, old_error = None, exc.message
     if old is not None and old.file_digest == new.file_digest:  # measuring one library twice would judge noise
-        return True, None, None, ("kept: the new records change none of this model's code (the same library with "
-                                  "either set): nothing to validate")
+        return Validation(True, None, None, "kept: the new records change none of this model's code (the same "
+                                            "library with either set): nothing to validate")
     checked = measure_cell(tracker, device, model, new, bench, prepared=prepared)
     if checked.status != "ok" or (checked.check is not None and checked.check.status == "failed"):
         why = checked.reason if checked.status != "ok" else f"its output check failed ({checked.check.detail})"
-        return False, None, None, f"rejected: measured with the new records, {why[:300]}"
+        return Validation(False, None, None, f"rejected: measured with the new records, {why[:300]}")
     if old is not None:
         try:
             old_rounds, new_rounds = interleaved_rounds(tracker, device, old, new, prepared[0], VALIDATION_ROUNDS,
@@ -217,9 +264,10 @@ def _validate(tracker: TrackerAddress, device: Device, model: ModelSource, bench
             old, old_error = None, exc.message
     if old is None:  # the previous set does not compile or run: the new one, which does, is better
         after_s = median(checked.steady_samples_s)
-        return True, None, after_s, f"kept: {after_s * 1e3:.3g} ms (the previous set did not run: {old_error})"  # type: ignore[operator]
+        return Validation(True, None, after_s,
+                          f"kept: {after_s * 1e3:.3g} ms (the previous set did not run: {old_error})")  # type: ignore[operator]
     kept = not_slower(old_rounds, new_rounds)
     before_s, after_s = nonempty_median(old_rounds), nonempty_median(new_rounds)
     change = f"{before_s / after_s:.2f}× faster" if kept else f"{after_s / before_s:.2f}× slower: records not used"
-    return kept, before_s, after_s, (f"{'kept' if kept else 'rejected'}: {before_s * 1e3:.3g} ms → {after_s * 1e3:.3g} ms "
-                                     f"({change}; {len(old_rounds)} interleaved rounds)")
+    return Validation(kept, before_s, after_s, f"{'kept' if kept else 'rejected'}: {before_s * 1e3:.3g} ms → "
+                                               f"{after_s * 1e3:.3g} ms ({change}; {len(old_rounds)} interleaved rounds)")

@@ -101,7 +101,6 @@ def test_a_session_that_changes_none_of_the_model_s_code_is_kept_without_measuri
     workloads, records = (tuple((tmp_path / name).read_text().splitlines()) for name in ("w.json", "r.json"))
     assert len(records) >= 2
     before, after = TuningSet("k", workloads, records[:1]), TuningSet("k", workloads, records)
-    kept, before_s, after_s, reason = _validate(None, LOCAL, model, BenchConfig(), tmp_path / "cache",  # type: ignore[arg-type]
-                                                before, after)
-    assert (kept, before_s, after_s) == (True, None, None), reason
-    assert "change none of this model's code" in reason
+    checked = _validate(None, LOCAL, model, BenchConfig(), tmp_path / "cache", before, after)  # type: ignore[arg-type]
+    assert (checked.kept, checked.before_s, checked.after_s) == (True, None, None), checked.reason
+    assert "change none of this model's code" in checked.reason

@@ -347,16 +347,17 @@ def test_without_the_profile_metaschedule_s_scheduler_shares_the_trials_over_eve
 
 
 def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):
-    from farm.tune import BUILD_FAILED, _measure_when_built
+    from farm.tune.metaschedule import BUILD_FAILED, measure_when_built
+    from farm.tvm_private import RUNNER_ARGS
 
     library = tmp_path / "candidate.so"
     (tmp_path / ("candidate.so" + BUILD_FAILED)).write_text("build failed: LLVM ERROR: out of registers")
-    args = (None,) * 8 + (str(library),) + (None,) * 2  # RPCRunner's worker arguments; the 9th is the library
+    args = tuple(str(library) if name == "artifact_path" else None for name in RUNNER_ARGS)  # RPCRunner's worker's
     with pytest.raises(RuntimeError, match="out of registers"):
-        _measure_when_built(5.0, str(tmp_path / "busy.txt"), *args)
+        measure_when_built(5.0, str(tmp_path / "busy.txt"), *args)
     (tmp_path / ("candidate.so" + BUILD_FAILED)).unlink()
     with pytest.raises(RuntimeError, match="no library after 0.2 s"):
-        _measure_when_built(0.2, str(tmp_path / "busy.txt"), *args)
+        measure_when_built(0.2, str(tmp_path / "busy.txt"), *args)
 
 
 def test_tune_times_each_task_first_and_shares_the_trials(farm_net, inventory_file, farm_env):
@@ -375,3 +376,38 @@ def test_tune_times_each_task_first_and_shares_the_trials(farm_net, inventory_fi
     now = {t["name"]: t for t in again["tasks"]}
     assert now[biggest["name"]]["share"] < biggest["share"]
     assert abs(sum(t["share"] for t in now.values()) - 1) < 1e-9
+
+
+def test_a_record_s_time_is_the_mean_of_its_runs_the_rule_metaschedule_ranks_by(tmp_path):
+    """One rule for a record's time (``records.record_s``): the store's run_s, a task's best, the untuned guard and
+    the seeds use it, and it must order records as MetaSchedule's database does (the best is what compiles)."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.compile import untuned_trace
+    from farm.tune.records import record_s
+
+    a = te.placeholder((4,), name="a")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((4,), lambda i: a[i] + 1.0, name="b")])})
+    database = ms.database.JSONDatabase(str(tmp_path / "w.json"), str(tmp_path / "r.json"), allow_missing=True)
+    workload = database.commit_workload(mod)
+    for secs in ([1.0, 5.0], [2.0, 2.0], [1.5, 6.0]):  # by the minimum the order would be 1.0, 1.5, 2.0
+        database.commit_tuning_record(ms.database.TuningRecord(untuned_trace(mod), workload, secs, tvm.target.Target(
+            "llvm"), ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    assert [record_s(r.run_secs) for r in database.get_top_k(workload, 3)] == [2.0, 3.0, 3.75]
+    assert record_s([1e10]) is None and record_s([]) is None and record_s(None) is None  # failed, or not run
+
+
+def test_the_tune_package_s_defaults_import_no_tvm():
+    """The CLI's parser reads TuneConfig's defaults (DEFAULT_TRIALS, RUNNER_TIMEOUT_S): importing farm.tune must not
+    cost TVM's import; the names that need TVM load when first named, and each of them resolves."""
+    code = ("import sys, farm.tune; farm.tune.TuneConfig(); farm.tune.DEFAULT_TRIALS; farm.tune.RUNNER_TIMEOUT_S; "
+            "print(sorted(m for m in sys.modules if m == 'tvm' or m.startswith('tvm.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+    import farm.tune
+
+    assert [name for name in farm.tune.__all__ if getattr(farm.tune, name, None) is None] == []
+    assert farm.tune.TuneConfig().trials == farm.tune.DEFAULT_TRIALS
+    assert farm.tune.TuneConfig().runner_timeout_s == farm.tune.RUNNER_TIMEOUT_S

@@ -1,0 +1,61 @@
+"""What a tuning session is asked to do (``TuneConfig``), and the numbers its defaults come from.
+
+Every default of ``farm tune`` and of a sweep file's ``[tune]`` table is read from here (the CLI, ``nightly``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from farm.records import Device
+from farm.task_profile import DEFAULT_MIN_SHARE
+
+# Trials a session searches when not told: enough for every batch of a small model's tasks to be measured once or
+# more (TRIALS_PER_RUNNER a batch); a night or an hour of tuning is asked for with --trials or minutes.
+DEFAULT_TRIALS = 64
+
+# Seconds a candidate may take on the device (upload, load, runs, clean-up): MetaSchedule's own 10 s is short for a
+# phone's first load. A device's runner_timeout_s in devices.toml overrides it (``runner_timeout_for``).
+RUNNER_TIMEOUT_S = 60.0
+
+# A candidate whose request found every server of the key taken asks again this many times (each waits
+# request_timeout_s) before its measurement fails: busy devices are not a bad schedule.
+BUSY_RETRIES = 4
+
+# Searching by share, the tasks take turns in passes: each pass gives every task its share of this many trials
+# (at least one batch), biggest first, until their allotments or the minutes are spent. One search per task at
+# once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
+PASS_TRIALS = 256
+
+# Candidates a batch for each runner measuring at once. MetaSchedule generates a task's next batch only after the
+# last candidate of the batch is measured, so every device waits for the generation (and the last candidate's)
+# once a batch: K runners get K times the batch, and that wait is shared by as many candidates as at K = 1
+# (tools/bench_tuning.py --scaling, 48 trials: 29 % idle at K = 2 with 16 candidates a batch, 25 % with 32).
+TRIALS_PER_RUNNER = 16
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    trials: int = DEFAULT_TRIALS
+    per_task: int | None = None
+    minutes: float | None = None
+    tasks: str | None = None  # only tasks whose name contains this
+    trials_per_iter: int | None = None  # candidates a batch (None: TRIALS_PER_RUNNER × the runners)
+    builder_timeout_s: float = 120.0  # the first batch can be slow: workers import TVM
+    runner_timeout_s: float = RUNNER_TIMEOUT_S  # per candidate on the device
+    request_timeout_s: float = 30.0  # wait for a free device per candidate (then asked again: BUSY_RETRIES)
+    seed: int = 0
+    max_runners: int = 1  # candidates measured at once, each on its own server of the key (K = min(free, this))
+    fresh_cost_model: bool = False  # ignore the cost model earlier sessions saved for this target
+    candidate_cooldown_s: float = 0.0  # the device rests this long after each candidate, session held (phones)
+    by_share: bool = True  # profile each task untuned on the device first, share the trials by its time
+    builds_ahead: bool | None = None  # build while the devices measure (None: unless the device measures on this host's CPU)
+    take_turns: bool = True  # builds ahead: a pass's tasks take turns in one search (False: one task a search)
+    min_share: float = DEFAULT_MIN_SHARE  # a task below this share of the model's untuned time is not searched
+
+
+def runner_timeout_for(device: Device) -> float:
+    """Seconds a candidate may take on ``device``: its ``runner_timeout_s`` in devices.toml, else ``RUNNER_TIMEOUT_S``."""
+    return float(device.options.get("runner_timeout_s", RUNNER_TIMEOUT_S))
