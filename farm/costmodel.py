@@ -13,7 +13,7 @@ a model saved before any training raises. Here the same state is one ``.npz`` of
     costs            float32 per candidate: its mean measured time (1e10 for a failed one, as TVM stores them)
     last_train_size  int64   the sample count of the last training (TVM's adaptive retraining)
 
-``tune.py`` saves it with the store's records for the tuning key after every session and loads it before the
+``farm.tune`` saves it with the store's records for the tuning key after every session and loads it before the
 next one, so a session starts from everything the farm measured for that target, not from random predictions.
 """
 

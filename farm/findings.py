@@ -186,6 +186,17 @@ def _group(metric: str, direction: str, alerts: list[Alert], judged: list[Series
     return [f for f in out if f.k]
 
 
+
+Group = tuple[str, str]  # ("model", its label) or ("device", its name): what a broad finding is about
+
+
+def _model_of(alert) -> Group:
+    return ("model", _label(alert))
+
+
+def _device_of(alert) -> Group:
+    return ("device", alert.device)
+
 def _broad(metric: str, direction: str, alerts: list[Alert], judged: list[SeriesVerdict],
            runs: Mapping[int, "Run"]) -> list[Finding]:
     """Model, device, sweep-wide and single-series findings of alerts with no context or tuning change.
@@ -195,43 +206,43 @@ def _broad(metric: str, direction: str, alerts: list[Alert], judged: list[Series
     single series). A group needs two alerts it explains; its magnitude is theirs, its breadth every alert of its
     model (device): a device whose driver slowed all its models, half of which a mass regression also slowed, is
     "8/8 series" at the driver's own change."""
-    n_of: dict[str, int] = {}
-    k_of: dict[str, int] = {}
-    for name in [f"m:{_label(v)}" for v in judged] + [f"d:{v.device}" for v in judged]:
+    n_of: dict[Group, int] = {}
+    k_of: dict[Group, int] = {}
+    for name in [_model_of(v) for v in judged] + [_device_of(v) for v in judged]:
         n_of[name] = n_of.get(name, 0) + 1
-    for name in [f"m:{_label(a)}" for a in alerts] + [f"d:{a.device}" for a in alerts]:
+    for name in [_model_of(a) for a in alerts] + [_device_of(a) for a in alerts]:
         k_of[name] = k_of.get(name, 0) + 1
 
-    def share(name: str) -> float:
+    def share(name: Group) -> float:
         value = k_of[name] / max(n_of.get(name, 0), k_of[name])
         return value if value >= BROAD else 0.0
 
-    explained: dict[str, list[Alert]] = {}
+    explained: dict[Group, list[Alert]] = {}
     singles: list[Alert] = []
     for a in alerts:
-        by_model, by_device = share(f"m:{_label(a)}"), share(f"d:{a.device}")
+        by_model, by_device = share(_model_of(a)), share(_device_of(a))
         if by_model and by_model >= by_device:
-            explained.setdefault(f"m:{_label(a)}", []).append(a)
+            explained.setdefault(_model_of(a), []).append(a)
         elif by_device:
-            explained.setdefault(f"d:{a.device}", []).append(a)
+            explained.setdefault(_device_of(a), []).append(a)
         else:
             singles.append(a)
     for name in [name for name, group in explained.items() if len(group) < 2]:
         singles += explained.pop(name)
-    members = {name: [a for a in alerts if name in (f"m:{_label(a)}", f"d:{a.device}")] for name in explained}
+    members = {name: [a for a in alerts if name in (_model_of(a), _device_of(a))] for name in explained}
 
     def alone(own: list[Alert]) -> list[Alert]:
         """A model group's alerts on devices no device group explains: its magnitude, not the device's on top."""
-        return [a for a in own if f"d:{a.device}" not in explained] or own
+        return [a for a in own if _device_of(a) not in explained] or own
     out = []
-    wide = [name for name in explained if name.startswith("m:") and share(name) >= SWEEP_WIDE]
+    wide = [name for name in explained if name[0] == "model" and share(name) >= SWEEP_WIDE]
     if len(wide) >= 2:
         group = [a for name in wide for a in members[name]]
         own = [a for name in wide for a in explained[name]]
         out.append(_finding("sweep", metric, direction, group, judged, runs, cause=_context_cause(own, runs),
                             key_scope="sweep", own=alone(own)))
     for name, own in sorted(explained.items()):
-        kind, entity = ("model", name[2:]) if name.startswith("m:") else ("device", name[2:])
+        kind, entity = name
         if name in wide and len(wide) >= 2:
             continue
         scope = [v for v in judged if (_label(v) if kind == "model" else v.device) == entity]

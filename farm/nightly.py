@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import TVM_VERSION, compile_model, effective_target, tuning_key
+from farm.compile import TVM_VERSION, compile_model, device_tuning_key, effective_target
 from farm.errors import FarmError
 from farm.records import Artifact, BenchConfig, Device, ModelSource, TrackerAddress, TuningSet
 from farm.results import run_rows, versus_reference
@@ -44,6 +44,7 @@ from farm.runs import Run
 from farm.store import Store
 from farm.stats import median, nonempty_median
 from farm.measure import interleaved_rounds
+from farm.regress import not_slower
 from farm.sweep import cell_inputs, measure_cell, tuning_set
 from farm.tune import DEFAULT_TRIALS, TuneConfig, TuneStatus, tune_model
 
@@ -115,16 +116,6 @@ def rank_models(runs: list[Run], device: str) -> list[tuple[str, str]]:
     ranked += [(r.model, f"{untuned[r.run_id] * 1e3:.3g} ms untuned") for r in sorted(rest, key=lambda r: -untuned[r.run_id])]
     seen: set[str] = set()
     return [(m, why) for m, why in ranked if not (m in seen or seen.add(m))]  # type: ignore[func-returns-value]
-
-
-def not_slower(before: list[float], after: list[float]) -> bool:
-    """The rule that keeps a record set: over interleaved rounds (one figure per round for each set), the median
-    of the per-round ratios new / previous is at most 1. Without a previous figure, any that ran is kept."""
-    if not after:
-        return False
-    if not before:
-        return True
-    return nonempty_median([new / old for old, new in zip(before, after)]) <= 1.0
 
 
 def tune_after_sweep(tracker: TrackerAddress, devices: dict[str, Device], sweep_devices: tuple[str, ...],
@@ -219,7 +210,7 @@ def replay_earlier_records(store: Store, device: Device, model: ModelSource) -> 
             return False
 
     target = effective_target(device)
-    key = tuning_key(target)
+    key = device_tuning_key(device, target)
     if store.ever_had_records(key):  # records of its own, or a replay that was rejected: never replayed (again)
         return None
     earlier = next(((k, v) for k, v in store.other_tunings(target, TVM_VERSION) if older(v)), None)

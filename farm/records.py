@@ -20,7 +20,7 @@ CPU_TARGETS = ("llvm", "c")  # code runs on the CPU (no GPU to fall back from; w
 GPU_TARGETS = ("cuda", "opencl", "metal", "vulkan", "rocm", "webgpu")
 TARGET_KINDS = CPU_TARGETS + GPU_TARGETS
 # TVM 0.27's target tags (tvm.target.list_tags(): 287) by family, each family's one kind, so a tag's kind is known
-# without importing TVM (compile.py resolves the tag itself with TVM). Families whose kind farm does not measure
+# without importing TVM (farm.compile resolves the tag itself with TVM). Families whose kind farm does not measure
 # (qcom/hexagon-*, aws/trn1/*) are left out; tests/test_inventory.py checks this table against TVM's tags.
 TAG_KINDS = {
     "nvidia/": "cuda", "apple/": "metal", "qcom/adreno-opencl": "opencl", "qcom/adreno-vulkan": "vulkan",
@@ -151,15 +151,17 @@ THREADS_RULE = ("TVM's CPU threads on a device: devices.toml's threads, else the
                 "(runtime.NumThreads), and the reference runtime gets that count")
 
 
-def threads_setting(device: Device) -> int | None:
-    """The CPU threads farm's servers give TVM on ``device`` (``THREADS_RULE``); None: the server's own count of its
-    online CPUs. Never TVM's default, which halves the CPUs on x86 (it assumes two hyper-threads per core: 1 thread
-    on a 2-core VM)."""
+def threads_setting(device: Device, target: dict[str, Any] | None = None) -> int | None:
+    """The CPU threads farm's servers give TVM on ``device`` (``THREADS_RULE``), reading ``num-cores`` from
+    ``target`` (the effective target, where the caller has it) or the inventory's; None: the server's own count of
+    its online CPUs. Never TVM's default, which halves the CPUs on x86 (it assumes two hyper-threads per core: 1
+    thread on a 2-core VM)."""
     if device.threads is not None:
         return device.threads
-    for target in (device.target, device.target.get("host"), device.host):
-        if isinstance(target, dict) and target.get("num-cores"):
-            return int(target["num-cores"])
+    given = target or device.target
+    for candidate in (given, given.get("host"), device.host):
+        if isinstance(candidate, dict) and candidate.get("num-cores"):
+            return int(candidate["num-cores"])
     return None
 
 
@@ -242,6 +244,16 @@ class TuningSet:
         import hashlib
 
         return hashlib.sha256("\n".join(self.workloads + ("--",) + self.records).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SavedCostModel:
+    """A tuning key's XGBoost cost model as the store keeps it: farm/costmodel.py's bytes, their format, the samples
+    it learned from."""
+
+    body: bytes
+    format: str
+    samples: int
 
 
 @dataclass(frozen=True)

@@ -323,6 +323,21 @@ def compare_rounds(old: Sequence[float], new: Sequence[float], method: Method = 
     return RoundComparison(int(old_a.size), nonempty_median(old_a), nonempty_median(new_a), change, p, verdict)
 
 
+def not_slower(before: Sequence[float], after: Sequence[float]) -> bool:
+    """Whether a new record set is kept (nightly tuning): over interleaved rounds (one figure per round for each set),
+    the median of the per-round ratios new / previous is at most 1; without a previous figure, any that ran is kept.
+
+    The other question "is it slower" farm asks, here beside it: ``compare_rounds`` confirms a regression and needs
+    significance (Wilcoxon, p < 0.01: 8 rounds at least). Keeping tuning records asks less: 5 rounds
+    (``nightly.VALIDATION_ROUNDS``) cannot reach that p (its smallest is 2/2⁵), and a set that is not slower by the
+    paired median is kept; a slower one leaves the baseline as it was."""
+    if not after:
+        return False
+    if not before:
+        return True
+    return nonempty_median([new / old for old, new in zip(before, after)]) <= 1.0
+
+
 def confirm(sample_rounds, rounds: Sequence[int] = CONFIRM_ROUNDS, method: Method = METHOD) -> tuple[str, RoundComparison]:
     """Confirm a candidate: ``sample_rounds(n)`` reruns old and new artifacts for ``n`` more rounds (a fresh load
     of both each round) and returns their per-round figures. Inconclusive after the first rounds → more rounds;

@@ -12,23 +12,47 @@ farm's name                 TVM's private name (0.27)                           
 ``RUNNER_ARGS``             that worker's positional parameters, in order          ``tune.metaschedule``
 ``artifact_path``           ... its 9th (``args[8]``): the candidate's library     ``tune.metaschedule``
 ``outer_object``            ``derived_object``'s ``_outer`` weak reference          ``tune.metaschedule``
+``rpc_serving``             ``rpc.server._serving`` (one session of the server)    ``rpc.server``
+``set_rpc_serving``         ... replaced: the listen loop looks it up per session  ``rpc.server``
 ==========================  =====================================================  ===========================
+
+MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
+must not import MetaSchedule.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, Callable
 
-from tvm.s_tir.meta_schedule.builder import local_builder as _local_builder
-from tvm.s_tir.meta_schedule.runner import rpc_runner as _rpc_runner
+# build_in_worker: MetaSchedule's builder worker, (f_build, f_export, mod, target, params) -> the exported library's
+# path. Run in farm's own pool (AheadBuilder), so a device starts on a candidate as soon as it is built.
+# measure_in_worker: MetaSchedule's RPC runner worker (session, upload, alloc, run, clean-up) -> the run seconds, with
+# its positional parameters (RUNNER_ARGS): farm's runner (AfterBuildRunner) calls it with RPCRunner's own functions.
+_METASCHEDULE = {"build_in_worker": "tvm.s_tir.meta_schedule.builder.local_builder",
+                 "measure_in_worker": "tvm.s_tir.meta_schedule.runner.rpc_runner"}
 
-# MetaSchedule's builder worker: (f_build, f_export, mod, target, params) -> the exported library's path. Run in
-# farm's own pool (AheadBuilder), so a device starts on a candidate as soon as it is built.
-build_in_worker = _local_builder._worker_func  # pylint: disable=protected-access
 
-# MetaSchedule's RPC runner worker (session, upload, alloc, run, clean-up) -> the run seconds, with its
-# positional parameters: farm's runner (AfterBuildRunner) calls it with RPCRunner's own functions and configs.
-measure_in_worker = _rpc_runner._worker_func  # pylint: disable=protected-access
+def __getattr__(name: str) -> Any:
+    if name in _METASCHEDULE:
+        return importlib.import_module(_METASCHEDULE[name])._worker_func  # pylint: disable=protected-access
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def rpc_serving() -> Callable:
+    """TVM's rpc server's function that serves one session: ``(sock, addr, opts, load_library)``."""
+    from tvm.rpc import server
+
+    return server._serving  # pylint: disable=protected-access
+
+
+def set_rpc_serving(serving: Callable) -> None:
+    """Replace it: ``_listen_loop`` looks ``_serving`` up at each session, so the replacement serves the next one."""
+    from tvm.rpc import server
+
+    server._serving = serving  # pylint: disable=protected-access
+
+
 RUNNER_ARGS = ("_f_create_session", "_f_upload_module", "_f_alloc_argument", "_f_run_evaluator", "_f_cleanup",
                "rpc_config", "evaluator_config", "alloc_repeat", "artifact_path", "device_type", "args_info")
 

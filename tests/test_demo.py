@@ -37,6 +37,21 @@ def test_demo_benchmarks_builtin_models_on_its_devices_reports_and_stops_everyth
         assert "tvm.exec" not in command and "farm.rpc.server" not in command
 
 
+def test_demo_tunes_its_model_then_measures_it_again_beside_the_reference_threads_stated(demo):
+    """The story a newcomer came for: untuned TVM beside onnxruntime on equal threads, a short session, the same
+    model measured again with its new records."""
+    tmp_path, out, _ = demo
+    host = [c for c in out["cells"] if c["device"] == "host-native"]
+    assert all(c["threads"] >= 1 and f"{c['threads']} thread" in c["versus_reference"] and "each)" in c["versus_reference"]
+               for c in host)  # TVM's reported threads, and onnxruntime on the same count
+    tuning = out["tuning"]
+    assert (tuning["device"], tuning["model"]) == ("host-native", "convnet") and tuning["trials"] > 0
+    assert tuning["tuned_run"] > tuning["untuned_run"] and tuning["tuned_s"] > 0 and tuning["untuned_s"] > 0
+    assert "threads each)" in tuning["versus_reference"]
+    report = (tmp_path / out["report"]).read_text()
+    assert report.count("host-native</td>") >= 2 and "tuned " in report and "untuned" in report  # before and after rows
+
+
 @needs_chromium
 def test_demo_report_shows_the_opencl_devices_figures_in_chromium(demo):
     tmp_path, out, devices = demo

@@ -192,7 +192,7 @@ def test_the_fallback_check_applies_to_a_tag_target():
 
 
 def test_a_host_given_by_tag_must_be_a_cpu_and_compiles_for_its_triple():
-    """inventory.py's host rule reads the tag's kind (a tag host was a KeyError); compile.py resolves it."""
+    """inventory.py's host rule reads the tag's kind (a tag host was a KeyError); farm.compile resolves it."""
     with pytest.raises(InventoryError, match="host kind 'cuda' cannot be a host"):
         parse_inventory(TAGGED.format(tag="nvidia/jetson-tx2", extra='host = { tag = "nvidia/jetson-nano" }'))
     text = '[devices.t]\nkind = "linux"\nkey = "t"\ntarget = { kind = "opencl" }\nhost = { tag = "arm/rasp4b" }\n'

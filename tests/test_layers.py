@@ -22,7 +22,7 @@ ALLOWED = {
     "inventory": {"errors", "records", "devices"},  # the kinds' field schemas (importing them imports no TVM)
     "store": {"errors", "records", "stats"},
     "models": {"errors", "records"},
-    "rpc": {"errors", "records", "rpc"},
+    "rpc": {"errors", "records", "rpc", "tvm_private"},  # rpc/server.py: TVM's _serving
     "devices": {"errors", "records", "rpc", "devices", "stats"},
     "compile": {"errors", "records", "models", "devices"},
     "measure": {"errors", "records", "rpc", "devices", "stats", "__init__"},  # stats: a round's median
@@ -38,9 +38,9 @@ ALLOWED = {
     "tvm_private": set(),  # TVM's private names farm relies on, each checked by tests/test_tvm_private.py
     "tune": {"compile", "costmodel", "devices", "errors", "records", "rpc", "store", "sweep", "task_profile",
              "tvm_private"},
-    "nightly": {"compile", "errors", "measure", "records", "results", "runs", "stats", "store", "sweep", "tune"},
+    "nightly": {"compile", "errors", "measure", "records", "regress", "results", "runs", "stats", "store", "sweep", "tune"},
     "confirmation": {"errors", "findings", "measure", "models", "records", "regress", "results", "series", "store"},
-    "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep"},
+    "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
     "dashboard": {"errors", "records", "results", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
@@ -221,8 +221,10 @@ CATCHERS = {
     "farm.rpc.probe": "a probe's state: busy or unreachable, with the reason",
     "farm.rpc.processes": "start_tracker waits for the tracker it started, then raises its own TrackerError",
     "farm.rpc.tracker": "wait_for_tracker polls until its deadline, then re-raises",
-    "farm.sweep": "a cell's failure is a stored failed cell (compile, check skipped, fallback refused); a write "
-                  "that fails loses one cell, not the sweep; a tracker that does not answer says nothing offline",
+    "farm.sweep.cell": "a cell's failure is a stored failed cell (its compile's error, a CPU fallback refused, with why)",
+    "farm.sweep.inputs": "a reference that cannot be read or computed: the output check skipped",
+    "farm.sweep.run": "a write that fails loses one cell (or copy curve), not the sweep; a tracker that does not answer "
+                      "says nothing offline",
     "farm.tune.metaschedule": "a candidate whose key's servers are all busy asks again (BUSY_RETRIES), then raises",
     "farm.tune.records": "seeds by anchor block whose timing fails: the search starts without them",
     "farm.tune.session": "a tracker that stops answering ends the session as 'device-lost'",

@@ -4,7 +4,7 @@ runtime; a record set kept only if the model is not slower with it; an earlier T
 import json
 import sqlite3
 
-from farm.nightly import not_slower
+from farm.regress import not_slower
 from farm.store import Store
 from tests.conftest import run_farm
 from tests.test_store import DEVICE

@@ -120,10 +120,11 @@ def test_a_failed_compile_is_stored_at_once_and_alike_by_bench_and_sweep(farm_ne
     """One cell pipeline: the same failing compile through farm bench's path and a sweep's worker gives the same
     stored row, and neither waits on the cooldown or the health gates (nothing ran on the device)."""
     import farm.sweep as sweep_module
+    import farm.sweep.cell as cell_module  # where run_cell looks cool_down up
 
     gates = []
-    real_cool_down = sweep_module.cool_down
-    monkeypatch.setattr(sweep_module, "cool_down", lambda *a, **k: gates.append(a[0].name) or real_cool_down(*a, **k))
+    real_cool_down = cell_module.cool_down
+    monkeypatch.setattr(cell_module, "cool_down", lambda *a, **k: gates.append(a[0].name) or real_cool_down(*a, **k))
     inv = parse_inventory(farm_net.inventory_text('''
 [devices.broken]
 kind = "remote"
@@ -219,15 +220,16 @@ def test_cell_eta_from_the_device_s_own_pace():
 
 def test_a_cell_that_raises_unexpectedly_is_stored_failed_and_the_sweep_goes_on(farm_net, tmp_path, monkeypatch, caplog):
     import farm.sweep as sweep_module
+    import farm.sweep.cell as cell_module  # where run_cell looks measure_cell up
 
-    real = sweep_module.measure_cell
+    real = cell_module.measure_cell
 
     def measure_or_break(tracker, device, model, *args, **kwargs):  # a farm bug in one cell, injected
         if model.name == "convnet" and device.name == "cpu-a":
             return {}["a key farm forgot"]
         return real(tracker, device, model, *args, **kwargs)
 
-    monkeypatch.setattr(sweep_module, "measure_cell", measure_or_break)
+    monkeypatch.setattr(cell_module, "measure_cell", measure_or_break)
     inv = parse_inventory(farm_net.inventory_text())
     spec = SweepSpec(("cpu-a", "cpu-b"), ("mlp", "convnet"), None, FAST)
     outcome = sweep_module.run_sweep(inv.tracker, inv.devices, spec, tmp_path / "r.db", tmp_path / "cache")
@@ -244,8 +246,9 @@ def test_a_cell_that_raises_unexpectedly_is_stored_failed_and_the_sweep_goes_on(
 
 def test_a_worker_that_dies_leaves_the_sweep_incomplete_and_resumable(farm_net, tmp_path, monkeypatch):
     import farm.sweep as sweep_module
+    import farm.sweep.run as run_module  # where the sweep's workers look cell_eta up
 
-    real = sweep_module.cell_eta
+    real = run_module.cell_eta
 
     def eta_or_break(count, total, elapsed_s):  # outside any cell: the whole worker of cpu-b ends
         if threading.current_thread().name == "sweep-cpu-b":
@@ -254,13 +257,13 @@ def test_a_worker_that_dies_leaves_the_sweep_incomplete_and_resumable(farm_net, 
 
     inv = parse_inventory(farm_net.inventory_text())
     spec = SweepSpec(("cpu-a", "cpu-b"), ("mlp",), None, FAST)
-    monkeypatch.setattr(sweep_module, "cell_eta", eta_or_break)
+    monkeypatch.setattr(run_module, "cell_eta", eta_or_break)
     outcome = sweep_module.run_sweep(inv.tracker, inv.devices, spec, tmp_path / "r.db", tmp_path / "cache",
                                      progress=lambda *_: None)
     assert outcome.status == "incomplete" and outcome.missing == [("cpu-b", "mlp")]
     with Store(tmp_path / "r.db") as store:
         assert store.sweep(outcome.sweep_id)["status"] == "incomplete"
-    monkeypatch.setattr(sweep_module, "cell_eta", real)
+    monkeypatch.setattr(run_module, "cell_eta", real)
     resumed = sweep_module.run_sweep(inv.tracker, inv.devices, spec, tmp_path / "r.db", tmp_path / "cache",
                                      sweep_id=outcome.sweep_id)
     assert resumed.status == "done" and resumed.skipped == 1

@@ -91,3 +91,22 @@ def test_every_comparison_states_its_threads():
     assert versus_text(1e-3, 4e-3, "onnxruntime", 1, 1) == "TVM 4× faster, 1 thread each"
     assert versus_text(1e-3, 4e-3, "onnxruntime", 1, 2) == "TVM 4× faster (unequal threads: TVM 1, onnxruntime 2)"
     assert versus_text(1e-3, 4e-3, "onnxruntime") == "TVM 4× faster (threads not known: TVM ?, onnxruntime ?)"
+
+
+def test_tuning_records_are_keyed_by_threads_and_older_ones_are_explained_once(tmp_path, caplog):
+    from farm.compile import device_tuning_key, effective_target, key_before_threads
+    from farm.sweep import tuning_set
+
+    inv = parse_inventory('[devices.one]\nkind = "local"\nkey = "k"\ntarget = { kind = "llvm" }\nthreads = 1\n'
+                          '[devices.two]\nkind = "local"\nkey = "k"\ntarget = { kind = "llvm" }\nthreads = 2\n')
+    one, two = inv.devices["one"], inv.devices["two"]
+    assert effective_target(one) == effective_target(two) and device_tuning_key(one) != device_tuning_key(two)
+    with Store(tmp_path / "r.db") as store:
+        store.add_tuning_lines(device_tuning_key(one), ['{"w": 1}'], [(0, '[0, "record on 1 thread"]', 1e-3)], None)
+        assert len(tuning_set(store, one).records) == 1 and tuning_set(store, two).records == ()  # never mixed
+        store.add_tuning_lines(key_before_threads(effective_target(two)), ['{"w": 1}'], [(0, '[0, "old"]', 1e-3)], None)
+        with caplog.at_level("WARNING", logger="farm.sweep"):
+            for _ in range(3):
+                assert tuning_set(store, two).records == ()  # measured on TVM's default threads: they do not apply
+    said = [r.getMessage() for r in caplog.records if "before farm set threads" in r.getMessage()]
+    assert len(said) == 1 and "farm tune --device two tunes it again on 2 threads" in said[0]

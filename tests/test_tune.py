@@ -64,6 +64,7 @@ def test_short_tune_stores_records_and_changes_the_artifact(farm_net, inventory_
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["status"] == "done" and out["trials"] >= 4
+    assert out["ended_by"] in ("its 8 trials", "every task's allotment measured (or no new candidate left)")
     assert out["new_records"] == out["total_records"] == _records(tmp_path / "results.db") > 0
     assert any(t["best_s"] for t in out["tasks"])
     untuned = json.loads(run_farm("--devices", str(inventory_file), "compile", "--device", "cpu-a", "--model", "mlp",
@@ -200,7 +201,7 @@ def test_tune_unknown_device_or_absent_key_fails_before_any_work(farm_net, inven
 def test_sessions_build_on_a_saved_cost_model_and_packs_carry_it(farm_net, inventory_file, farm_env, tmp_path):
     """Session 2 starts from session 1's cost model (kept with the target's records, as data); a pack carries
     records, cost model and a manifest; a pack for another target or TVM is refused."""
-    from farm.compile import effective_target, tuning_key
+    from farm.compile import device_tuning_key
     from farm.costmodel import dump_cost_model, load_cost_model, new_cost_model
     from farm.inventory import load_inventory
     from farm.store import Store
@@ -215,9 +216,10 @@ def test_sessions_build_on_a_saved_cost_model_and_packs_carry_it(farm_net, inven
     fresh = json.loads(run_farm(*tune, "--trials", "4", "--per-task", "8", "--fresh-cost-model", "--json",
                                 env=farm_env).stdout)
     assert fresh["cost_model_samples_before"] == 0
-    key = tuning_key(effective_target(load_inventory(inventory_file).devices["cpu-a"]))
+    key = device_tuning_key(load_inventory(inventory_file).devices["cpu-a"])
     with Store(farm_env["FARM_DB"]) as store:
-        blob, _, samples = store.cost_model(key)
+        saved = store.cost_model(key)
+        blob, samples = saved.body, saved.samples
     model = new_cost_model(1)
     assert load_cost_model(model, blob) == samples == fresh["cost_model_samples"]
     again = new_cost_model(1)
@@ -236,7 +238,7 @@ def test_sessions_build_on_a_saved_cost_model_and_packs_carry_it(farm_net, inven
     imported = json.loads(run_farm(*tune, "--trials", "0", "--import", str(pack), "--json", env=other).stdout)
     assert imported["imported_records"] == manifest["records"]
     with Store(other["FARM_DB"]) as store:
-        assert store.cost_model(key)[2] == samples
+        assert store.cost_model(key).samples == samples
     wrong_target = run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "mlp",
                             "--trials", "0", "--import", str(pack), env=other)
     assert wrong_target.returncode == 1 and "was tuned for target" in wrong_target.stderr.splitlines()[0]
@@ -411,3 +413,19 @@ def test_the_tune_package_s_defaults_import_no_tvm():
     assert [name for name in farm.tune.__all__ if getattr(farm.tune, name, None) is None] == []
     assert farm.tune.TuneConfig().trials == farm.tune.DEFAULT_TRIALS
     assert farm.tune.TuneConfig().runner_timeout_s == farm.tune.RUNNER_TIMEOUT_S
+
+
+def test_minutes_alone_mean_tune_for_the_minutes_and_trials_alone_or_both_bound_it():
+    from farm.tune.config import DEFAULT_TRIALS, UNBOUNDED_TRIALS, session_trials
+
+    assert session_trials(None, 8.0) == UNBOUNDED_TRIALS  # --minutes 8: the session runs for 8 minutes
+    assert session_trials(None, None) == DEFAULT_TRIALS
+    assert session_trials(100, 8.0) == 100 and session_trials(0, 8.0) == 0  # both: whichever ends first; 0: none
+
+
+def test_a_session_given_minutes_alone_runs_for_them_and_says_so(farm_net, inventory_file, farm_env):
+    proc = run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "mlp", "--minutes", "0.1",
+                    "--json", env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["status"], out["ended_by"], out["trials_budget"]) == ("time-budget", "its 0.1 minutes", None), out

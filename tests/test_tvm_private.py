@@ -7,11 +7,20 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import RPCConfig, RPCRunner, RunnerInput
 
-from farm.tvm_private import RUNNER_ARGS, artifact_path, build_in_worker, measure_in_worker, outer_object, runner_args
+from farm.tvm_private import (RUNNER_ARGS, artifact_path, build_in_worker, measure_in_worker, outer_object, rpc_serving,
+                               runner_args)
 
 
 def _parameters(func) -> tuple[str, ...]:
     return tuple(inspect.signature(func).parameters)
+
+
+def test_the_rpc_server_serves_each_session_through_one_replaceable_function():
+    import tvm.rpc.server
+
+    assert rpc_serving() is tvm.rpc.server._serving
+    assert _parameters(rpc_serving()) == ("sock", "addr", "opts", "load_library")
+    assert "_serving(" in inspect.getsource(tvm.rpc.server._listen_loop)  # looked up at each session: replaceable
 
 
 def test_the_builder_worker_takes_build_export_module_target_params():

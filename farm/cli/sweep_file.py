@@ -8,6 +8,7 @@ from typing import Any
 
 from farm.errors import FarmError
 from farm.records import BenchConfig
+from farm.tune.config import DEFAULT_TRIALS
 
 # BenchConfig's fields, as a sweep file's [bench] writes them: a number, whole unless the field is a float
 BENCH_KEYS = {f.name: float if "float" in str(f.type) else int for f in fields(BenchConfig)}
@@ -15,7 +16,7 @@ POSITIVE_BENCH_KEYS = ("repeat", "number", "copy_repeat", "timeout_s")  # the ot
 SWEEP_FILE_HINT = ('a sweep file: devices = ["cpu"], models = ["mlp"], variants = ["fp32"], reference = "mlp", '
                    "[bench] repeat = 20, [shapes.MODEL] input = [1, 3, 224, 224]")
 TUNE_KEYS = ("minutes", "trials", "devices", "models")  # farm.nightly.TuneBudget's fields
-TUNE_HINT = ("[tune] minutes = 20 (per device key, after measuring), trials = 64 (per model at most), "
+TUNE_HINT = (f"[tune] minutes = 20 (per device key, after measuring), trials = {DEFAULT_TRIALS} (per model at most), "
              'models = 2 and devices = ["x86-local"] (both optional)')
 
 

@@ -7,7 +7,7 @@ plug-ins by ``tool_name`` the same way). farm asks the kind and never branches o
     inventory.py   fields, validate, validate_fleet, always_emulated, example
     farm serve     bring_up (the records it returns say how to stop what it started), unready, prerequisites
     health.py      read_health
-    compile.py     effective_target, export_toolchain
+    compile/       effective_target, export_toolchain
     measure/       measurement_context
     cli, demo      summary, serve_help, fields (--help texts), demo_entry
 
@@ -73,7 +73,7 @@ class DeviceKind:
     # own figure; elsewhere farm says "no reference runtime on this device" (farm/reference.py)
     reference_runs_here: ClassVar[bool] = False
     # it measures on the CPU that builds tuning candidates (this host's): `farm tune` then builds a batch before
-    # measuring it, since compiles beside a measurement would slow it; elsewhere builds run ahead (farm/tune.py)
+    # measuring it, since compiles beside a measurement would slow it; elsewhere builds run ahead (farm/tune/)
     measures_on_this_host: ClassVar[bool] = False
 
     def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:

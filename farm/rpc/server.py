@@ -5,7 +5,8 @@
 
 It runs TVM's ``rpc.Server`` (same protocol, same forked session per connection). Where TVM's
 server stops serving for good when a session's child exits non-zero (a client killed in the middle
-of a transfer: the child dies on the broken socket, ``_serving`` raises and the listen loop ends),
+of a transfer: the child dies on the broken socket, its ``_serving`` raises and the listen loop ends:
+``farm.tvm_private.rpc_serving``),
 farm's logs it and keeps serving: a sweep killed mid-cell must not take the device down with it.
 It registers, in the server's worker before any session forks from it:
 
@@ -105,7 +106,8 @@ def clear_kernel_cache() -> str:
 
 
 def keep_serving(serving):
-    """TVM's ``_serving``, but a session whose child died is logged and closed instead of ending the server."""
+    """TVM's ``_serving`` (``tvm_private.rpc_serving``), but a session whose child died is logged and closed instead
+    of ending the server."""
 
     @functools.wraps(serving)
     def wrapped(sock, addr, opts, load_library):
@@ -132,10 +134,11 @@ def online_cpus() -> int:
 def register(library: str | None, threads: int = 0) -> None:
     """Runs in TVM's server worker: keep serving after a bad session, load the device runtime, register helpers."""
     import tvm
-    from tvm.rpc import server as tvm_server
 
-    if not getattr(tvm_server._serving, "__wrapped__", None):
-        tvm_server._serving = keep_serving(tvm_server._serving)  # _listen_loop looks it up at each session
+    from farm.tvm_private import rpc_serving, set_rpc_serving
+
+    if not getattr(rpc_serving(), "__wrapped__", None):
+        set_rpc_serving(keep_serving(rpc_serving()))
     if library:
         ctypes.CDLL(library, ctypes.RTLD_GLOBAL)
     tvm.register_global_func("farm.WallTimeEvaluator", wall_time_evaluator, override=True)

@@ -12,7 +12,7 @@ import base64
 import hashlib
 import json
 
-from farm.records import Device, ModelSource
+from farm.records import Device, ModelSource, SavedCostModel
 from farm.store.backends import Backend, now
 
 
@@ -66,11 +66,11 @@ class TuningMixin:
                        "updated_at=excluded.updated_at",
                        (tuning_key, base64.b64encode(body).decode("ascii"), format, samples, session_id, now()))
 
-    def cost_model(self, tuning_key: str) -> tuple[bytes, str, int] | None:
-        """The tuning key's saved cost model: (bytes, format, samples), or None."""
+    def cost_model(self, tuning_key: str) -> SavedCostModel | None:
+        """The tuning key's saved cost model, or None."""
         row = self._db.execute("SELECT body, format, samples FROM tune_cost_models WHERE tuning_key=?",
                                (tuning_key,)).fetchone()
-        return None if row is None else (base64.b64decode(row["body"]), row["format"], int(row["samples"]))
+        return None if row is None else SavedCostModel(base64.b64decode(row["body"]), row["format"], int(row["samples"]))
 
     def tuning_lines(self, tuning_key: str, without_session: int | None = None) -> tuple[list[str], list[str]]:
         """The JSON database files' lines for ``tuning_key``: (workload lines, record lines). Records a rejected

@@ -14,6 +14,19 @@ from farm.task_profile import DEFAULT_MIN_SHARE
 # more (TRIALS_PER_RUNNER a batch); a night or an hour of tuning is asked for with --trials or minutes.
 DEFAULT_TRIALS = 64
 
+# The trials of a session bounded by minutes alone: more than any session measures, so its minutes end it (a user
+# who gives minutes expects to spend them; with --trials too, whichever is spent first ends it).
+UNBOUNDED_TRIALS = 1_000_000
+
+
+def session_trials(trials: int | None, minutes: float | None) -> int:
+    """The trials a session is given: as asked; else as many as ``minutes`` allow (``UNBOUNDED_TRIALS``), else
+    ``DEFAULT_TRIALS``. 0: no session."""
+    if trials is not None:
+        return trials
+    return UNBOUNDED_TRIALS if minutes else DEFAULT_TRIALS
+
+
 # Seconds a candidate may take on the device (upload, load, runs, clean-up): MetaSchedule's own 10 s is short for a
 # phone's first load. A device's runner_timeout_s in devices.toml overrides it (``runner_timeout_for``).
 RUNNER_TIMEOUT_S = 60.0

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from farm.compile import TVM_VERSION, effective_target, tuning_key
+from farm.compile import TVM_VERSION, device_tuning_key, effective_target
+from farm.records import threads_setting
 from farm.costmodel import FORMAT, load_cost_model, new_cost_model
 from farm.errors import FarmError
 from farm.records import Device, TuningSet, utc_now
@@ -25,17 +26,18 @@ PACK_FORMAT = 1
 def export_database(store: Store, device: Device, out_dir: Path) -> TuningSet:
     """Write the store's records for ``device`` as a pack in ``out_dir``; returns them."""
     target = effective_target(device)
-    key = tuning_key(target)
+    key = device_tuning_key(device, target)
     tuning = tuning_set(store, device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_database_files(out_dir, tuning)
     saved = store.cost_model(key)
     if saved is not None:
-        (out_dir / "cost_model.npz").write_bytes(saved[0])
+        (out_dir / "cost_model.npz").write_bytes(saved.body)
     manifest = {"format": PACK_FORMAT, "tuning_key": key, "target": target, "tvm_version": TVM_VERSION,
+                "threads": threads_setting(device, target),
                 "workloads": len(tuning.workloads), "records": len(tuning.records),
-                "cost_model": {"file": "cost_model.npz", "format": saved[1], "samples": saved[2]} if saved else None,
+                "cost_model": {"file": "cost_model.npz", "format": saved.format, "samples": saved.samples} if saved else None,
                 "exported_from": device.name, "exported_at": utc_now()}
     (out_dir / PACK_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return tuning
@@ -49,7 +51,7 @@ def import_database(store: Store, device: Device, in_dir: Path) -> int:
     if not (in_dir / "database_workload.json").exists():
         raise FarmError(f"{in_dir} has no database_workload.json", "point --import at a MetaSchedule database folder")
     target = effective_target(device)
-    key = tuning_key(target)
+    key = device_tuning_key(device, target)
     manifest_path = in_dir / PACK_MANIFEST
     if manifest_path.exists():
         manifest = _read_manifest(manifest_path, in_dir, device, target)
@@ -58,7 +60,7 @@ def import_database(store: Store, device: Device, in_dir: Path) -> int:
             blob = model_file.read_bytes()
             samples = load_cost_model(new_cost_model(1), blob)  # read and checked as data before it is kept
             ours = store.cost_model(key)
-            if ours is None or ours[2] < samples:
+            if ours is None or ours.samples < samples:
                 store.save_cost_model(key, blob, FORMAT, samples, None)
     return sync(in_dir, store, key, None)
 
@@ -74,6 +76,11 @@ def _read_manifest(manifest_path: Path, in_dir: Path, device: Device, target: di
     if theirs[1] != TVM_VERSION:
         raise FarmError(f"{in_dir} was tuned with TVM {theirs[1]}; this farm runs TVM {TVM_VERSION}",
                         "import it into a farm with that TVM, or tune here: records do not carry across versions")
+    if manifest.get("threads") != threads_setting(device, target):
+        raise FarmError(f"{in_dir} was tuned on {manifest.get('threads') or 'an unstated number of'} threads, not "
+                        f"{device.name!r}'s {threads_setting(device, target)}",
+                        "records ranked on another thread count do not apply: import it for a device with that "
+                        "threads setting, or tune here")
     if theirs[0] != target:
         raise FarmError(f"{in_dir} was tuned for target {json.dumps(theirs[0], sort_keys=True)}, not "
                         f"{device.name!r}'s {json.dumps(target, sort_keys=True)}",

@@ -20,7 +20,7 @@ from farm.errors import TrackerError
 from farm.records import TrackerAddress
 from farm.rpc.tracker import query_summary
 from farm.store import Store
-from farm.tune.config import Progress, TuneConfig
+from farm.tune.config import UNBOUNDED_TRIALS, Progress, TuneConfig
 from farm.tune.records import record_s, sync
 
 
@@ -83,6 +83,7 @@ class TuneOutcome:
     trajectory: tuple[tuple[int, float], ...] = ()
     device_busy_seconds: float = 0.0  # the servers' time on candidates (session asked for → released), summed
     candidates_measured: int = 0  # ... over this many candidates (the search's; seeds and untuned records excluded)
+    ended_by: str = ""  # which budget or event ended it, in words (TuneSession.ended_by)
 
 
 @dataclass
@@ -171,6 +172,18 @@ class TuneSession:
         if self.stopping() and not self.takes_turns:
             raise StopTuning(self.reason)
 
+    def ended_by(self) -> str:
+        """Which budget or event ended the session, in words: the output says it beside the status."""
+        if self.status is TuneStatus.TIME_BUDGET:
+            return f"its {self.config.minutes:g} minutes"
+        if self.status is TuneStatus.INTERRUPTED:
+            return "the user"
+        if self.status is TuneStatus.DEVICE_LOST:
+            return "the device leaving"
+        if self.trials >= self.config.trials:
+            return f"its {self.config.trials} trials"
+        return "every task's allotment measured (or no new candidate left)"
+
     def _say_batch(self, index: int) -> None:
         task, trials, budget = self.tasks[index], self.trials, self.config.trials
         eta = (time.monotonic() - self.started) / trials * max(budget - trials, 0) if trials else 0
@@ -179,7 +192,7 @@ class TuneSession:
         best_text = f"{task.best_s * 1e6:.1f} µs" if task.best_s else "-"
         speedup = f" ({task.speedup:.1f}x untuned)" if task.speedup else ""
         self.say(f"task {index + 1}/{len(self.tasks)} {task.name}: {task.trials} trials, best {best_text}{speedup} · "
-                 f"{trials}/{budget} trials, ETA {eta:.0f} s")
+                 f"{trials}{'' if budget >= UNBOUNDED_TRIALS else f'/{budget}'} trials, ETA {eta:.0f} s")
 
     def _device_gone(self) -> str:
         """After a batch whose every candidate failed: why the device is gone, or '' when its key is still served."""

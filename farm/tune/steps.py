@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import TVM_VERSION, effective_target, make_target, toolchain_for, tuning_key, tuning_module
+from farm.compile import TVM_VERSION, device_tuning_key, effective_target, make_target, toolchain_for, tuning_module
 from farm.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
 from farm.devices import kind_of
 from farm.errors import DeviceUnavailable, FarmError, ModelError
@@ -69,7 +69,7 @@ def tune_model(
         seconds=time.monotonic() - started, runners=tuning.runners, cost_model_samples_before=samples_before,
         cost_model_samples=samples_of(cost_model), search_seconds=time.monotonic() - search_started,
         builds_ahead=tuning.ahead, seeded=search.seeded, trajectory=tuple(session.trajectory),
-        device_busy_seconds=sum(busy), candidates_measured=len(busy))
+        device_busy_seconds=sum(busy), candidates_measured=len(busy), ended_by=session.ended_by())
 
 
 def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: TuneConfig, say: Progress) -> Tuning:
@@ -98,7 +98,7 @@ def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: 
     load_tensor_intrinsics()
     runners = max(1, min(config.max_runners, status.free or 1))  # each runner holds one server of the key
     ahead = config.builds_ahead if config.builds_ahead is not None else not kind_of(device).measures_on_this_host
-    return Tuning(target, tvm_target, toolchain, tuning_key(target), tuple(tasks), runners,
+    return Tuning(target, tvm_target, toolchain, device_tuning_key(device, target), tuple(tasks), runners,
                   config.trials_per_iter or TRIALS_PER_RUNNER * runners, ahead)
 
 
@@ -159,8 +159,8 @@ def _cost_model(store: Store, key: str, config: TuneConfig):
     cost_model = new_cost_model(os.cpu_count())
     saved = None if config.fresh_cost_model else store.cost_model(key)
     if saved is not None:
-        load_cost_model(cost_model, saved[0])
-    return cost_model, saved[2] if saved else 0
+        load_cost_model(cost_model, saved.body)
+    return cost_model, saved.samples if saved else 0
 
 
 def _finish(session: TuneSession, cost_model) -> None:

@@ -1,0 +1,49 @@
+"""The keys that say when a tuning record or an artifact is valid: ``tuning_key`` (effective target, TVM version,
+threads) and ``artifact_key`` (everything that changes the artifact), and the versions they hold."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import tvm
+
+from farm.compile.targets import effective_target
+from farm.records import Device, ModelSource, threads_setting
+
+TVM_VERSION: str = tvm.__version__  # part of every tuning key and artifact key (for modules that import no TVM)
+PIPELINE_VERSION = 2  # bump when farm changes how it lowers models (2: records applied without re-fusion)
+# how a compile finds a function's record: its own, else one of the same anchor block (part of a tuned artifact's key)
+RECORD_MATCH = "exact, else anchor-block"
+
+
+def tuning_key(target: dict[str, Any], threads: int | None) -> str:
+    """Tuning records are valid for one effective target, TVM version and thread count: MetaSchedule ignores the
+    target, and a candidate ranked on 1 thread is not the best on 2 (``records.THREADS_RULE``: the runner's sessions
+    run on the device's setting)."""
+    blob = json.dumps({"target": target, "tvm": TVM_VERSION, "threads": threads}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def device_tuning_key(device: Device, target: dict[str, Any] | None = None) -> str:
+    """``device``'s tuning key: its effective target (``target``, where the caller has it) and thread setting."""
+    target = target or effective_target(device)
+    return tuning_key(target, threads_setting(device, target))
+
+
+def key_before_threads(target: dict[str, Any]) -> str:
+    """The tuning key farm used before it set threads (schema 13 and older: target and TVM version only). Records
+    under it were measured on TVM's default thread count (half the CPUs on x86) and no longer apply."""
+    blob = json.dumps({"target": target, "tvm": TVM_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
+    blob = json.dumps(
+        {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
+         "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest,
+         **({"record_match": RECORD_MATCH} if tuning_digest else {})},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()

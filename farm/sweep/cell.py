@@ -1,0 +1,211 @@
+"""The one cell pipeline: one model on one device after its compile, measured, checked and stored (``run_cell``),
+for ``farm bench`` (``bench_cell``) and a sweep's workers alike; with its CPU fallback (``fallback_cell``) and its
+run in the model's reference runtime (``reference_cell``). Every cell ends as a stored result, ok or failed."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from farm.compile import effective_target, fallback_device, toolchain_for
+from farm.devices.health import cool_down, health_after
+from farm.errors import FarmError
+from farm.measure import bench_artifact
+from farm.models.runtimes import runtime_name
+from farm.records import Artifact, BenchConfig, BenchResult, Device, ModelSource, TrackerAddress
+from farm.reference import bench_reference, reference_threads, reference_unavailable
+from farm.store import Store
+from farm.sweep.failures import compile_failure, crashed_cell
+from farm.sweep.inputs import CellInputs, cell_inputs
+from farm.sweep.tuning import compile_cell
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
+RETRYABLE_STEPS = ("session", "upload", "load", "first", "steady", "copy")  # a dropped session, not a wrong output
+UNREACHABLE_STEPS = ("session", "upload")  # the device itself is gone: its CPU is no fallback
+# TVM's compiler runs in one thread at a time: the sweep's compile loop, or a worker's fallback compile
+COMPILE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CellResult:
+    run_id: int
+    result: BenchResult
+    artifact: Artifact | None
+    fallback: "CellResult | None" = None  # the same model on the device's CPU, when its GPU failed it
+    reference: "CellResult | None" = None  # the same model in its reference runtime (onnxruntime …), where one runs
+
+
+def needs_fallback(device: Device, result: BenchResult) -> bool:
+    """A GPU that failed a model (compile, load, run or wrong output) on a device with ``fallback = "cpu"``."""
+    return (device.options.get("fallback") == "cpu" and result.status != "ok"
+            and result.failed_step not in UNREACHABLE_STEPS)
+
+
+def measure_cell(
+    tracker: TrackerAddress, device: Device, model: ModelSource, artifact: Artifact, config: BenchConfig,
+    reference_file: str | None = None, progress: Progress | None = None, prepared: CellInputs | None = None,
+) -> BenchResult:
+    """``prepared``: the cell's ``cell_inputs`` when the caller has them (``run_cell`` computes them once a cell)."""
+    say = (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
+    inputs, reference, reference_name, config = prepared or cell_inputs(model, config, reference_file)
+    return bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
+
+
+def reference_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
+                   prepared: CellInputs | None = None, tvm_threads: int | None = None) -> CellResult | None:
+    """The cell's model in its reference runtime (onnxruntime, LiteRT, torch) where the device's kind runs one
+    (this host's CPU), with the cell's inputs, reference and statistics; stored as that runtime's run. None where
+    no reference runtime runs: farm never passes a host figure off as a device's. Its threads are those TVM's run
+    reported (``tvm_threads``; ``reference_threads``)."""
+    if reference_unavailable(device):
+        return None
+    inputs, reference, reference_name, config = prepared or cell_inputs(model, ctx.config, ctx.reference_file)
+    result = bench_reference(device, model, inputs, reference, config, reference_name,
+                             reference_threads(tvm_threads, device), ctx.say(device, model))
+    return CellResult(store.record_result(result, device, model, None, ctx.sweep_id), result, None)
+
+
+@dataclass(frozen=True)
+class CellContext:
+    """What every cell of one ``farm bench`` or one sweep shares: where it measures, how, and where it stores.
+    The one input of ``run_cell`` besides the device, the model, its artifact and the store."""
+
+    tracker: TrackerAddress
+    cache_dir: Path
+    config: BenchConfig
+    tuned: bool = True  # compile with the store's tuning records (the fallback's compile too)
+    reference_file: str | None = None
+    retries: int = 0  # a dropped session (RETRYABLE_STEPS) is measured again this many times
+    sweep_id: int | None = None
+    progress: Progress | None = None
+    reference_runtime: bool = True  # also time the model in its reference runtime where the device runs one
+
+    def say(self, device: Device, model: ModelSource):
+        return _say(self.progress, device, model)
+
+
+def bench_cell(
+    tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, cache_dir: Path,
+    config: BenchConfig, reference_file: str | None = None, progress: Progress | None = None, tuned: bool = True,
+    first: bool = True, reference_runtime: bool = True,
+) -> CellResult:
+    """Compile (cached; with the store's tuning records unless ``tuned`` is False), then ``run_cell``: the single
+    cell of ``farm bench`` goes through the same pipeline as a sweep's cells."""
+    ctx = CellContext(tracker, cache_dir, config, tuned, reference_file, progress=progress,
+                      reference_runtime=reference_runtime)
+    return run_cell(ctx, store, device, model, compile_or_error(ctx, store, device, model), first)
+
+
+def compile_or_error(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> Artifact | FarmError:
+    """The cell's artifact, or the error that stopped its compile (one compile at a time: ``COMPILE_LOCK``)."""
+    if ctx.progress:
+        ctx.progress(device.name, model.name, "compile", model.name)
+    try:
+        with COMPILE_LOCK:
+            return compile_cell(device, model, store, ctx.cache_dir, ctx.tuned)
+    except FarmError as exc:
+        return exc
+
+
+def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource, artifact: Artifact | FarmError,
+             first: bool, attempt: int = 1, stored: Callable[[CellResult], None] | None = None) -> CellResult:
+    """One cell after its compile, for ``farm bench`` and for a sweep's workers alike.
+
+    1. A compile failure is stored at once: nothing runs on the device, so no cooldown and no health gate.
+    2. Else cool down (not before the device's ``first`` cell; the temperature/battery gates apply always),
+       measure, check, store; a dropped session is measured again while ``ctx.retries`` allow. An exception farm
+       does not expect is stored as a failed cell (step "farm"), never lost.
+    3. On a GPU that failed it, with ``fallback = "cpu"``, the model on the device's CPU, unless that cannot help
+       (the CPU build needs the toolchain whose absence failed the GPU build: the stored reason says so).
+    4. The model in its reference runtime (onnxruntime, LiteRT, torch) where the device runs one (``reference``).
+
+    Each stored TVM attempt goes to ``stored``; the last one is returned, with its fallback and reference run.
+    A ``StoreError`` is raised."""
+    prepared: CellInputs | None = None  # inputs and reference outputs: computed once, for TVM's run and the reference's
+    while True:
+        if isinstance(artifact, FarmError):
+            result = compile_failure(device, model, ctx.config, artifact)
+        else:
+            try:
+                waited = cool_down(device, first, ctx.say(device, model))
+                first = False
+                prepared = prepared or cell_inputs(model, ctx.config, ctx.reference_file)
+                result = with_health(measure_cell(ctx.tracker, device, model, artifact, ctx.config, ctx.reference_file,
+                                                  ctx.progress, prepared=prepared), waited, device)
+            except Exception as exc:  # never a lost cell: stored as failed, the device's next cells go on
+                log.exception("%s × %s: unexpected error while measuring", device.name, model.name)
+                result = crashed_cell(device, model, ctx.config, exc)
+        no_fallback = fallback_blocked(device, result)
+        if no_fallback:
+            result = dataclasses.replace(result, reason=f"{result.reason}; {no_fallback}")
+        if ctx.reference_runtime:  # what the report says beside this run where it has no reference figure
+            result = dataclasses.replace(result, context={
+                **result.context, "reference_runtime": reference_unavailable(device) or runtime_name(model)})
+        stored_artifact = None if isinstance(artifact, FarmError) else artifact
+        cell = CellResult(store.record_result(result, device, model, stored_artifact, ctx.sweep_id, attempt), result,
+                          stored_artifact)
+        if stored:
+            stored(cell)
+        if result.status == "ok" or result.failed_step not in RETRYABLE_STEPS or attempt > ctx.retries:
+            break
+        attempt += 1
+        if ctx.progress:
+            ctx.progress(device.name, model.name, "retry", result.reason)
+    if needs_fallback(device, result) and not no_fallback:
+        fallback = fallback_cell(ctx, store, device, model, cell.run_id)
+        cell = dataclasses.replace(cell, fallback=fallback)
+        if stored:
+            stored(fallback)
+    if ctx.reference_runtime:
+        cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model, prepared,
+                                                                  cell.result.threads))
+    return cell
+
+
+def fallback_blocked(device: Device, result: BenchResult) -> str:
+    """Why the device's CPU fallback cannot help this failed result ('' when it can, or none is due): its GPU build
+    failed for want of a toolchain, and the CPU build needs the same one."""
+    if not needs_fallback(device, result) or result.failed_step != "compile":
+        return ""
+    cpu = fallback_device(device)
+    try:
+        toolchain_for(cpu, effective_target(cpu))
+    except FarmError as exc:
+        return f"no CPU fallback: the CPU build needs the same toolchain ({exc.message})"
+    return ""
+
+
+def fallback_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource, gpu_run_id: int) -> CellResult:
+    """The model on the device's CPU (``NAME@cpu``) after its GPU failed run ``gpu_run_id``: compiled (one compile
+    at a time: sweep workers call this too), cooled down like any next cell, measured, stored as that run's fallback."""
+    cpu = fallback_device(device)
+    if ctx.progress:
+        ctx.progress(device.name, model.name, "fallback", f"GPU run {gpu_run_id} failed: measuring on the CPU")
+    artifact = compile_or_error(ctx, store, cpu, model)
+    if isinstance(artifact, FarmError):
+        result = compile_failure(cpu, model, ctx.config, artifact)
+        stored_artifact = None
+    else:
+        waited = cool_down(cpu, False, ctx.say(cpu, model))
+        result = with_health(measure_cell(ctx.tracker, cpu, model, artifact, ctx.config, ctx.reference_file,
+                                          ctx.progress), waited, cpu)
+        stored_artifact = artifact
+    result = dataclasses.replace(result, fallback_of=gpu_run_id)
+    return CellResult(store.record_result(result, cpu, model, stored_artifact, ctx.sweep_id), result, stored_artifact)
+
+
+def _say(progress: Progress | None, device: Device, model: ModelSource):
+    return (lambda step, detail: progress(device.name, model.name, step, detail)) if progress else None
+
+
+def with_health(result: BenchResult, waited: dict, device: Device) -> BenchResult:
+    """The result with the device's health before and after it, and the cooldown before it, in its context."""
+    context = {**result.context, "device_health": waited.pop("health", {}), "device_health_after": health_after(device),
+               "cooldown": waited}
+    return dataclasses.replace(result, context=context)

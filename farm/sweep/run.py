@@ -1,0 +1,212 @@
+"""Many cells: a sweep (``run_sweep``; with a ``sweep_id``, its resume) and ``farm demo``'s matrix (``run_matrix``),
+each GPU device's copy curve after its cells.
+
+A sweep compiles in the calling thread (each artifact once, cached) and hands the artifacts to one worker thread per
+device, so compilation overlaps measurement and devices measure in parallel. Each worker has its own database
+connection; every result is one transaction, so a killed sweep loses at most the cells in flight and ``farm sweep
+--resume`` finishes exactly the missing ones. A device with no server on the tracker when the sweep starts has its
+cells stored "offline" at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from farm.compile import effective_target
+from farm.errors import FarmError, StoreError, TrackerError, message_line
+from farm.measure import measure_copy_curve
+from farm.models import load_model_variant
+from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, Device, ModelSource, SweepSpec, TrackerAddress,
+                          split_variant, target_kind)
+from farm.rpc.tracker import query_summary
+from farm.store import Store
+from farm.sweep.cell import CellContext, CellResult, Progress, bench_cell, compile_or_error, run_cell
+from farm.sweep.failures import unmeasured_result
+
+log = logging.getLogger(__name__)
+
+
+def is_gpu(device: Device) -> bool:
+    return target_kind(effective_target(device)) not in CPU_TARGETS
+
+
+def cell_eta(count: int, total: int, elapsed_s: float) -> str:
+    """'cell 3/8, ETA 2m10s' from the mean time of this device's cells so far."""
+    text = f"cell {count}/{total}"
+    if count > 1 and total >= count:
+        left = elapsed_s / (count - 1) * (total - count + 1)
+        text += f", ETA {int(left // 60)}m{int(left % 60):02d}s"
+    return text
+
+
+def run_matrix(
+    tracker: TrackerAddress, devices: list[Device], models: list[ModelSource], store: Store, cache_dir: Path,
+    config: BenchConfig, progress: Progress | None = None,
+) -> list[CellResult]:
+    """Every device × model, one device at a time, cooling down between a device's cells; a GPU device's
+    copy curve after its cells."""
+    cells = []
+    for device in devices:
+        for index, model in enumerate(models):
+            cells.append(bench_cell(tracker, device, model, store, cache_dir, config, progress=progress, first=index == 0))
+        if is_gpu(device):
+            record_copy_curve(tracker, device, config, store, None, progress)
+    return cells
+
+
+def record_copy_curve(tracker: TrackerAddress, device: Device, config: BenchConfig, store: Store,
+                      sweep_id: int | None, progress: Progress | None) -> None:
+    """Measure and store the device's copy curve; a failure is stored as a failed curve, never raised."""
+    if progress:
+        progress(device.name, "-", "copy curve", "device<->host copies, 4 KiB ... 64 MiB")
+    curve = measure_copy_curve(tracker, device, target_kind(effective_target(device)), config)
+    try:
+        store.record_copy_curve(curve, sweep_id)
+    except StoreError as exc:
+        log.error("%s", exc.message)
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: int
+    status: str
+    cells: list[CellResult] = field(default_factory=list)
+    skipped: int = 0  # cells already done (resume)
+    seconds: float = 0.0
+    missing: list[tuple[str, str]] = field(default_factory=list)  # cells with no stored attempt: resume them
+
+
+def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, str]]]) -> list[tuple[str, str]]:
+    """Cells without an ok run and with retries left, in sweep order."""
+    return [cell for cell in spec.cells() if not spec.cell_done(done.get(cell, []))]
+
+
+def offline_keys(tracker: TrackerAddress, keys: set[str]) -> set[str]:
+    """Which of ``keys`` have no server registered with the tracker now (busy ones are registered). One summary;
+    a tracker that does not answer one says nothing here: each cell then fails at its session, as it would."""
+    try:
+        summary = query_summary(tracker)
+    except TrackerError as exc:
+        log.warning("%s; every device's cells will ask for a session", exc.message)
+        return set()
+    return {key for key in keys if key not in summary.keys or summary.keys[key].servers == 0}
+
+
+def offline_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> CellResult:
+    """A cell of a device with no server on the tracker: stored failed at step "offline" at once, as attempt 0
+    (``OFFLINE_ATTEMPT``: it spends none of the cell's retries, and ``farm sweep --resume`` measures it)."""
+    result = unmeasured_result(device, model, ctx.config, "offline",
+                               f"no server with key {device.key!r} is registered with the tracker at {ctx.tracker}",
+                               f"bring it up (farm serve --device {device.name}), then farm sweep --resume {ctx.sweep_id}",
+                               "not reached: device offline")
+    return CellResult(store.record_result(result, device, model, None, ctx.sweep_id, OFFLINE_ATTEMPT), result, None)
+
+
+def run_sweep(
+    tracker: TrackerAddress, devices: dict[str, Device], spec: SweepSpec, db_path: str | Path, cache_dir: Path,
+    progress: Progress | None = None, sweep_id: int | None = None,
+) -> SweepOutcome:
+    """Run (or, with ``sweep_id``, resume) a sweep: one worker per device, compile pipelined with measurement.
+    A device with no server on the tracker when the sweep starts has its cells stored "offline" at once."""
+    start = time.monotonic()
+    unknown = [d for d in spec.devices if d not in devices]
+    if unknown:
+        raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
+    models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+              for name in spec.cell_models()}  # bad names fail before any work
+    spec = dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()})
+    with Store(db_path) as store:
+        if sweep_id is None:
+            sweep_id = store.start_sweep(spec.to_json())
+            done: dict = {}
+        else:
+            done = store.sweep_attempts(sweep_id)
+        ctx = CellContext(tracker, cache_dir, spec.config, spec.tuned, retries=spec.retries, sweep_id=sweep_id,
+                          progress=progress, reference_runtime=spec.reference_runtime)
+        todo = missing_cells(spec, spec.by_cell(done))
+        outcome = SweepOutcome(sweep_id, "running",
+                               skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
+        offline = offline_keys(tracker, {devices[d].key for d, _ in todo})
+        for device_name, model_name in [cell for cell in todo if devices[cell[0]].key in offline]:
+            if progress:
+                progress(device_name, model_name, "offline", f"no server for key {devices[device_name].key!r}")
+            outcome.cells.append(offline_cell(ctx, store, devices[device_name], models[model_name]))
+        todo = [cell for cell in todo if devices[cell[0]].key not in offline]
+        queues: dict[str, queue.Queue] = {name: queue.Queue() for name in spec.devices}
+        workers = [threading.Thread(target=_device_worker, name=f"sweep-{name}", daemon=True,
+                                    args=(ctx, devices[name], queues[name], SweepWorker(spec, db_path, done, outcome,
+                                                                                        sum(d == name for d, _ in todo))))
+                   for name in spec.devices if devices[name].key not in offline]  # offline: no session, no curve
+        for worker in workers:
+            worker.start()
+        try:
+            # compile in sweep order; each device's queue gets its cells as soon as they are built
+            for device_name, model_name in todo:
+                device, model = devices[device_name], models[model_name]
+                queues[device_name].put((model, compile_or_error(ctx, store, device, model)))
+        finally:
+            for q in queues.values():
+                q.put(None)
+            for worker in workers:
+                worker.join()
+        # a worker that ended early (its store unwritable, or a farm bug outside a cell) left cells without any
+        # attempt: the sweep is then "incomplete", resumable, never "done"
+        attempts = spec.by_cell(store.sweep_attempts(sweep_id))
+        outcome.missing = [cell for cell in todo if not attempts.get(cell)]
+        outcome.status = "incomplete" if outcome.missing else "done"
+        store.finish_sweep(sweep_id, outcome.status)
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+@dataclass
+class SweepWorker:
+    """What one device's worker shares with its sweep: the spec, the database, the attempts stored before (resume),
+    the outcome its cells are added to (under ``lock``), and its cell count for the ETA."""
+
+    spec: SweepSpec
+    db_path: str | Path
+    done: dict
+    outcome: SweepOutcome
+    total: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, cell: CellResult) -> None:
+        with self.lock:
+            self.outcome.cells.append(cell)
+
+
+def _device_worker(ctx: CellContext, device: Device, cells: queue.Queue, worker: SweepWorker) -> None:
+    """A sweep's thread for one device (``_measure_cells``); if it ends early, what it did not store is left for
+    ``farm sweep --resume`` and the sweep is recorded "incomplete", not "done"."""
+    try:
+        _measure_cells(ctx, device, cells, worker)
+    except Exception as exc:
+        log.exception("the sweep's worker for %s stopped: %s; its remaining cells are left for --resume",
+                      device.name, message_line(exc))
+
+
+def _measure_cells(ctx: CellContext, device: Device, cells: queue.Queue, worker: SweepWorker) -> None:
+    """Run one device's cells in order through ``run_cell``; then, on a GPU, its copy curve."""
+    with Store(worker.db_path) as store:
+        first = True
+        started, count = time.monotonic(), 0
+        while (item := cells.get()) is not None:
+            model, artifact = item
+            count += 1
+            if ctx.progress:
+                ctx.progress(device.name, model.name, "cell", cell_eta(count, worker.total, time.monotonic() - started))
+            previous = worker.spec.attempts_spent(worker.done.get((device.name, model.name), []))
+            try:
+                run_cell(ctx, store, device, model, artifact, first, previous + 1, stored=worker.add)
+            except StoreError as exc:  # never lose the sweep over one write; the cell stays missing
+                log.error("%s", exc.message)
+            first = first and isinstance(artifact, FarmError)
+        if is_gpu(device):
+            record_copy_curve(ctx.tracker, device, ctx.config, store, ctx.sweep_id, ctx.progress)
