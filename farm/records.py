@@ -151,6 +151,22 @@ THREADS_RULE = ("TVM's CPU threads on a device: devices.toml's threads, else the
                 "(runtime.NumThreads), and the reference runtime gets that count")
 
 
+@dataclass(frozen=True)
+class Threads:
+    """The CPU threads a run used, and who set them (a session's report, or what the reference runtime was given)."""
+
+    count: int
+    set_by: str
+
+
+def online_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's limit counts): the count farm's
+    servers give TVM when nothing else is set, and the num-cores farm fills in for this host's kinds."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def threads_setting(device: Device, target: dict[str, Any] | None = None) -> int | None:
     """The CPU threads farm's servers give TVM on ``device`` (``THREADS_RULE``), reading ``num-cores`` from
     ``target`` (the effective target, where the caller has it) or the inventory's; None: the server's own count of

@@ -20,7 +20,7 @@ passed off as a device's. Stored as a run of runtime ``onnxruntime`` / ``litert`
 from __future__ import annotations
 
 import logging
-import os
+
 import time
 from typing import Any, Callable
 
@@ -31,7 +31,8 @@ from farm.devices import kind_of
 from farm.errors import FarmError, message_line
 from farm.measure import calibrate_number, check_outputs
 from farm.models.runtimes import open_runtime, runtime_name
-from farm.records import BenchConfig, BenchResult, CheckResult, Device, ModelSource, threads_setting, utc_now
+from farm.records import (BenchConfig, BenchResult, CheckResult, Device, ModelSource, Threads, online_cpus, threads_setting,
+                          utc_now)
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +41,15 @@ HOW_TIMED = ("wall time per call: time.perf_counter around number calls of the r
              "call discarded; number calibrated so a repeat lasts >= min_repeat_ms, as for TVM")
 
 
-def reference_threads(tvm_threads: int | None, device: Device) -> tuple[int, str]:
+def reference_threads(tvm_threads: int | None, device: Device) -> Threads:
     """The intra-op threads the reference runtime gets, and why: the count TVM's run of the same cell reported;
     without one, the device's setting (``threads_setting``), else this host's online CPUs (the reference runs on this
     host's CPU: ``reference_runs_here``)."""
     if tvm_threads:
-        return tvm_threads, "as TVM's run of this cell reported (runtime.NumThreads)"
+        return Threads(tvm_threads, "as TVM's run of this cell reported (runtime.NumThreads)")
     if (setting := threads_setting(device)) is not None:
-        return setting, "the device's threads setting (TVM's run reported none)"
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cpus, "this host's online CPUs (TVM's run reported none)"
+        return Threads(setting, "the device's threads setting (TVM's run reported none)")
+    return Threads(online_cpus(), "this host's online CPUs (TVM's run reported none)")
 
 
 def reference_unavailable(device: Device) -> str:
@@ -59,22 +59,22 @@ def reference_unavailable(device: Device) -> str:
 
 def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.ndarray],
                     reference: list[np.ndarray] | None, config: BenchConfig, reference_name: str,
-                    threads: tuple[int, str], say: Callable[[str, str], None] | None = None) -> BenchResult:
+                    threads: Threads, say: Callable[[str, str], None] | None = None) -> BenchResult:
     """Time ``model`` in its reference runtime here with ``threads`` (``reference_threads``: the count and why);
     always a BenchResult (ok or failed at its step)."""
     say = say or (lambda step, detail: None)
     runtime = runtime_name(model)
-    fields: dict[str, Any] = {"steady_clock": "wall", "threads": threads[0]}
+    fields: dict[str, Any] = {"steady_clock": "wall", "threads": threads.count}
     context: dict[str, Any] = {"farm_version": farm.__version__, "device_kind": device.kind,
                                "emulated": device.emulated, "runtime": runtime, "how_timed": HOW_TIMED,
-                               "threads_by": threads[1],
+                               "threads_by": threads.set_by,
                                **kind_of(device).measurement_context(device)}
     started_at = utc_now()
     version, step = "", "load"
     try:
         say(f"{runtime} load", model.name)
         t0 = time.perf_counter()
-        session = open_runtime(model, threads[0])
+        session = open_runtime(model, threads.count)
         fields["load_s"] = time.perf_counter() - t0
         version = session.version
         context["runtime_settings"] = session.settings

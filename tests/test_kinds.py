@@ -121,7 +121,8 @@ def test_farm_devices_kinds_lists_each_kind_with_its_fields(tmp_path):
     every = json.loads(proc.stdout)["every_kind"]
     assert "num-cores" in every["threads"]["help"] and "online" in every["threads"]["help"]  # its default, stated
     text = run_farm("devices", "--kinds", cwd=tmp_path).stdout
-    assert text.startswith("every kind:\n  threads: TVM's CPU threads on the device (default: the target's num-cores")
+    assert text.startswith("every kind:\n  threads: TVM's CPU threads on a device: devices.toml's threads, else the "
+                           "target's num-cores")
 
 
 def test_export_toolchains_are_the_platform_kinds_whatever_kind_serves_the_device(monkeypatch):

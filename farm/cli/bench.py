@@ -11,7 +11,7 @@ from farm.stats import median, memory_text, versus_text
 
 from farm.cli.common import (MODEL_HELP, add_bench_options, add_progress, add_shape_option, add_variant_options, add_verb,
                              bench_config, duration, emit_json, home_dir, load_inventory_of, load_with_variant,
-                             progress_printer)
+                             progress_printer, reference_text, threads_label)
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
@@ -21,8 +21,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                  "the command then prints `error:` and exits 1.\n\n"
                  "Then the same model in the runtime users would otherwise ship, with the same inputs, warm-up\n"
                  "and repeat statistics (onnxruntime for ONNX, LiteRT for TFLite, torch for torch.export; wall\n"
-                 "time per call, intra-op threads = the target's num-cores), stored as that runtime's run:\n"
-                 "  TVM 8.1 ms · onnxruntime 2.6 ms (TVM 3.1× slower)\n"
+                 "time per call, intra-op threads = the count TVM's session reported), stored as that runtime's run:\n"
+                 "  TVM 8.1 ms · onnxruntime 2.6 ms (TVM 3.1× slower, 2 threads each)\n"
                  "It runs only where the device's code runs on this host (local, opencl's host CPU); elsewhere\n"
                  "farm says 'no reference runtime on this device', never a host figure as the device's.")
     p.add_argument("--device", required=True, help="inventory device name")
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if cell.fallback is not None:
             print_bench(cell.fallback)
         print(versus_line(cell.fallback if cell.fallback is not None and cell.result.status != "ok" else cell,
-                          cell.reference, device))
+                          cell.reference))
     r = cell.result
     if r.status != "ok":
         fallback = "" if cell.fallback is None else \
@@ -67,21 +67,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def versus_line(cell, reference, device) -> str:
-    """'TVM 8.1 ms · onnxruntime 2.6 ms (TVM 3.1× slower, 2 threads each)', or why there is no reference figure
-    (then TVM's threads alone)."""
+def versus_line(cell, reference) -> str:
+    """'TVM 8.1 ms · onnxruntime 2.6 ms (TVM 3.1× slower, 2 threads each)   [onnxruntime 1.20, run 4]', or why there
+    is no reference figure (then TVM's threads alone): ``common.reference_text``."""
     tvm_s = median(cell.result.steady_samples_s) if cell.result.status == "ok" else None
     tvm = f"TVM {duration(tvm_s)}" if tvm_s else f"TVM {cell.result.status}"
-    if reference is None:
-        return (f"{tvm} on {threads_label(cell.result.threads)} · no reference runtime on this device "
-                f"({device.kind} device {device.name!r})")
-    r = reference.result
-    if r.status != "ok":
-        return f"{tvm} · {r.runtime} {r.status}" + (f" at {r.failed_step}: {r.reason}" if r.failed_step else f": {r.reason}")
-    ref_s = median(r.steady_samples_s)
-    versus = versus_text(tvm_s, ref_s, r.runtime, cell.result.threads, r.threads)
-    return (f"{tvm} · {r.runtime} {duration(ref_s)}" + (f" ({versus})" if versus else "")
-            + f"   [{r.runtime} {r.runtime_version}, run {reference.run_id}]")
+    ref = reference
+    ok = ref is not None and ref.result.status == "ok"
+    where = f"   [{ref.result.runtime} {ref.result.runtime_version}, run {ref.run_id}]" if ok else ""
+    return f"{tvm}{' ' if ref is None else ' · '}{reference_text(cell.result, ref)}{where}"
 
 
 def reference_json(reference) -> dict | None:
@@ -156,10 +150,6 @@ def print_bench(cell) -> None:
         print(f"  memory: {bench_memory_text(r, r.context.get('emulated', False))}")
     err = r.check.max_abs_err
     print(f"  check: {r.check.status}" + (f" (max abs error {err:.3g})" if err is not None else ""))
-
-
-def threads_label(threads: int | None) -> str:
-    return "threads not known" if threads is None else f"{threads} thread{'s' if threads != 1 else ''}"
 
 
 def bench_memory_text(r, emulated: bool) -> str:

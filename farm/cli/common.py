@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from farm.errors import FarmError
+from farm.stats import median, versus_text
 from farm.records import CALIBRATION_METHODS, TRIAGE_STATES, VARIANTS, BenchConfig, ModelSource, Record, split_address
 
 
@@ -294,3 +295,24 @@ def graceful_interrupt(message: str):
     finally:
         signal.signal(signal.SIGINT, previous)
 
+
+
+def threads_label(threads: int | None) -> str:
+    return "threads not known" if threads is None else f"{threads} thread{'s' if threads != 1 else ''}"
+
+
+def reference_text(result, reference) -> str:
+    """A TVM result's reference runtime run (a ``CellResult`` or None) beside it, threads stated: 'onnxruntime
+    2.6 ms (TVM 3.1× slower, 2 threads each)'; its failure; or, without one, TVM's threads and why there is none
+    ('on 2 threads · no reference runtime on this device ...', or --tvm-only). The one wording for bench, sweep, demo."""
+    ref = reference.result if reference is not None else None
+    if ref is None:
+        said = result.context.get("reference_runtime", "")
+        why = said if said.startswith("no reference") else "no reference runtime measured"
+        return f"on {threads_label(result.threads)} · {why}"
+    if ref.status != "ok":
+        return f"{ref.runtime} {ref.status}" + (f" at {ref.failed_step}: {ref.reason}" if ref.failed_step else f": {ref.reason}")
+    tvm_s = median(result.steady_samples_s) if result.status == "ok" else None
+    ref_s = median(ref.steady_samples_s)
+    versus = versus_text(tvm_s, ref_s, ref.runtime, result.threads, ref.threads)
+    return f"{ref.runtime} {duration(ref_s)}" + (f" ({versus})" if versus else f" on {threads_label(ref.threads)}")

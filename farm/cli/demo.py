@@ -6,10 +6,10 @@ import argparse
 
 from pathlib import Path
 
-from farm.stats import median, versus_text
+from farm.stats import median
 
 from farm.cli.common import (REPORT_DIR, add_bench_options, add_progress, add_verb, bench_config, duration, emit_json,
-                             home_dir, progress_printer)
+                             home_dir, progress_printer, reference_text)
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         for c in outcome.cells:
             r = c.result
             print(f"{r.device:14s} {r.model:10s} {r.status:6s} steady {duration(median(r.steady_samples_s)):>10s}  check "
-                  f"{r.check.status}" + (f"  ({r.failed_step}: {r.reason})" if r.status != "ok" else f"  {_versus(c)}"))
+                  f"{r.check.status}" + (f"  ({r.failed_step}: {r.reason})" if r.status != "ok" else f"  · {_versus(c)}"))
         if outcome.tuning is not None:
             print(_tuning_line(outcome.tuning))
         print(f"results database: {outcome.db_path}")
@@ -58,13 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _versus(cell) -> str:
-    """TVM against the reference runtime for one cell, threads stated ('' without a reference figure)."""
-    ref = cell.reference.result if cell.reference is not None else None
-    if ref is None or ref.status != "ok" or cell.result.status != "ok":
-        return ""
-    return (f"· {ref.runtime} {duration(median(ref.steady_samples_s))} ("
-            + versus_text(median(cell.result.steady_samples_s), median(ref.steady_samples_s), ref.runtime,
-                          cell.result.threads, ref.threads) + ")")
+    """TVM against the reference runtime for one cell, threads stated (``common.reference_text``)."""
+    return reference_text(cell.result, cell.reference)
 
 
 def _tuning_line(tuning) -> str:
@@ -74,7 +69,7 @@ def _tuning_line(tuning) -> str:
         return f"tuned {r.model} on {r.device}: {tuning.trials} trials, then {r.status} ({r.reason})"
     coverage = f"{tuning.tuned.artifact.tuned_tasks}/{tuning.tuned.artifact.total_tasks} tasks" if tuning.tuned.artifact else ""
     return (f"tuned {r.model} on {r.device} for {tuning.seconds:.0f} s ({tuning.trials} trials, {coverage} with a record): "
-            f"untuned {duration(before)} → tuned {duration(after)} ({before / after:.2f}× faster) {_versus(tuning.tuned)}")
+            f"untuned {duration(before)} → tuned {duration(after)} ({before / after:.2f}× faster) · {_versus(tuning.tuned)}")
 
 
 def _tuning_json(tuning) -> dict | None:

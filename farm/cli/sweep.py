@@ -15,7 +15,7 @@ from farm.stats import median
 
 from farm.cli.common import (REPORT_DIR, VARIANTS, add_bench_options, add_budget_option, add_progress, add_verb,
                              bench_config, count, duration, emit_json, home_dir, load_inventory_of, progress_printer,
-                             record_default, require_db, sweep_or_latest)
+                             record_default, reference_text, require_db, sweep_or_latest)
 from farm.cli.regressions import alert_change, detect_and_confirm, rounds_text
 from farm.cli.sweep_file import SweepFile, load_sweep_file
 
@@ -196,7 +196,8 @@ def _sweep_json(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, 
             "tuning": [dataclasses.asdict(t) for t in tuning],
             "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
                        "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason,
-                       "steady_median_s": median(c.result.steady_samples_s)}
+                       "steady_median_s": median(c.result.steady_samples_s), "threads": c.result.threads,
+                       "versus_reference": reference_text(c.result, c.reference)}
                       for c in final.values()]}
 
 
@@ -207,7 +208,8 @@ def _print_sweep(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions,
           f"{outcome.skipped} already done, {outcome.seconds:.0f} s")
     for (device, model), c in sorted(final.items()):
         print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(median(c.result.steady_samples_s)):>10s}"
-              + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok" else ""))
+              + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok"
+                 else f"  {reference_text(c.result, c.reference)}"))
     for t in tuning:
         print(f"  tuned {t.device} · {t.model}: {t.status}" + (f" ({t.reason})" if t.reason else ""))
     for finding in reviewed.findings:

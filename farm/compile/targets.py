@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from typing import Any
 
@@ -14,7 +13,7 @@ from tvm.target import codegen
 
 from farm.devices import kind_of, kinds
 from farm.errors import BuildError, message_line
-from farm.records import Device, HostCPU, target_kind
+from farm.records import Device, HostCPU, online_cpus, target_kind
 
 CROSS_CC = {"aarch64-linux-gnu": "aarch64-linux-gnu-g++", "arm-linux-gnueabihf": "arm-linux-gnueabihf-g++"}
 
@@ -78,7 +77,7 @@ def effective_target(device: Device) -> dict[str, Any]:
     target = _resolve_tag(device.target) if "tag" in device.target else dict(device.target)
     if device.host is not None and "tag" in device.host:
         device = dataclasses.replace(device, host=_resolve_host_tag(device.host))
-    return kind_of(device).effective_target(device, target, HostCPU(host_cpu(), os.cpu_count() or 1))
+    return kind_of(device).effective_target(device, target, HostCPU(host_cpu(), online_cpus()))
 
 
 def fallback_device(device: Device) -> Device:

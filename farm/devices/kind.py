@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar
 import psutil
 
 from farm.errors import InventoryError
-from farm.records import Device, HostCPU, TrackerAddress, split_address, target_kind, threads_setting
+from farm.records import THREADS_RULE, Device, HostCPU, TrackerAddress, split_address, target_kind, threads_setting
 from farm.rpc.processes import ManagedProcess
 
 Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
@@ -75,6 +75,9 @@ class DeviceKind:
     # it measures on the CPU that builds tuning candidates (this host's): `farm tune` then builds a batch before
     # measuring it, since compiles beside a measurement would slow it; elsewhere builds run ahead (farm/tune/)
     measures_on_this_host: ClassVar[bool] = False
+    # farm starts the device's server as TVM's stock rpc_server with TVM_NUM_THREADS in its environment (no
+    # farm.ThreadsSet to ask): its runs say farm set the threads (farm/measure/context.py)
+    threads_by_env: ClassVar[bool] = False
 
     def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
         """Check one entry's own fields (``raw`` is the whole table); raise ``fail(...)`` on the first problem.
@@ -166,9 +169,7 @@ class ThisHost(DeviceKind):
 
 
 # Fields every kind has that a kind's own code reads (the rest of the common fields are the inventory's)
-THREADS = Field("count", "threads = 4", "TVM's CPU threads on the device (default: the target's num-cores, else the CPUs "
-                "online on the device); farm's servers apply it, each run stores the count the session reports, and the "
-                "reference runtime gets that count")
+THREADS = Field("count", "threads = 4", THREADS_RULE)
 COMMON = {"threads": THREADS}
 
 

@@ -46,6 +46,7 @@ def ssh_command(device: Device) -> tuple[list[str], str]:
 class Linux(DeviceKind):
     name = "linux"
     summary = "a Linux board (Jetson, Raspberry Pi) with Python and apache-tvm, reached over ssh"
+    threads_by_env = True
     serve_help = "TVM's rpc_server on the board over ssh (setsid, log on the board); farm down kills it over ssh"
     fields = {
         "ssh": Field("text", 'ssh = "user@host" (or "user@host:port")', "how ssh reaches the board (a key, no password)"),
@@ -69,7 +70,7 @@ class Linux(DeviceKind):
         port = int(device.options.get("server_port", 9090))
         log = f"/tmp/farm-rpc-{device.key}.log"
         threads = threads_setting(device)  # TVM's stock server: the thread count goes in through its environment
-        env = f"env TVM_NUM_THREADS={threads} " if threads else ""
+        env = f"env TVM_NUM_THREADS={threads or '$(nproc)'} "  # nproc: the board's online CPUs (THREADS_RULE)
         server = (f"{env}{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
                   f" --host 0.0.0.0 --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
         remote = f"setsid nohup {server} > {log} 2>&1 < /dev/null & echo $!"

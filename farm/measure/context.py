@@ -9,7 +9,7 @@ import tvm
 
 import farm
 from farm.devices import kind_of
-from farm.records import CPU_TARGETS, TARGET_KINDS, Artifact, Device
+from farm.records import CPU_TARGETS, TARGET_KINDS, Artifact, Device, Threads
 
 DEVICE_TYPE = {target: "cpu" if target in CPU_TARGETS else target for target in TARGET_KINDS}  # a GPU kind's type: its name
 # What TVM's time_evaluator measures per device type: OpenCL sums kernel events (no launch overhead, no gaps)
@@ -17,6 +17,7 @@ STEADY_CLOCK = {"cpu": "wall", "opencl": "kernel"}
 SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache", "farm.MemoryStats",
                   "farm.ThreadsSet")  # farm's servers have them
 THREADS_BY_FARM = "farm's server (TVM_NUM_THREADS)"
+THREADS_BY_ENV = "farm, in the stock server's environment (TVM_NUM_THREADS)"
 THREADS_NOT_SET = "threads not set by farm: the server's own default (a stock TVM server)"
 
 
@@ -32,13 +33,14 @@ def measurement_context(device: Device, artifact: Artifact) -> dict[str, Any]:
     return {**context, **kind_of(device).measurement_context(device)}
 
 
-def session_threads(session, helpers: dict[str, Any]) -> tuple[int, str]:
+def session_threads(session, helpers: dict[str, Any], device: Device) -> Threads:
     """The CPU threads TVM uses in this session, as the device reports them (``runtime.NumThreads``, never assumed),
-    and who set them: farm's server (``farm.ThreadsSet``) or the server's own default."""
-    threads = int(session.get_function("runtime.NumThreads")())
-    if "farm.ThreadsSet" not in helpers:
-        return threads, THREADS_NOT_SET
-    return threads, THREADS_BY_FARM
+    and who set them: farm's server (``farm.ThreadsSet``), farm through a stock server's environment (the device's
+    kind starts it so: ``DeviceKind.threads_by_env``), or the server's own default."""
+    count = int(session.get_function("runtime.NumThreads")())
+    if "farm.ThreadsSet" in helpers:
+        return Threads(count, THREADS_BY_FARM)
+    return Threads(count, THREADS_BY_ENV if kind_of(device).threads_by_env else THREADS_NOT_SET)
 
 
 def server_helpers(session) -> dict[str, Any]:

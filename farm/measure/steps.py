@@ -84,7 +84,8 @@ def load(run: Run) -> None:
     context["kernel_cache"] = "cpu code" if device_type == "cpu" else \
         f"cleared ({helpers['farm.ClearKernelCache']()})" if "farm.ClearKernelCache" in helpers else "not controlled"
     draft.steady_clock = STEADY_CLOCK.get(device_type, "device")
-    draft.threads, context["threads_by"] = session_threads(session, helpers)
+    threads = session_threads(session, helpers, run.device)
+    draft.threads, context["threads_by"] = threads.count, threads.set_by
     run.memory = Memory(helpers.get("farm.MemoryStats"), draft, run.device.emulated)
     draft.rss_before_load_bytes = run.read_memory(reset_peak=True)
     t0 = time.perf_counter()

@@ -126,11 +126,6 @@ def keep_serving(serving):
     return wrapped
 
 
-def online_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a container's or taskset's limit counts)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def register(library: str | None, threads: int = 0) -> None:
     """Runs in TVM's server worker: keep serving after a bad session, load the device runtime, register helpers."""
     import tvm
@@ -159,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="TVM's CPU threads in every session (default: the CPUs online here; TVM's own default "
                              "halves them on x86)")
     args = parser.parse_args(argv)
+    from farm.records import online_cpus
+
     threads = args.threads if args.threads > 0 else online_cpus()
     os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM starts: the worker and each session inherit it
     if args.kernel_cache:

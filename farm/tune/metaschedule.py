@@ -294,7 +294,7 @@ def extract_tasks(mod, target, model: ModelSource) -> list:
 
 
 def session_log_dir(work_root: Path, device: Device, session_id: int) -> Path:
-    """WORK_ROOT/sessions/KEY-SESSION: MetaSchedule's log folder for one session, kept after it (the last
+    """WORK_ROOT/sessions/KEY-SESSION-TIME: MetaSchedule's log folder for one session, kept after it (the last
     ``KEPT_SESSION_LOGS`` sessions) so a slow or failing search can be read afterwards."""
     root = work_root / "sessions"
     root.mkdir(parents=True, exist_ok=True)
