@@ -10,7 +10,7 @@ from farm.errors import FarmError
 from farm.stats import median, memory_text, versus_text
 
 from farm.cli.common import (MODEL_HELP, add_bench_options, add_progress, add_shape_option, add_variant_options, add_verb,
-                             bench_config, duration, emit_json, home_dir, load_inventory_of, load_with_variant,
+                             bench_config, duration, emit_json, home_dir, inventory_and_device, load_with_variant,
                              progress_printer, reference_text, threads_label)
 
 
@@ -39,12 +39,10 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.inventory import find_device
     from farm.store import Store
     from farm.sweep import bench_cell
 
-    inventory = load_inventory_of(args)
-    device = find_device(inventory, args.device)
+    inventory, device = inventory_and_device(args)
     model = load_with_variant(args)
     with Store(args.db) as store:
         cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", bench_config(args),

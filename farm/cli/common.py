@@ -142,6 +142,14 @@ def load_inventory_of(args):
     return load_inventory(args.devices)
 
 
+def inventory_and_device(args):
+    """The inventory ``--devices`` names and its device ``--device`` (InventoryError says what to write)."""
+    from farm.inventory import find_device
+
+    inventory = load_inventory_of(args)
+    return inventory, find_device(inventory, args.device)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with farm's error format: one ``error:`` line and a ``hint:`` line on stderr, exit 2."""
 

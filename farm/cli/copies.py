@@ -10,7 +10,7 @@ from farm.errors import FarmError
 from farm.stats import gb_per_s, nonempty_median
 
 from farm.cli.common import (add_bench_options, add_progress, add_verb, bench_config, byte_size, duration, emit_json,
-                             load_inventory_of, print_table, progress_printer)
+                             inventory_and_device, print_table, progress_printer)
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
@@ -31,13 +31,11 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from farm.compile import effective_target
-    from farm.inventory import find_device
     from farm.measure import COPY_CURVE_BYTES, measure_copy_curve
     from farm.records import target_kind
     from farm.store import Store
 
-    inventory = load_inventory_of(args)
-    device = find_device(inventory, args.device)
+    inventory, device = inventory_and_device(args)
     sizes = tuple(args.size) if args.size else COPY_CURVE_BYTES
     curve = measure_copy_curve(inventory.tracker, device, target_kind(effective_target(device)), bench_config(args), sizes,
                                progress=progress_printer(args.progress))

@@ -10,11 +10,12 @@ from typing import Any
 from farm.errors import FarmError
 from farm.stats import nonempty_median
 from farm.task_profile import DEFAULT_MIN_SHARE
-from farm.tune.config import DEFAULT_TRIALS, RUNNER_TIMEOUT_S, session_trials
+from farm.tune.config import DEFAULT_TRIALS, RUNNER_TIMEOUT_S, TuneConfig, session_trials
 
-from farm.cli.common import (add_bench_options, add_progress, add_shape_option, add_verb, bench_config, count, duration,
-                             emit_json, graceful_interrupt, home_dir, load_inventory_of, non_negative_float, parse_shapes,
-                             positive_float, positive_int, print_table, progress_printer)
+from farm.cli.common import (add_bench_options, add_progress, add_shape_option, add_verb, bench_config, count,
+                             duration, emit_json, graceful_interrupt, home_dir, inventory_and_device,
+                             non_negative_float, parse_shapes, positive_float, positive_int, print_table,
+                             progress_printer, record_default)
 
 DESCRIPTION = (
     "Extracts the model's tasks, tunes them on the device through the tracker (candidates built\n"
@@ -55,17 +56,18 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--report", action="store_true", help="then bench untuned vs tuned on the device and print both")
     p.add_argument("--export", dest="export_dir", help="write the records as MetaSchedule JSON database files to DIR")
     p.add_argument("--import", dest="import_dir", help="merge MetaSchedule JSON database files from DIR first")
-    p.add_argument("--max-runners", type=positive_int, default=1,
-                   help="measure up to K candidates at once, each on its own server of the key (default 1; each "
-                        "runner is a process of ~300 MB)")
+    runners, cooldown = record_default(TuneConfig, "max_runners"), record_default(TuneConfig, "candidate_cooldown_s")
+    p.add_argument("--max-runners", type=positive_int, default=runners,
+                   help=f"measure up to K candidates at once, each on its own server of the key (default {runners}; "
+                        "each runner is a process of ~300 MB)")
     p.add_argument("--fresh-cost-model", action="store_true",
                    help="do not start from the cost model earlier sessions saved for this target")
     p.add_argument("--min-share", type=non_negative_float, default=DEFAULT_MIN_SHARE,
                    help="tasks below this share of the model's untuned time get no search (default "
                         f"{DEFAULT_MIN_SHARE:g}, i.e. {DEFAULT_MIN_SHARE * 100:g}%%); the share is measured on the device first")
-    p.add_argument("--candidate-cooldown", type=non_negative_float, default=0.0, metavar="S",
+    p.add_argument("--candidate-cooldown", type=non_negative_float, default=cooldown, metavar="S",
                    help="the device rests S seconds after each candidate, its session held (phones that must cool "
-                        "between measurements; default 0)")
+                        f"between measurements; default {cooldown:g})")
     p.add_argument("--no-profile", action="store_true",
                    help="do not time the tasks first: MetaSchedule's own scheduler shares the trials over every task")
     p.add_argument("--builds-ahead", action=argparse.BooleanOptionalAction, default=None,
@@ -76,12 +78,10 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.inventory import find_device
     from farm.models import load_model
     from farm.store import Store
 
-    inventory = load_inventory_of(args)
-    device = find_device(inventory, args.device)
+    inventory, device = inventory_and_device(args)
     model = load_model(args.model, parse_shapes(args.shape))
     if args.list_tasks:
         from farm.tune import list_tasks
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         names = list_tasks(device, model)
         emit_json(names) if args.json else print("\n".join(names))
         return 0
-    from farm.tune import export_database, import_database
+    from farm.tune import TuneStatus, export_database, import_database
 
     out: dict[str, Any] = {"device": device.name, "model": model.name}
     with Store(args.db) as store:
@@ -99,13 +99,13 @@ def run(args: argparse.Namespace) -> int:
             out.update(_session(args, inventory, device, model, store))
         if args.export_dir:
             out["exported_records"] = len(export_database(store, device, Path(args.export_dir)).records)
-        if args.report and out.get("status") not in ("interrupted", "device-lost"):
+        if args.report and out.get("status") not in (TuneStatus.INTERRUPTED, TuneStatus.DEVICE_LOST):
             out["comparison"] = _tuned_vs_untuned(inventory, device, model, store, bench_config(args), args.progress)
     emit_json(out) if args.json else _print_outcome(out)
-    if out.get("status") == "device-lost":
+    if out.get("status") == TuneStatus.DEVICE_LOST:
         raise FarmError(f"{out['reason']}; {out['new_records']} new records kept",
                         "bring the device back (farm devices) and rerun the same command to continue")
-    if out.get("status") == "interrupted":
+    if out.get("status") == TuneStatus.INTERRUPTED:
         print(f"interrupted: every measured record is kept ({out['total_records']} for this target);"
               " rerun the same command to continue", file=sys.stderr)
         return 130
