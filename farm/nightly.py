@@ -111,7 +111,8 @@ def rank_models(runs: list[Run], device: str) -> list[tuple[str, str]]:
     rest = [r for r in ok if versus[r.run_id].ratio is None]
     untuned = {r.run_id: (r.steady_median_s or 0.0) * (1 - r.tuned_tasks / r.total_tasks if r.total_tasks else 1.0)
                for r in rest}
-    ranked = [(r.model, versus[r.run_id].text) for r in by_ratio]  # 'TVM 2.9× slower, 2 threads each
+    ranked = [(r.model, f"{versus[r.run_id].reference.runtime}: {versus[r.run_id].text}")  # type: ignore[union-attr]
+              for r in by_ratio]  # 'onnxruntime: TVM 2.9× slower, 2 threads each'
     ranked += [(r.model, f"{untuned[r.run_id] * 1e3:.3g} ms untuned") for r in sorted(rest, key=lambda r: -untuned[r.run_id])]
     seen: set[str] = set()
     return [(m, why) for m, why in ranked if not (m in seen or seen.add(m))]  # type: ignore[func-returns-value]

@@ -34,6 +34,24 @@ def pytest_configure(config):
         os.environ.pop(name, None)
 
 
+# The session's own servers run TVM on one thread (devices.toml `threads = 1`, which their inventory says too): two
+# pytest workers share the 2 cores of a CI machine, and TVM's thread pool spins while it waits for its threads, so
+# servers on 2 threads beside another worker's builds and servers stalled each other (the suite took 33 min instead of
+# ~15). tests/test_threads.py starts servers of its own on other counts; farm demo and the README's commands keep the
+# defaults users get.
+TEST_THREADS = 1
+
+# Test files that run longest start first (pytest-xdist --dist loadfile hands files out in collection order): a long
+# file picked up last made the suite's tail (test_readme.py alone, 10 min, after every other file was done).
+LONGEST_FIRST = ("test_readme.py", "test_tune.py", "test_demo.py", "test_emulated.py", "test_android.py",
+                 "test_opencl.py", "test_processes.py", "test_nightly.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
+
+
 @dataclass
 class Farm:
     tracker: TrackerAddress
@@ -50,11 +68,13 @@ port = {self.tracker.port}
 kind = "local"
 key = "test-a"
 target = {{ kind = "llvm" }}
+threads = {TEST_THREADS}
 
 [devices.cpu-b]
 kind = "local"
 key = "test-b"
 target = {{ kind = "llvm", mcpu = "x86-64" }}
+threads = {TEST_THREADS}
 
 [devices.ghost]
 kind = "remote"
@@ -72,8 +92,9 @@ def farm_net(tmp_path_factory) -> Farm:
     started: list[ManagedProcess] = []
     try:
         started.append(start_tracker("127.0.0.1", port, state))
-        started.append(start_server(tracker, "cpu-a", "test-a", state))
-        started.append(start_server(tracker, "cpu-b", "test-b", state))
+        threads = ("--threads", str(TEST_THREADS))  # as cpu-a and cpu-b's inventory entries say
+        started.append(start_server(tracker, "cpu-a", "test-a", state, options=threads))
+        started.append(start_server(tracker, "cpu-b", "test-b", state, options=threads))
         wait_for_servers(tracker, {"test-a": 1, "test-b": 1}, timeout_s=120)
         yield Farm(tracker, state, started)
     finally:
