@@ -41,16 +41,6 @@ def pytest_configure(config):
 # defaults users get.
 TEST_THREADS = 1
 
-# Test files that run longest start first (pytest-xdist --dist loadfile hands files out in collection order): a long
-# file picked up last made the suite's tail (test_readme.py alone, 10 min, after every other file was done).
-LONGEST_FIRST = ("test_readme.py", "test_tune.py", "test_demo.py", "test_emulated.py", "test_android.py",
-                 "test_opencl.py", "test_processes.py", "test_nightly.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
-
 
 @dataclass
 class Farm:
