@@ -28,11 +28,9 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.demo import run_demo
+    from farm.demo import DEMO_TUNING, run_demo
 
     models = tuple(m for m in args.models.split(",") if m)
-    from farm.demo import DEMO_TUNING
-
     outcome = run_demo(args.db, Path(args.report_dir), home_dir(), home_dir() / "cache", models,
                        bench_config(args), progress=progress_printer(args.progress),
                        tuning=None if args.no_tune else DEMO_TUNING)

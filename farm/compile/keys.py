@@ -22,8 +22,11 @@ def tuning_key(target: dict[str, Any], threads: int | None) -> str:
     """Tuning records are valid for one effective target, TVM version and thread count: MetaSchedule ignores the
     target, and a candidate ranked on 1 thread is not the best on 2 (``records.THREADS_RULE``: the runner's sessions
     run on the device's setting)."""
-    blob = json.dumps({"target": target, "tvm": TVM_VERSION, "threads": threads}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return _short_hash({"target": target, "tvm": TVM_VERSION, "threads": threads})
+
+
+def _short_hash(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def device_tuning_key(device: Device, target: dict[str, Any] | None = None) -> str:
@@ -35,8 +38,7 @@ def device_tuning_key(device: Device, target: dict[str, Any] | None = None) -> s
 def key_before_threads(target: dict[str, Any]) -> str:
     """The tuning key farm used before it set threads (schema 13 and older: target and TVM version only). Records
     under it were measured on TVM's default thread count (half the CPUs on x86) and no longer apply."""
-    blob = json.dumps({"target": target, "tvm": TVM_VERSION}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return _short_hash({"target": target, "tvm": TVM_VERSION})
 
 
 def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
