@@ -14,6 +14,8 @@ farm's name                 TVM's private name (0.27)                           
 ``outer_object``            ``derived_object``'s ``_outer`` weak reference          ``tune.metaschedule``
 ``rpc_serving``             ``rpc.server._serving`` (one session of the server)    ``rpc.server``
 ``set_rpc_serving``         ... replaced: the listen loop looks it up per session  ``rpc.server``
+``unchecked``               ``LocalBuilder``'s and ``RPCRunner``'s ``_sanity_check``  ``tune.metaschedule``
+``import_tensor_intrinsics``  ``s_tir.tensor_intrin``'s ``__init__``: imports only   ``tune.metaschedule``
 ==========================  =====================================================  ===========================
 
 MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
@@ -23,6 +25,10 @@ must not import MetaSchedule.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 # build_in_worker: MetaSchedule's builder worker, (f_build, f_export, mod, target, params) -> the exported library's
@@ -74,3 +80,78 @@ def outer_object(inst: Any) -> Any:
     """The TVM object that ``tvm.ir.utils.derived_object`` wraps around ``inst`` (a ``Py*`` subclass's instance):
     a PyTaskScheduler reaches its own tasks, and joins and ends them, through it."""
     return inst._outer()  # pylint: disable=protected-access
+
+
+def unchecked(meta_schedule_class: Any) -> Any:
+    """``meta_schedule_class`` (``LocalBuilder`` or ``RPCRunner``) without its ``_sanity_check``: their constructors
+    start a one-use worker process only to look up the functions they were given, and wait for it to import TVM
+    (about 4 s each, every session). farm gives them its own functions, imported the same way, so there is nothing to
+    check. Subclassed as ``derived_object`` asks: from the class it wraps (``_cls``)."""
+    from tvm.ir.utils import derived_object
+
+    inner = meta_schedule_class._cls  # pylint: disable=protected-access
+    if inner not in _UNCHECKED:
+        _UNCHECKED[inner] = derived_object(type(inner.__name__, (inner,), {
+            "__doc__": inner.__doc__, "__module__": __name__, "_sanity_check": lambda self: None}))
+    return _UNCHECKED[inner]
+
+
+_UNCHECKED: dict[type, Any] = {}
+
+# The tensor intrinsics MetaSchedule's rules for an LLVM CPU may tensorize with, by the CPU's architecture (TVM's
+# GetRuleKindFromTarget: "vnni" and "avx512" use x86's, "dotprod" and "asimd" arm_cpu's, "rvv" riscv_cpu's).
+CPU_INTRINSICS = {"x86_64": "x86", "amd64": "x86", "i686": "x86", "aarch64": "arm_cpu", "arm64": "arm_cpu",
+                  "armv7": "arm_cpu", "arm": "arm_cpu", "riscv64": "riscv_cpu", "riscv32": "riscv_cpu"}
+INTRINSICS_PACKAGE = "tvm.s_tir.tensor_intrin"
+
+
+def import_tensor_intrinsics(arch: str | None) -> None:
+    """Register the tensor intrinsics of ``tvm.s_tir.tensor_intrin`` that a tune context needs: for an LLVM CPU of
+    ``arch`` (its ``mtriple``'s first word) only its architecture's module, else (a GPU target, an unknown CPU)
+    every module, as importing the package does. The package's ``__init__`` does nothing but import its modules,
+    CUDA's first and always (~75 % of the ~5 s the whole package takes): a CPU target skips it by registering the
+    package without running its ``__init__``; asked for everything later, the ``__init__`` then runs in it."""
+    module = CPU_INTRINSICS.get((arch or "").lower())
+    package = sys.modules.get(INTRINSICS_PACKAGE)
+    if module is None:
+        if package is None:
+            importlib.import_module(INTRINSICS_PACKAGE)
+        elif _PARTIAL:  # registered without its __init__ for a CPU: run it now, in the same module
+            _PARTIAL.clear()
+            _package_spec().loader.exec_module(package)  # type: ignore[union-attr]
+        return
+    if package is None:
+        sys.modules[INTRINSICS_PACKAGE] = importlib.util.module_from_spec(_package_spec())
+        _PARTIAL.add(INTRINSICS_PACKAGE)
+    importlib.import_module(f"{INTRINSICS_PACKAGE}.{module}")
+
+
+_PARTIAL: set[str] = set()  # the package, while registered without running its __init__
+
+
+def _package_spec() -> importlib.machinery.ModuleSpec:
+    spec = importlib.util.find_spec(INTRINSICS_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(INTRINSICS_PACKAGE)
+    return spec
+
+
+def intrinsics_package_only_imports() -> bool:
+    """What ``import_tensor_intrinsics`` relies on: the package's ``__init__`` only imports (its modules, and
+    ``tvm.runtime.enabled`` to choose them), so skipping it loses nothing but the modules not asked for."""
+    import ast
+
+    tree = ast.parse(Path(str(_package_spec().origin)).read_text(encoding="utf-8"))
+    return all(_only_imports(node) for node in tree.body)
+
+
+def _only_imports(node: Any) -> bool:
+    import ast
+
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):  # the docstring
+        return True
+    if isinstance(node, ast.If):
+        return all(_only_imports(child) for child in node.body + node.orelse)
+    return False

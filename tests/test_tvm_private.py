@@ -1,7 +1,9 @@
 """TVM's private names farm relies on (farm/tvm_private.py), each checked against the installed TVM: after an
 upgrade that moves one, the test names it, instead of a tuning session failing in a worker process."""
 
+import importlib.util
 import inspect
+from pathlib import Path
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
@@ -57,3 +59,44 @@ def test_a_derived_object_reaches_the_tvm_object_wrapped_around_it():
     wrapped = Scheduler()
     assert wrapped.outer() is wrapped
     assert hasattr(wrapped, "tasks_") and callable(wrapped.touch_task)  # what PassScheduler asks of it
+
+
+def test_builder_and_runner_check_their_functions_in_a_method_farm_s_subclasses_leave_out():
+    from tvm.s_tir.meta_schedule.builder import LocalBuilder
+
+    from farm.tvm_private import unchecked
+
+    for cls in (LocalBuilder, RPCRunner):
+        assert "_sanity_check" in vars(cls._cls), cls  # what unchecked() replaces; gone after an upgrade: this fails
+        assert "self._sanity_check()" in inspect.getsource(cls._cls.__init__), cls  # called by the constructor
+    rpc = unchecked(RPCRunner)(RPCConfig("127.0.0.1", 9, "nobody"), max_workers=1)
+    try:
+        assert rpc.rpc_config.tracker_key == "nobody"  # built as RPCRunner is, its check left out
+        assert type(rpc._inst)._sanity_check is not RPCRunner._cls._sanity_check and isinstance(rpc._inst, RPCRunner._cls)
+    finally:
+        rpc.pool.shutdown(wait=False)
+    assert unchecked(RPCRunner) is unchecked(RPCRunner)  # one class per wrapped class
+
+
+def test_tensor_intrinsics_package_only_imports_so_a_cpu_can_register_its_architecture_s_alone():
+    import subprocess
+    import sys
+
+    from farm.tvm_private import CPU_INTRINSICS, INTRINSICS_PACKAGE, intrinsics_package_only_imports
+
+    assert intrinsics_package_only_imports()
+    package = Path(importlib.util.find_spec(INTRINSICS_PACKAGE).origin).parent  # found, not imported (~40 s)
+    for module in set(CPU_INTRINSICS.values()):
+        assert (package / f"{module}.py").is_file(), module
+    # in a fresh process: x86's only, then (a GPU target after it) every module, CUDA's too
+    script = (
+        "import sys\nfrom tvm.s_tir import TensorIntrin\nfrom farm.tune.metaschedule import load_tensor_intrinsics\n"
+        "load_tensor_intrinsics({'kind': 'llvm', 'mtriple': 'x86_64-linux-gnu'})\n"
+        "print(sorted(m.rsplit('.', 1)[-1] for m in sys.modules if m.startswith('tvm.s_tir.tensor_intrin.')))\n"
+        "print(TensorIntrin.get('dot_16x4_avx512', allow_missing=True) is not None)\n"
+        "load_tensor_intrinsics({'kind': 'opencl'})\n"
+        "print(TensorIntrin.get('mma_ldmatrix_f16_a', allow_missing=True) is not None)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "['x86']" and out[1] == "True", out
+    assert out[2] == "True", out  # CUDA's, registered once a target needed them all
+

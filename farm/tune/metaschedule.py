@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import inspect
 import logging
 import os
+import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +36,8 @@ from farm.records import Device, ModelSource, TrackerAddress
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.tune.config import BUSY_RETRIES, TuneConfig
-from farm.tvm_private import artifact_path, build_in_worker, measure_in_worker, outer_object, runner_args
+from farm.tvm_private import (artifact_path, build_in_worker, import_tensor_intrinsics, measure_in_worker, outer_object,
+                               runner_args, unchecked)
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, run
                 ahead: bool) -> AfterBuildRunner:
     """The session's runner: ``runners`` candidates measured at once on the servers of ``device``'s key, each
     waiting for its library (up to the builder's timeout when builds run ahead)."""
-    rpc = RPCRunner(
+    rpc = unchecked(RPCRunner)(
         RPCConfig(tracker.host, tracker.port, device.key, session_timeout_sec=int(config.runner_timeout_s)),
         EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False),
         f_create_session=functools.partial(open_session, tracker.host, tracker.port, device.key,
@@ -226,7 +226,7 @@ def make_builder(toolchain: str, config: TuneConfig, batch: int, ahead: bool):
     """The session's builder: ``AheadBuilder`` when builds run ahead of the measurements, else MetaSchedule's."""
     if ahead:
         return AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, batch)
-    return LocalBuilder(timeout_sec=config.builder_timeout_s, f_build=build_candidate,
+    return unchecked(LocalBuilder)(timeout_sec=config.builder_timeout_s, f_build=build_candidate,
                         f_export=functools.partial(export_candidate, toolchain), max_workers=os.cpu_count())
 
 
@@ -315,18 +315,21 @@ def logs_to_file_only() -> None:
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
 
-def load_tensor_intrinsics() -> None:
-    """Import ``tvm.s_tir.tensor_intrin`` (which each tune context needs) in seconds instead of ~40 s.
+def load_tensor_intrinsics(target: dict) -> None:
+    """Register the tensor intrinsics a tune context for ``target`` needs (``tvm_private.import_tensor_intrinsics``:
+    an LLVM CPU's architecture's only, in about half a second; a GPU's, all of them) in seconds instead of ~40 s.
 
-    Its ~250 TVMScript functions each call ``inspect.stack()``, which looks up the module of every
+    Their TVMScript functions each call ``inspect.stack()``, which looks up the module of every
     frame on the stack; for the import machinery's frames (``<frozen importlib._bootstrap>``) no
     module matches, and ``inspect.getmodule`` scans all of ``sys.modules`` (~2000 after importing
     TVM) again each time. Those pseudo-files have no module, whatever the scan finds: answering
     ``None`` at once gives ``inspect.stack()`` the same frames and source lines."""
-    if "tvm.s_tir.tensor_intrin" in sys.modules:
-        return
+    arch = None
+    if target.get("kind") == "llvm":
+        triple = target.get("mtriple") or platform.machine()
+        arch = triple.split("-", 1)[0]
     with _pseudo_files_have_no_module():
-        importlib.import_module("tvm.s_tir.tensor_intrin")
+        import_tensor_intrinsics(arch)
 
 
 @contextlib.contextmanager

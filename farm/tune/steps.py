@@ -95,7 +95,7 @@ def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: 
         raise ModelError(f"no tuning tasks in {model.name}" + (f" match {config.tasks!r}" if config.tasks else ""),
                          "list them with farm tune --list-tasks")
     say("loading MetaSchedule's tensor intrinsics")
-    load_tensor_intrinsics()
+    load_tensor_intrinsics(target)
     runners = max(1, min(config.max_runners, status.free or 1))  # each runner holds one server of the key
     ahead = config.builds_ahead if config.builds_ahead is not None else not kind_of(device).measures_on_this_host
     return Tuning(target, tvm_target, toolchain, device_tuning_key(device, target), tuple(tasks), runners,
