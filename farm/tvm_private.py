@@ -14,8 +14,9 @@ farm's name                 TVM's private name (0.27)                           
 ``outer_object``            ``derived_object``'s ``_outer`` weak reference          ``tune.metaschedule``
 ``rpc_serving``             ``rpc.server._serving`` (one session of the server)    ``rpc.server``
 ``set_rpc_serving``         ... replaced: the listen loop looks it up per session  ``rpc.server``
-``unchecked``               ``LocalBuilder``'s and ``RPCRunner``'s ``_sanity_check``  ``tune.metaschedule``
+``unchecked``               ``RPCRunner``'s ``_sanity_check``                       ``tune.metaschedule``
 ``import_tensor_intrinsics``  ``s_tir.tensor_intrin``'s ``__init__``: imports only   ``tune.metaschedule``
+``import_tvm_without_torch``  ``tvm_ffi``'s ``__init__``: imports torch if it can     ``cli``, ``rpc``
 ==========================  =====================================================  ===========================
 
 MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
@@ -25,6 +26,7 @@ must not import MetaSchedule.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -83,9 +85,9 @@ def outer_object(inst: Any) -> Any:
 
 
 def unchecked(meta_schedule_class: Any) -> Any:
-    """``meta_schedule_class`` (``LocalBuilder`` or ``RPCRunner``) without its ``_sanity_check``: their constructors
-    start a one-use worker process only to look up the functions they were given, and wait for it to import TVM
-    (about 4 s each, every session). farm gives them its own functions, imported the same way, so there is nothing to
+    """``meta_schedule_class`` (``RPCRunner``; ``LocalBuilder`` has one too) without its ``_sanity_check``: the
+    constructor starts a one-use worker process only to look up the functions it was given, and waits for it to
+    import TVM (about 4 s, every session). farm gives them its own functions, imported the same way, so there is nothing to
     check. Subclassed as ``derived_object`` asks: from the class it wraps (``_cls``)."""
     from tvm.ir.utils import derived_object
 
@@ -155,3 +157,52 @@ def _only_imports(node: Any) -> bool:
     if isinstance(node, ast.If):
         return all(_only_imports(child) for child in node.body + node.orelse)
     return False
+
+
+def import_tvm_without_torch() -> None:
+    """When this process imports TVM (now or later), import it without PyTorch; for farm's own processes (the CLI,
+    its servers and tracker).
+
+    ``tvm_ffi``'s ``__init__`` imports torch whenever it is installed (a workaround for a symbol clash on Windows),
+    and so does ``relax.base_py_module`` (for Python functions in an IRModule, which farm has none of): most of
+    TVM's import, about 2 s, 4 s of CPU when two cores are busy, in every process. Here torch reads as not
+    installed while ``tvm`` imports, and is importable again afterwards: farm's PyTorch frontend imports it when a
+    model needs it, and tensors reach TVM by DLPack (``from_dlpack``), so only TVM's own optional uses of torch
+    are left off in the process. A command that never imports TVM pays nothing: the hook waits on
+    ``sys.meta_path`` for ``tvm``. Nothing is done when TVM, tvm_ffi or torch is already imported."""
+    if {"tvm", "tvm_ffi", "torch"} & set(sys.modules):
+        return
+    if not any(isinstance(finder, _TorchlessTvmFfi) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TorchlessTvmFfi())
+
+
+class _TorchlessTvmFfi(importlib.abc.MetaPathFinder):
+    """Finds ``tvm`` as the path finder does, and runs its ``__init__`` (which imports tvm_ffi and relax) with
+    ``torch`` absent."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ARG002  # the finder protocol's signature
+        if fullname != "tvm":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _WithoutTorch(spec.loader)
+        return spec
+
+
+class _WithoutTorch(importlib.abc.Loader):
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        absent = "torch" not in sys.modules
+        if absent:
+            sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+        try:
+            self.loader.exec_module(module)
+        finally:
+            if absent and sys.modules.get("torch", False) is None:
+                del sys.modules["torch"]

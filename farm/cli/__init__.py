@@ -17,6 +17,7 @@ import sys
 import traceback
 
 from farm.errors import FarmError, message_line
+from farm.tvm_private import import_tvm_without_torch
 
 from farm.cli import (bench, compare, compile, copies, dashboard, demo, devices, down, drift, models, phones,
                       regressions, report, results, serve, sweep, tracker, tune)
@@ -84,6 +85,7 @@ def _inventory_db(path: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import_tvm_without_torch()  # seconds less for every command that imports TVM (tvm_private says why)
     args.devices_given = hasattr(args, "devices")
     args.devices = getattr(args, "devices", None) or os.environ.get("FARM_DEVICES", "devices.toml")
     args.db = getattr(args, "db", None) or os.environ.get("FARM_DB") or _inventory_db(args.devices) or default_db()

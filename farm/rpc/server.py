@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
                              "halves them on x86)")
     args = parser.parse_args(argv)
     from farm.records import online_cpus
+    from farm.tvm_private import import_tvm_without_torch
+
+    import_tvm_without_torch()
 
     threads = args.threads if args.threads > 0 else online_cpus()
     os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM starts: the worker and each session inherit it

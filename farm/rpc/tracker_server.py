@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    from farm.tvm_private import import_tvm_without_torch
+
+    import_tvm_without_torch()
     from tvm.rpc.base import random_key
     from tvm.rpc.tracker import TrackerServerHandler
 

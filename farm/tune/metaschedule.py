@@ -1,6 +1,7 @@
 """MetaSchedule's plumbing for a farm: candidates built for the device, measured on it through the tracker.
 
-- ``AheadBuilder`` builds a batch in the background (``LocalBuilder`` when the device measures on this host).
+- ``AheadBuilder`` builds a batch in the background; ``PooledBuilder`` builds it, then answers (the device
+  measures on this host: no build beside a measurement), in one pool of workers for the session.
 - ``AfterBuildRunner`` measures with MetaSchedule's RPC runner, each candidate as soon as its library exists,
   asking the tracker for a session only then (``open_session``: a bounded wait, retried while the key is busy).
 - ``PassScheduler`` lets a pass's tasks take turns, so one task's batch is generated while another's is measured.
@@ -25,7 +26,7 @@ from typing import Callable
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.builder import BuilderResult, LocalBuilder, PyBuilder
+from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner, RPCConfig, RPCRunner
 from tvm.s_tir.meta_schedule.runner import rpc_runner as ms_rpc_runner
 from tvm.support.popen_pool import PopenPoolExecutor
@@ -45,6 +46,8 @@ BUILD_FAILED = ".build-error"  # beside a candidate's planned library: why its b
 
 # MetaSchedule's logs (per-batch tables, builder and runner errors) are kept for this many latest sessions
 KEPT_SESSION_LOGS = 20
+# A build worker's builds before it restarts (MetaSchedule's LocalBuilder: every batch, for a known leak)
+BUILDS_PER_WORKER = 64
 
 
 def build_candidate(mod, target, _params):
@@ -131,6 +134,37 @@ class AheadBuilder(PyBuilder):
             future.add_done_callback(functools.partial(_note_build_failure, path, self.timeout_s))
             results.append(BuilderResult(path, None))
         return results
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+@derived_object
+class PooledBuilder(PyBuilder):
+    """MetaSchedule's ``LocalBuilder`` (a batch built, then answered), but one pool of workers for the session:
+    ``LocalBuilder`` starts new ones for every batch, each importing TVM again (seconds a batch, on the CPU the
+    device measures on). They restart after ``BUILDS_PER_WORKER`` builds, for the leak ``LocalBuilder`` restarts them
+    for. Results and errors read as ``LocalBuilder``'s."""
+
+    def __init__(self, toolchain: str, timeout_s: float, workers: int) -> None:
+        super().__init__()
+        self.export = functools.partial(export_candidate, toolchain)
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER)
+        self.timeout_s = timeout_s
+        warm_pool(self.pool, workers)
+
+    def build(self, build_inputs: list) -> list:
+        futures = [self.pool.submit(build_in_worker, build_candidate, self.export, build_input.mod,
+                                    build_input.target, None) for build_input in build_inputs]
+        return [self._result(future) for future in futures]
+
+    def _result(self, future) -> BuilderResult:
+        try:
+            return BuilderResult(future.result(), None)
+        except TimeoutError:
+            return BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_s:g} seconds")
+        except Exception as exc:  # the build's own error, from its worker process
+            return BuilderResult(None, f"LocalBuilder: An exception occurred\n{exc}")
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False)
@@ -223,11 +257,10 @@ def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, run
 
 
 def make_builder(toolchain: str, config: TuneConfig, batch: int, ahead: bool):
-    """The session's builder: ``AheadBuilder`` when builds run ahead of the measurements, else MetaSchedule's."""
+    """The session's builder: ``AheadBuilder`` when builds run ahead of the measurements, else ``PooledBuilder``."""
     if ahead:
         return AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, batch)
-    return unchecked(LocalBuilder)(timeout_sec=config.builder_timeout_s, f_build=build_candidate,
-                        f_export=functools.partial(export_candidate, toolchain), max_workers=os.cpu_count())
+    return PooledBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1)
 
 
 @derived_object

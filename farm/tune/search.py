@@ -19,7 +19,7 @@ from farm.costmodel import samples_of
 from farm.errors import message_line
 from farm.records import Device, TrackerAddress
 from farm.tune.config import TuneConfig
-from farm.tune.metaschedule import (AheadBuilder, PassScheduler, logs_to_file_only, make_builder, make_runner,
+from farm.tune.metaschedule import (PassScheduler, logs_to_file_only, make_builder, make_runner,
                                     session_log_dir)
 from farm.tune.plan import Plan, Tuning, overlapped_calls, search_passes
 from farm.tune.records import commit_untuned, record_s, seed_by_anchor
@@ -102,7 +102,7 @@ class Search:
         busy = self.runner.busy_seconds() if self.runner is not None else []
         if self.runner is not None:
             self.runner.shutdown()
-        if isinstance(self.builder, AheadBuilder):
+        if self.builder is not None:
             self.builder.shutdown()
         return busy
 
