@@ -1,8 +1,9 @@
 """Every shell command in README.md and docs/*.md runs as a newcomer types it (pyperf's test_examples.py; issue #20
 item 7, #31 item 6).
 
-The fenced shell blocks of README.md, then of each docs/*.md page in name order (``PAGES``), run in their order,
-each command as written, through bash, in one fresh folder:
+The fenced shell blocks of README.md (here), and of each docs/*.md page in name order (``DOCS``, in
+tests/test_docs_commands.py: a file of its own, so pytest-xdist walks both at once), run in their order, each
+command as written, through bash, in one fresh folder per walk:
 a copy of the repository's devices.toml (its fixed ports made free ones, so the test can run beside a farm someone
 started by hand), ``.venv`` and ``tools/`` linked in, FARM_HOME / FARM_DB / FARM_DEVICES unset, so farm's defaults
 apply as the README describes them (state in ./.farm, results in ./.farm/results.db, reports in ./reports).
@@ -52,7 +53,8 @@ from farm.rpc.tracker import query_summary
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-PAGES = (README, *sorted((REPO / "docs").glob("*.md")))  # the README first, then the docs: the order they run in
+DOCS = tuple(sorted((REPO / "docs").glob("*.md")))  # in the order they run in
+PAGES = (README, *DOCS)
 SHELL_FENCES = {"bash", "sh", "shell", "console"}
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 COMMAND_TIMEOUT_S = 600
@@ -93,9 +95,9 @@ class Command:
         return self.argv[0]
 
 
-def page_blocks() -> list[list[Command]]:
-    """The commands of each fenced shell block of every page, in ``PAGES`` order."""
-    return [block for page in PAGES for block in readme_blocks(page.read_text(), page.relative_to(REPO).as_posix())]
+def page_blocks(pages: tuple[Path, ...] = PAGES) -> list[list[Command]]:
+    """The commands of each fenced shell block of ``pages``, in their order."""
+    return [block for page in pages for block in readme_blocks(page.read_text(), page.relative_to(REPO).as_posix())]
 
 
 def readme_blocks(text: str, page: str = "README.md") -> list[list[Command]]:
@@ -413,10 +415,15 @@ def needs_farm(block: list[Command]) -> bool:
     return uses and not any(c.farm and c.farm[:2] == ("tracker", "start") for c in block)
 
 
-@pytest.mark.slow  # 5 min on a quiet 2-core machine, 8 beside another busy worker: the demo, five sweeps
-# (nightly.sh's included), four short tuning sessions
+@pytest.mark.slow  # 2 min on a quiet 2-core machine: the demo (its tuning session), a bring-up, two benches
 def test_every_readme_command_runs_as_written(tmp_path):
-    """Every command of README.md's and docs/*.md's shell blocks, in ``PAGES`` order."""
+    """Every command of README.md's shell blocks, in order."""
+    walk_pages(tmp_path, (README,))
+
+
+def walk_pages(tmp_path: Path, pages: tuple[Path, ...]) -> None:
+    """Every command of ``pages``' shell blocks, in order, in one fresh folder; README's bring-up (``farm tracker
+    start``, ``farm serve``) before a block that uses the farm without starting it, README's ``farm down`` at the end."""
     venv = Path(sys.prefix)
     assert (venv / "bin" / "farm").exists(), f"the test runs README's .venv/bin/farm: install farm into {venv}"
     work = tmp_path / "newcomer"
@@ -425,10 +432,10 @@ def test_every_readme_command_runs_as_written(tmp_path):
     (work / "tools").symlink_to(REPO / "tools")
     (work / "devices.toml").write_text(newcomer_inventory((REPO / "devices.toml").read_text()))
     write_newcomer_files(work)
-    blocks = page_blocks()
-    commands = [c for block in blocks for c in block]
-    bring_up = [next(c for c in commands if c.farm == args) for args in (("tracker", "start"), ("serve",))]
-    stop = next(c for c in commands if c.farm == ("down",))
+    blocks = page_blocks(pages)
+    readme = [c for block in page_blocks((README,)) for c in block]
+    bring_up = [next(c for c in readme if c.farm == args) for args in (("tracker", "start"), ("serve",))]
+    stop = next(c for c in readme if c.farm == ("down",))
     newcomer = Newcomer(work)
     started = time.monotonic()
     try:

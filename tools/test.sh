@@ -13,9 +13,10 @@ fi
 .venv/bin/ruff check farm tools tests
 .venv/bin/mypy
 .venv/bin/pylint --disable=all --enable=duplicate-code --score=n farm
-# Two workers, a test file each at a time (module fixtures start once); then, alone, the tests
+# Two workers, a test file each at a time (module fixtures start once), the longest files first (conftest's
+# LONGEST_FIRST, kept in that order); then, alone, the tests
 # marked quiet (a regression baseline needs a machine that is not running the other worker).
 status=0
-.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile -m "not quiet" || status=$?
+.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder -m "not quiet" || status=$?
 .venv/bin/python -m pytest -q -ra -m quiet || status=$?
 exit $status
