@@ -181,6 +181,9 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         if field in raw and (problem := spec.problem(raw[field])):
             raise fail(field, f"{raw[field]!r} {problem}", f"write {spec.example}, or leave it out: {spec.help}")
     threads = raw.get("threads")
+    if raw.get("weight_prepack") and target_kind(target) != "llvm":  # records.weight_prepack_setting: nothing to rewrite
+        raise fail("weight_prepack", f"needs an llvm target, not {target_kind(target)!r}",
+                   "leave it out: MetaSchedule rewrites weight layouts only for CPU (llvm) code")
     plugin.validate(raw, target, fail)
     if "fallback" in raw:
         if raw["fallback"] not in FALLBACKS:
@@ -192,7 +195,7 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
-        tags=tuple(tags), options=options, threads=threads,
+        tags=tuple(tags), options=options, threads=threads, weight_prepack=raw.get("weight_prepack"),
     )
 
 

@@ -143,6 +143,8 @@ class Device:
     tags: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None  # devices.toml's ``threads``: TVM's CPU threads on the device (``threads_setting``)
+    # devices.toml's ``weight_prepack``; None: the default for the target (``weight_prepack_setting``)
+    weight_prepack: bool | None = None
 
 
 THREADS_RULE = ("TVM's CPU threads on a device: devices.toml's threads, else the target's num-cores (its host's for a "
@@ -179,6 +181,24 @@ def threads_setting(device: Device, target: dict[str, Any] | None = None) -> int
         if isinstance(candidate, dict) and candidate.get("num-cores"):
             return int(candidate["num-cores"])
     return None
+
+
+PREPACK_RULE = ("CPU weight prepacking, TVM's recipe for CPUs (static_shape_tuning_pipeline(cpu_weight_prepack=True)): "
+                "tuning may give each conv or matmul its weights in a packed layout, and a tuned compile folds that "
+                "repacking of the model's constant weights into the library (main(input) is unchanged); default: on "
+                "for llvm targets, off elsewhere (MetaSchedule's GPU postprocessors rewrite no layout); records tuned "
+                "with and without it are kept apart")
+
+
+def weight_prepack_setting(device: Device, target: dict[str, Any] | None = None) -> bool:
+    """Whether ``device``'s tuned compiles prepack weights and its tuning lets MetaSchedule choose weight layouts
+    (``PREPACK_RULE``): devices.toml's ``weight_prepack``, else on for an llvm target (``target``, the effective one,
+    where the caller has it). Only MetaSchedule's LLVM postprocessors include ``RewriteLayout``
+    (``Postproc.create("cuda")`` has none), so on a GPU target the setting would change nothing but the workloads'
+    names; the inventory refuses it there."""
+    if device.weight_prepack is not None:
+        return device.weight_prepack
+    return target_kind(target or device.target) == "llvm"
 
 
 @dataclass(frozen=True)

@@ -85,14 +85,15 @@ def test_a_session_that_changes_none_of_the_model_s_code_is_kept_without_measuri
     from farm.compile import effective_target, make_target, tuning_module, untuned_trace
     from farm.models import load_model
     from farm.nightly import _validate
-    from farm.records import BenchConfig, TuningSet
+    from farm.records import BenchConfig, TuningSet, weight_prepack_setting
     from tests.test_compile import LOCAL
 
     model = load_model("mlp")
     target = make_target(effective_target(LOCAL))
     normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     database = ms.database.JSONDatabase(str(tmp_path / "w.json"), str(tmp_path / "r.json"), allow_missing=True)
-    for func in tuning_module(model).functions.values():  # each function's untuned code as its record (farm tune's)
+    # each function's untuned code as its record (farm tune's), from the module LOCAL tunes
+    for func in tuning_module(model, weight_prepack_setting(LOCAL)).functions.values():
         if isinstance(func, tvm.tirx.PrimFunc):
             mod = normalize(func)
             database.commit_tuning_record(ms.database.TuningRecord(

@@ -25,6 +25,14 @@ takes turns only with whole batches to search, which a small trial budget rarely
 
     .venv/bin/python tools/bench_tuning.py --scaling [--model convnet] [--trials 48] [--candidate-cooldown 1]
     .venv/bin/python tools/bench_tuning.py --scaling --model onnx:squeezenet --session-minutes 3
+
+--prepack: both pipelines in one run, weight prepacking off then on (devices.toml's weight_prepack; records
+under two tuning keys, each from none), on the same server (so the same threads), with the same --sessions of
+--trials each (or --session-minutes), in turns; then each pipeline's tuned model benched beside onnxruntime, --rounds
+times, in turns (off, on, off, on …) so a change in the host's load falls on both; the threads each run
+reported, what main calls (kernels on prepacked weights, repacking left in it), and the ratio on / off per round.
+
+    .venv/bin/python tools/bench_tuning.py --prepack [--model convnet] [--trials 48] [--sessions 1] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from farm.compile import device_tuning_key, main_calls
 from farm.models import load_model
 from farm.models.zoo import leaky_variant
 from farm.records import BenchConfig, Device
@@ -51,15 +60,35 @@ def progress(message: str) -> None:
 
 def bench(tracker, device, model, store, work, config, tuned: bool) -> tuple[float, float | None, str]:
     """TVM's steady median, the reference runtime's, and the cell's tuning coverage."""
+    cell = bench_run(tracker, device, model, store, work, config, tuned)
+    return median(cell.result.steady_samples_s), reference_s(cell), coverage_of(cell)
+
+
+def bench_run(tracker, device, model, store, work, config, tuned: bool):
+    """One `farm bench` cell (TVM, then the reference runtime beside it); exits when TVM's run failed."""
     cell = bench_cell(tracker, device, model, store, work / "cache", config, tuned=tuned)
     if cell.result.status != "ok":
         raise SystemExit(f"bench failed: {cell.result.reason}")
+    return cell
+
+
+def reference_s(cell) -> float | None:
     ref = cell.reference.result if cell.reference else None
-    ref_s = median(ref.steady_samples_s) if ref and ref.status == "ok" else None
+    return median(ref.steady_samples_s) if ref and ref.status == "ok" else None
+
+
+def compared(cell) -> str:
+    """TVM against the reference runtime in farm's one wording, with the threads each run reported."""
+    ref = cell.reference.result if cell.reference else None
+    return versus_text(median(cell.result.steady_samples_s), reference_s(cell), "onnxruntime", cell.result.threads,
+                       ref.threads if ref else None)
+
+
+def coverage_of(cell) -> str:
     coverage = f"{cell.artifact.tuned_tasks}/{cell.artifact.total_tasks} tasks tuned"
     if cell.artifact.anchor_tasks:
         coverage += f" ({cell.artifact.anchor_tasks} by anchor block)"
-    return median(cell.result.steady_samples_s), ref_s, coverage
+    return coverage
 
 
 def curve(args) -> int:
@@ -129,6 +158,54 @@ def scaling(args) -> int:
     return 0
 
 
+def prepack(args) -> int:
+    work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-prepack-"))
+    model = load_model(args.model)
+    devices = {on: Device(f"prepack-{'on' if on else 'off'}", "local", "bench-prepack-cpu", {"kind": "llvm"},
+                          weight_prepack=on) for on in (False, True)}
+    config = BenchConfig(repeat=15, min_repeat_ms=100, timeout_s=60)
+    budget = (f"{args.sessions} session(s) of {args.session_minutes:g} min" if args.session_minutes else
+              f"{args.sessions} session(s) of {args.trials} trials") if args.sessions else f"the records in {work}"
+    with private_farm(work, {"prepack": "bench-prepack-cpu"}) as tracker, Store(work / "results.db") as store:
+        untuned = bench_run(tracker, devices[False], model, store, work, config, tuned=False)
+        print(f"model {model.name}, {budget} per pipeline; TVM untuned "
+              f"{median(untuned.result.steady_samples_s) * 1e3:.3g} ms · onnxruntime "
+              f"{reference_s(untuned) * 1e3:.3g} ms ({compared(untuned)})", flush=True)
+        tuned = {on: (0, 0.0) for on in devices}  # trials, minutes
+        for _ in range(args.sessions):  # the pipelines' sessions in turns too: the host's load falls on both
+            for on, device in devices.items():
+                start = time.monotonic()
+                outcome = tune_model(tracker, device, model, store, work / "tune",
+                                     TuneConfig(trials=100_000 if args.session_minutes else args.trials,
+                                                minutes=args.session_minutes), progress=progress)
+                tuned[on] = (tuned[on][0] + outcome.trials_done, tuned[on][1] + (time.monotonic() - start) / 60)
+        times = bench_in_turns(tracker, devices, model, store, work, config, tuned, args.rounds)
+    ratios = [on_s / off_s for off_s, on_s in zip(times[False], times[True])]
+    print(f"prepacking on / off, TVM tuned, round by round: {', '.join(f'{r:.2f}' for r in ratios)}; median "
+          f"{median(ratios):.2f} (< 1: faster with prepacking)", flush=True)
+    return 0
+
+
+def bench_in_turns(tracker, devices, model, store, work, config, tuned, rounds: int) -> dict[bool, list[float]]:
+    """Each pipeline's tuned model benched beside onnxruntime, in turns (off, on, off, on …): its rows, and TVM's
+    steady medians per pipeline in round order."""
+    print("prepack  round  records  trials  tuning min  TVM tuned    onnxruntime  TVM vs onnxruntime                 "
+          "coverage        main calls", flush=True)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for round_ in range(1, rounds + 1):
+        for on, device in devices.items():
+            cell = bench_run(tracker, device, model, store, work, config, tuned=True)
+            times[on].append(median(cell.result.steady_samples_s))
+            calls = main_calls(cell.artifact.path)
+            packed = sum(c.endswith("_prepacked") for c in calls)
+            repacking = sum(c.endswith("_weight_prepack") for c in calls)
+            records = len(store.tuning_lines(device_tuning_key(device))[1])
+            print(f"{'on' if on else 'off':7s}  {round_:5d}  {records:7d}  {tuned[on][0]:6d}  {tuned[on][1]:10.1f}  "
+                  f"{times[on][-1] * 1e3:8.3g} ms  {reference_s(cell) * 1e3:8.3g} ms  {compared(cell):33s}  "
+                  f"{coverage_of(cell):14s}  {packed} on prepacked weights, {repacking} repacking", flush=True)
+    return times
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: onnx:squeezenet (curve), convnet (--scaling)")
@@ -137,16 +214,23 @@ def main() -> int:
     parser.add_argument("--no-shared", dest="shared", action="store_false",
                         help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")
-    parser.add_argument("--trials", type=int, default=48, help="--scaling: trials a session (default 48)")
+    parser.add_argument("--prepack", action="store_true",
+                        help="weight prepacking off and on: the same sessions each, then both benched in turns")
+    parser.add_argument("--sessions", type=int, default=1,
+                        help="--prepack: tuning sessions per pipeline (default 1; 0: bench the records --work holds)")
+    parser.add_argument("--rounds", type=int, default=3, help="--prepack: benches of each pipeline, in turns (default 3)")
+    parser.add_argument("--trials", type=int, default=48, help="--scaling, --prepack: trials a session (default 48)")
     parser.add_argument("--session-minutes", type=float, default=None,
-                        help="--scaling: bound each session by minutes instead of --trials")
+                        help="--scaling, --prepack: bound each session by minutes instead of --trials")
     parser.add_argument("--candidate-cooldown", type=float, default=2.0,
                         help="--scaling: the device's rest after each candidate, seconds (default 2)")
     parser.add_argument("--build-first", action="store_true",
                         help="--scaling: build each batch before measuring it (the default for this host's CPU)")
     parser.add_argument("--work", default=None, help="keep the stores and caches here (default: a temp dir)")
     args = parser.parse_args()
-    args.model = args.model or ("convnet" if args.scaling else "onnx:squeezenet")
+    args.model = args.model or ("convnet" if args.scaling or args.prepack else "onnx:squeezenet")
+    if args.prepack:
+        return prepack(args)
     return scaling(args) if args.scaling else curve(args)
 
 

@@ -6,18 +6,19 @@ format, toolchain and TVM version.
 
     targets.py     the effective target (tags resolved, the kind's rules, host_cpu), fallback_device,
                    make_target, the toolchain (toolchain_for, CROSS_CC) and export_library
-    keys.py        tuning_key, device_tuning_key, key_before_threads, artifact_key; TVM_VERSION,
-                   PIPELINE_VERSION, RECORD_MATCH
-    frontends.py   import_model (ONNX, torch, TFLite) and tuning_module, the module MetaSchedule sees
+    keys.py        tuning_key, device_tuning_key, key_before_threads, key_without_prepack, artifact_key;
+                   TVM_VERSION, PIPELINE_VERSION, RECORD_MATCH
+    frontends.py   import_model (ONNX, torch, TFLite); tuning_module, the module MetaSchedule sees, and
+                   fold_weight_prepack, the weights' repacking folded after the records (weight prepacking)
     records.py     tuning records into a compile: record_databases, apply_records, untuned_trace, is_schedule
     memory.py      planned_memory, from the Relax module the build produced (BuiltModule)
-    build.py       compile_model: build (tuned or not), export, cache
+    build.py       compile_model: build (tuned or not), export, cache; main_calls, read from an exported library
 """
 
-from farm.compile.build import EXPORT_SUFFIX, compile_model
-from farm.compile.frontends import import_model, import_onnx, tuning_module
+from farm.compile.build import EXPORT_SUFFIX, compile_model, main_calls
+from farm.compile.frontends import fold_weight_prepack, import_model, import_onnx, prepack_calls, tuning_module
 from farm.compile.keys import (PIPELINE_VERSION, RECORD_MATCH, TVM_VERSION, artifact_key, device_tuning_key,
-                               key_before_threads, tuning_key)
+                               key_before_threads, key_without_prepack, tuning_key)
 from farm.compile.memory import ALLOC_STORAGE, BuiltModule, planned_memory
 from farm.compile.records import LOOKUP_INSTRUCTIONS, apply_records, is_schedule, record_databases, untuned_trace
 from farm.compile.targets import (ANDROID_CPU_TAGS, CROSS_CC, TAG_HOSTS, effective_target, export_library,
@@ -26,7 +27,8 @@ from farm.compile.targets import (ANDROID_CPU_TAGS, CROSS_CC, TAG_HOSTS, effecti
 __all__ = [
     "ALLOC_STORAGE", "ANDROID_CPU_TAGS", "CROSS_CC", "EXPORT_SUFFIX", "LOOKUP_INSTRUCTIONS", "PIPELINE_VERSION",
     "RECORD_MATCH", "TAG_HOSTS", "TVM_VERSION", "BuiltModule", "apply_records", "artifact_key", "compile_model",
-    "device_tuning_key", "effective_target", "export_library", "fallback_device", "host_cpu", "import_model",
-    "import_onnx", "is_schedule", "key_before_threads", "make_target", "planned_memory", "record_databases",
-    "toolchain_for", "tuning_key", "tuning_module", "untuned_trace",
+    "device_tuning_key", "effective_target", "export_library", "fallback_device", "fold_weight_prepack", "host_cpu",
+    "import_model", "import_onnx", "is_schedule", "key_before_threads", "key_without_prepack", "main_calls", "make_target",
+    "planned_memory", "prepack_calls", "record_databases", "toolchain_for", "tuning_key", "tuning_module",
+    "untuned_trace",
 ]

@@ -14,13 +14,13 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from farm.compile.frontends import import_model, tuning_module
+from farm.compile.frontends import fold_weight_prepack, import_model, prepack_calls, tuning_module
 from farm.compile.keys import PIPELINE_VERSION, TVM_VERSION, artifact_key
 from farm.compile.memory import BuiltModule, planned_memory
 from farm.compile.records import apply_records
 from farm.compile.targets import effective_target, export_library, make_target, toolchain_for
 from farm.errors import BuildError, message_line
-from farm.records import Artifact, Device, ModelSource, TuningSet
+from farm.records import Artifact, Device, ModelSource, TuningSet, weight_prepack_setting
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         with tvm.transform.PassContext(instruments=[built]):
             if tuning is not None:
                 executable, tuned_tasks, total_tasks, anchor_tasks = _compile_tuned(
-                    model, tvm_target, tuning, device.export == "system-lib")
+                    model, tvm_target, tuning, device.export == "system-lib", weight_prepack_setting(device, target))
             elif device.export == "system-lib":
                 executable = relax.build(import_model(model), tvm_target, system_lib=True)
             else:
@@ -95,19 +95,33 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     return artifact
 
 
-def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool):
+def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool,
+                   weight_prepack: bool):
     """Compile with MetaSchedule records; returns (executable, functions that got a record, all functions,
     functions whose record came from another task of the same anchor block).
 
     The records are applied to exactly the module the tasks were extracted from (the "zero"
-    pipeline's output), then built with the default pipeline, which does not fuse again.
-    (TVM 0.27's ``compile_relax`` re-runs fusion on that module, and then no record applies:
-    measured here on onnx:squeezenet, 30 tasks with records, 277 ms vs 9.1 ms.)"""
-    mod = tuning_module(model)
+    pipeline's output, with the device's weight prepacking), then, with prepacking, the repacking of the
+    weights is folded (``fold_weight_prepack``), and the module built with the default pipeline, which
+    does not fuse again. (TVM 0.27's ``compile_relax`` re-runs fusion on that module, and then no record
+    applies: measured here on onnx:squeezenet, 30 tasks with records, 277 ms vs 9.1 ms.)"""
+    mod = tuning_module(model, weight_prepack)
     applied, tuned, anchored = apply_records(mod, target, tuning)
+    if weight_prepack:
+        applied = fold_weight_prepack(applied, target)
+        if left := prepack_calls(applied):  # a weight that is not a constant: repacked at every call
+            log.warning("%s: main still repacks weights at every call (%s)", model.name, ", ".join(left))
     functions = [gv for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     executable = relax.build(applied, target, system_lib=True) if system_lib else tvm.compile(applied, target)
     return executable, tuned, len(functions), anchored
+
+
+def main_calls(library: str) -> list[str]:
+    """The functions ``main`` of an exported library calls, in order, read from its VM bytecode: what a tuned compile
+    left in the hot path (``*_prepacked`` kernels, and no ``*_weight_prepack`` while weights are constants)."""
+    text = relax.VMExecutable(tvm.runtime.load_module(library)).as_text()
+    body = text.split("@main:", 1)[1].split("\n@", 1)[0]
+    return [line.split()[1] for line in body.splitlines() if line.strip().startswith("call ")]
 
 
 def _digest(path: Path) -> str:

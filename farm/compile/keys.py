@@ -1,5 +1,5 @@
 """The keys that say when a tuning record or an artifact is valid: ``tuning_key`` (effective target, TVM version,
-threads) and ``artifact_key`` (everything that changes the artifact), and the versions they hold."""
+threads, weight prepacking) and ``artifact_key`` (everything that changes the artifact), and the versions they hold."""
 
 from __future__ import annotations
 
@@ -10,19 +10,24 @@ from typing import Any
 import tvm
 
 from farm.compile.targets import effective_target
-from farm.records import Device, ModelSource, threads_setting
+from farm.records import Device, ModelSource, threads_setting, weight_prepack_setting
 
 TVM_VERSION: str = tvm.__version__  # part of every tuning key and artifact key (for modules that import no TVM)
-PIPELINE_VERSION = 2  # bump when farm changes how it lowers models (2: records applied without re-fusion)
+# bump when farm changes how it lowers models (2: records applied without re-fusion; 3: CPU weight prepacking,
+# records.PREPACK_RULE, where the device's weight_prepack is on)
+PIPELINE_VERSION = 3
 # how a compile finds a function's record: its own, else one of the same anchor block (part of a tuned artifact's key)
 RECORD_MATCH = "exact, else anchor-block"
 
 
-def tuning_key(target: dict[str, Any], threads: int | None) -> str:
+def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool = False) -> str:
     """Tuning records are valid for one effective target, TVM version and thread count: MetaSchedule ignores the
     target, and a candidate ranked on 1 thread is not the best on 2 (``records.THREADS_RULE``: the runner's sessions
-    run on the device's setting)."""
-    return _short_hash({"target": target, "tvm": TVM_VERSION, "threads": threads})
+    run on the device's setting). With weight prepacking (``records.PREPACK_RULE``) the tasks are other workloads
+    (functions with layout-free weights, renamed), so its records are kept apart; without it the key is the one
+    records had before the setting existed (pipeline 2), and those still apply to a device that turns it off."""
+    prepack = {"weight_prepack": True} if weight_prepack else {}
+    return _short_hash({"target": target, "tvm": TVM_VERSION, "threads": threads, **prepack})
 
 
 def _short_hash(fields: dict[str, Any]) -> str:
@@ -31,6 +36,13 @@ def _short_hash(fields: dict[str, Any]) -> str:
 
 def device_tuning_key(device: Device, target: dict[str, Any] | None = None) -> str:
     """``device``'s tuning key: its effective target (``target``, where the caller has it) and thread setting."""
+    target = target or effective_target(device)
+    return tuning_key(target, threads_setting(device, target), weight_prepack_setting(device, target))
+
+
+def key_without_prepack(device: Device, target: dict[str, Any] | None = None) -> str:
+    """``device``'s tuning key with weight prepacking off: where its records were before pipeline 3 (and are while
+    its ``weight_prepack`` is false). They do not apply with prepacking on: other workloads."""
     target = target or effective_target(device)
     return tuning_key(target, threads_setting(device, target))
 
@@ -42,10 +54,12 @@ def key_before_threads(target: dict[str, Any]) -> str:
 
 
 def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
+    """Everything that changes the artifact; a tuned one also how its records are found (``RECORD_MATCH``) and
+    whether its weights are prepacked (an untuned compile never prepacks: nothing chose a layout)."""
+    tuned = {"record_match": RECORD_MATCH, "weight_prepack": weight_prepack_setting(device, target)} if tuning_digest else {}
     blob = json.dumps(
         {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
-         "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest,
-         **({"record_match": RECORD_MATCH} if tuning_digest else {})},
+         "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest, **tuned},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()

@@ -25,7 +25,8 @@ from typing import Any, Callable, ClassVar
 import psutil
 
 from farm.errors import InventoryError
-from farm.records import THREADS_RULE, Device, HostCPU, TrackerAddress, split_address, target_kind, threads_setting
+from farm.records import (PREPACK_RULE, THREADS_RULE, Device, HostCPU, TrackerAddress, split_address, target_kind,
+                           threads_setting)
 from farm.rpc.processes import ManagedProcess
 
 Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
@@ -35,7 +36,7 @@ Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> th
 class Field:
     """One inventory field of a kind: the type it takes and how to write it (``farm devices --help``, errors)."""
 
-    type: str  # "port" | "count" | "text" | "texts" | "address"
+    type: str  # "port" | "count" | "flag" | "text" | "texts" | "address"
     example: str  # a line to write, e.g. 'serial = "R58M123ABC"'
     help: str  # what it means
 
@@ -47,6 +48,8 @@ class Field:
         if self.type == "count":
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
             return "" if ok else "must be a whole number >= 1"
+        if self.type == "flag":
+            return "" if isinstance(value, bool) else "must be true or false"
         if self.type == "texts":
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
             return "" if ok else "must be a list of strings"
@@ -170,7 +173,8 @@ class ThisHost(DeviceKind):
 
 # Fields every kind has that a kind's own code reads (the rest of the common fields are the inventory's)
 THREADS = Field("count", "threads = 4", THREADS_RULE)
-COMMON = {"threads": THREADS}
+WEIGHT_PREPACK = Field("flag", "weight_prepack = false", PREPACK_RULE)
+COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK}
 
 
 def thread_options(device: Device) -> tuple[str, ...]:

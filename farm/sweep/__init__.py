@@ -13,7 +13,8 @@ result is one transaction, so a killed sweep loses at most the cells in flight a
                   (COMPILE_LOCK), measure_cell, reference_cell, the CPU fallback (fallback_cell)
     inputs.py     cell_inputs: a cell's inputs and the outputs it is checked against
     failures.py   the stored result of a cell that failed before anything was measured
-    tuning.py     tuning_set, compile_cell: a cell's compile with the store's tuning records
+    tuning.py     tuning_set, compile_cell: a cell's compile with the store's tuning records; the one warning for
+                  records that no longer apply (before threads, without weight prepacking)
     run.py        run_sweep (workers, resume, offline devices), run_matrix, copy curves, cell_eta
 """
 
@@ -25,7 +26,7 @@ from farm.sweep.failures import compile_failure, crashed_cell, unmeasured_result
 from farm.sweep.inputs import CellInputs, cell_inputs
 from farm.sweep.run import (SweepOutcome, SweepWorker, cell_eta, is_gpu, missing_cells, offline_cell, offline_keys,
                             record_copy_curve, run_matrix, run_sweep)
-from farm.sweep.tuning import compile_cell, tuning_set, warn_records_before_threads
+from farm.sweep.tuning import compile_cell, tuning_set, warn_records_that_do_not_apply
 
 __all__ = [
     "COMPILE_LOCK", "RETRYABLE_STEPS", "UNREACHABLE_STEPS", "CellContext", "CellInputs", "CellResult", "Progress",
@@ -33,5 +34,5 @@ __all__ = [
     "compile_failure", "compile_or_error", "crashed_cell", "fallback_blocked", "fallback_cell", "is_gpu",
     "measure_cell", "missing_cells", "needs_fallback", "offline_cell", "offline_keys", "record_copy_curve",
     "reference_cell", "run_cell", "run_matrix", "run_sweep", "tuning_set", "unmeasured_result",
-    "warn_records_before_threads", "with_health",
+    "warn_records_that_do_not_apply", "with_health",
 ]

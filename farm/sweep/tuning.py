@@ -1,13 +1,13 @@
 """A cell's compile with the store's tuning records for its device (``tuning_set``, ``compile_cell``), and the
-one warning for records from before farm set threads."""
+one warning for records that no longer apply: from before farm set threads, or without weight prepacking."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from farm.compile import compile_model, device_tuning_key, effective_target, key_before_threads
-from farm.records import Artifact, Device, ModelSource, TuningSet, threads_setting
+from farm.compile import compile_model, device_tuning_key, effective_target, key_before_threads, key_without_prepack
+from farm.records import Artifact, Device, ModelSource, TuningSet, threads_setting, weight_prepack_setting
 from farm.store import Store
 
 log = logging.getLogger(__name__)
@@ -20,23 +20,30 @@ def tuning_set(store: Store, device: Device, without_session: int | None = None)
     key = device_tuning_key(device, target)
     workloads, records = store.tuning_lines(key, without_session)
     if not records:
-        warn_records_before_threads(store, device, target)
+        warn_records_that_do_not_apply(store, device, target)
     return TuningSet(key, tuple(workloads), tuple(records))
 
 
-_TOLD: set[str] = set()  # devices whose records from before threads this process has explained
+_TOLD: set[str] = set()  # devices whose records that no longer apply this process has explained
 
 
-def warn_records_before_threads(store: Store, device: Device, target: dict) -> None:
-    """One line, once per device and process, when its only records are from before farm set threads: they were
-    measured on TVM's default thread count and no longer apply (the tuning key holds the threads since schema 14)."""
-    if device.name in _TOLD or not store.ever_had_records(key_before_threads(target)):
+def warn_records_that_do_not_apply(store: Store, device: Device, target: dict) -> None:
+    """One line, once per device and process, when a device with no records has some under an older key: made
+    without weight prepacking (pipeline 2, or ``weight_prepack = false``: other workloads), or before farm set
+    threads (measured on TVM's default thread count; the tuning key holds the threads since schema 14)."""
+    if device.name in _TOLD:
+        return
+    threads = threads_setting(device, target)
+    again = f"farm tune --device {device.name} tunes it again on {f'{threads} threads' if threads else 'its online CPUs'}"
+    if weight_prepack_setting(device, target) and store.ever_had_records(key_without_prepack(device, target)):
+        log.warning("%s: its tuning records were made without weight prepacking and do not apply with it (other "
+                    "workloads); %s, or weight_prepack = false in devices.toml uses them", device.name, again)
+    elif store.ever_had_records(key_before_threads(target)):
+        log.warning("%s: its tuning records were measured before farm set threads (TVM's default: half the CPUs on "
+                    "x86) and no longer apply; %s", device.name, again)
+    else:
         return
     _TOLD.add(device.name)
-    threads = threads_setting(device, target)
-    log.warning("%s: its tuning records were measured before farm set threads (TVM's default: half the CPUs on x86) "
-                "and no longer apply; farm tune --device %s tunes it again on %s", device.name, device.name,
-                f"{threads} threads" if threads else "its online CPUs")
 
 
 def compile_cell(device: Device, model: ModelSource, store: Store, cache_dir: Path, tuned: bool = True) -> Artifact:

@@ -51,7 +51,10 @@ BUILDS_PER_WORKER = 64
 
 
 def build_candidate(mod, target, _params):
-    """MetaSchedule's default build without importing tensor intrinsics (15-30 s per worker)."""
+    """MetaSchedule's default build without importing tensor intrinsics (15-30 s per worker). A candidate whose
+    weights ``RewriteLayout`` packed (weight prepacking) is built without its repacking block, as MetaSchedule's
+    own builder does: the runner gives it weights already in the packed layout, and a tuned compile folds that
+    repacking into the library (``compile.fold_weight_prepack``), so the device times what will run."""
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 

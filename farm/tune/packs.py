@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from farm.compile import TVM_VERSION, device_tuning_key, effective_target
-from farm.records import threads_setting
+from farm.records import threads_setting, weight_prepack_setting
 from farm.costmodel import FORMAT, load_cost_model, new_cost_model
 from farm.errors import FarmError
 from farm.records import Device, TuningSet, utc_now
@@ -35,7 +35,7 @@ def export_database(store: Store, device: Device, out_dir: Path) -> TuningSet:
     if saved is not None:
         (out_dir / "cost_model.npz").write_bytes(saved.body)
     manifest = {"format": PACK_FORMAT, "tuning_key": key, "target": target, "tvm_version": TVM_VERSION,
-                "threads": threads_setting(device, target),
+                "threads": threads_setting(device, target), "weight_prepack": weight_prepack_setting(device, target),
                 "workloads": len(tuning.workloads), "records": len(tuning.records),
                 "cost_model": {"file": "cost_model.npz", "format": saved.format, "samples": saved.samples} if saved else None,
                 "exported_from": device.name, "exported_at": utc_now()}
@@ -66,7 +66,8 @@ def import_database(store: Store, device: Device, in_dir: Path) -> int:
 
 
 def _read_manifest(manifest_path: Path, in_dir: Path, device: Device, target: dict) -> dict:
-    """The pack's manifest, refused unless it was tuned for ``target`` with this TVM version."""
+    """The pack's manifest, refused unless it was tuned for ``target`` with this TVM version, the device's threads
+    and its weight prepacking."""
     try:
         manifest = json.loads(manifest_path.read_text())
         theirs = (manifest["target"], manifest["tvm_version"])
@@ -81,6 +82,12 @@ def _read_manifest(manifest_path: Path, in_dir: Path, device: Device, target: di
                         f"{device.name!r}'s {threads_setting(device, target)}",
                         "records ranked on another thread count do not apply: import it for a device with that "
                         "threads setting, or tune here")
+    prepack = weight_prepack_setting(device, target)
+    if manifest.get("weight_prepack", False) != prepack:  # a pack from before the setting was made without it
+        raise FarmError(f"{in_dir} was tuned {'without' if prepack else 'with'} weight prepacking, {device.name!r} "
+                        f"{'has' if prepack else 'does not have'} it",
+                        "its records are other workloads: import it for a device with that weight_prepack setting, "
+                        "or tune here")
     if theirs[0] != target:
         raise FarmError(f"{in_dir} was tuned for target {json.dumps(theirs[0], sort_keys=True)}, not "
                         f"{device.name!r}'s {json.dumps(target, sort_keys=True)}",

@@ -1,0 +1,80 @@
+"""CPU weight prepacking (records.PREPACK_RULE): the setting, the keys that keep its records apart, and a tuned
+artifact whose weights were repacked at build time and whose outputs still match the reference runtime."""
+
+import json
+import logging
+
+import pytest
+
+from farm.inventory import parse_inventory
+from farm.records import weight_prepack_setting
+from farm.store import Store
+from tests.conftest import run_farm
+
+DEVICES = '''[devices.on]
+kind = "local"
+key = "k"
+target = { kind = "llvm" }
+threads = 2
+[devices.off]
+kind = "local"
+key = "k"
+target = { kind = "llvm" }
+threads = 2
+weight_prepack = false
+[devices.gpu]
+kind = "opencl"
+key = "g"
+target = { kind = "opencl" }
+host = { kind = "llvm" }
+'''
+
+
+def test_prepacking_is_on_for_llvm_off_for_gpus_and_its_records_are_kept_apart(tmp_path, caplog):
+    from farm.compile import device_tuning_key, effective_target, fallback_device, key_without_prepack, tuning_key
+    from farm.errors import InventoryError
+    from farm.sweep import tuning_set
+
+    devices = parse_inventory(DEVICES).devices
+    on, off, gpu = devices["on"], devices["off"], devices["gpu"]
+    assert [weight_prepack_setting(d) for d in (on, off, gpu, fallback_device(gpu))] == [True, False, False, True]
+    with pytest.raises(InventoryError, match="weight_prepack needs an llvm target, not 'opencl'"):
+        parse_inventory(DEVICES.replace('host = { kind = "llvm" }', 'host = { kind = "llvm" }\nweight_prepack = true'))
+    with pytest.raises(InventoryError, match="weight_prepack 'no' must be true or false"):
+        parse_inventory(DEVICES.replace("weight_prepack = false", 'weight_prepack = "no"'))
+    # off: the key records had before the setting (pipeline 2), so they still apply; on: other workloads, another key
+    assert device_tuning_key(off) == key_without_prepack(on) == tuning_key(effective_target(off), 2)
+    assert device_tuning_key(on) != device_tuning_key(off)
+    with Store(tmp_path / "r.db") as store:
+        store.add_tuning_lines(device_tuning_key(off), ['{"w": 1}'], [(0, '[0, "without prepacking"]', 1e-3)], None)
+        assert len(tuning_set(store, off).records) == 1
+        with caplog.at_level(logging.WARNING, logger="farm.sweep"):
+            for _ in range(3):
+                assert tuning_set(store, on).records == ()  # never mixed
+    said = [r.getMessage() for r in caplog.records if "without weight prepacking" in r.getMessage()]
+    assert len(said) == 1 and "weight_prepack = false in devices.toml uses them" in said[0], said
+
+
+def test_a_tuned_artifact_prepacks_its_weights_at_build_time_and_still_matches_the_reference(
+        farm_net, inventory_file, farm_env):
+    """mlp's weights are seeded random values (not one constant), so its output check can fail. Two trials of its
+    first matmul (one task: one search), every measured one kept (--no-profile: no untuned record competes), so it is
+    tuned and MetaSchedule's RewriteLayout packed its weight."""
+    from farm.compile import main_calls
+
+    base = ("--devices", str(inventory_file))
+    tuned = run_farm(*base, "tune", "--device", "cpu-a", "--model", "mlp", "--tasks", "matmul_add_relu", "--no-profile",
+                     "--trials", "2", "--json", env=farm_env)
+    assert tuned.returncode == 0, tuned.stderr
+    assert json.loads(tuned.stdout)["status"] == "done"
+    artifact = json.loads(run_farm(*base, "compile", "--device", "cpu-a", "--model", "mlp", "--json",
+                                   env=farm_env).stdout)[0]
+    assert artifact["tuned_tasks"] >= 1, artifact
+    calls = main_calls(artifact["path"])
+    assert not [c for c in calls if c.endswith("_weight_prepack")], calls  # folded into the library's constants
+    assert [c for c in calls if c.endswith("_prepacked")], calls  # the tuned matmul reads its packed weight
+    bench = run_farm(*base, "bench", "--device", "cpu-a", "--model", "mlp", "--repeat", "3", "--min-repeat-ms",
+                     "5", "--json", env=farm_env)
+    assert bench.returncode == 0, bench.stderr
+    result = json.loads(bench.stdout)
+    assert result["tuned_tasks"] == artifact["tuned_tasks"] and result["check"]["status"] == "passed", result["check"]
