@@ -58,10 +58,9 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
     rows = run_rows(store)
     verdicts = sweep_verdicts(rows, sweep_id, by_sweep(rows, keep_unstable_of=sweep_id))
     moved = [v for v in verdicts if v.status in ("candidate", "improved", "changed")]  # changed: planned memory
-    for verdict in moved:
-        upgrade = (verdict.baseline or {}).get("context_change")
-        store.save_alert(verdict, METHOD.to_json(), verdict.status if upgrade else None,
-                         {"reason": f"{UNCONFIRMABLE} ({upgrade})"} if upgrade else None)
+    upgrades = [(verdict.baseline or {}).get("context_change") for verdict in moved]
+    store.save_alerts(moved, METHOD.to_json(), [verdict.status if up else None for verdict, up in zip(moved, upgrades)],
+                      [{"reason": f"{UNCONFIRMABLE} ({up})"} if up else None for up in upgrades])
     findings = sweep_findings(store, sweep_id, rows, verdicts)
     budget_s, spent_s, rerun = budget_min * 60.0, 0.0, 0
     if confirm_candidates:

@@ -237,6 +237,7 @@ class ModelSource:
     variant: str = "fp32"  # fp32 | fp16 | int8
     base_onnx: bytes = field(default=b"", repr=False)  # the fp32 model a variant is checked against
     frontend: str = "onnx"  # onnx | torch
+    ops: tuple[str, ...] = ()  # the operator types of its graph (models.sources.graph_ops; () = not known)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ context's last night) is ``changed``, with no statistics.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -216,7 +216,7 @@ def detect(runs: list["Run"], sweep_id: int, method: Method = METHOD,
         last = history_runs[-1] if history_runs else None
         for metric in METRICS:
             value = series_value(metric, now)
-            history = [v for v in (series_value(metric, r) for r in history_runs) if v is not None]
+            history = _last_values(metric, history_runs, method.baseline_n)
             if value is None:
                 continue
             verdict = judge(value, history, metric, unstable=now.unstable and metric == "steady", method=method)
@@ -226,9 +226,26 @@ def detect(runs: list["Run"], sweep_id: int, method: Method = METHOD,
                 artifact_key=now.artifact_key, model_digest=now.model_digest,
                 baseline_run_id=last.run_id if last else None, baseline_artifact_key=last.artifact_key if last else None,
                 status=verdict.status, value=verdict.value, z=verdict.z, change=verdict.change,
-                baseline=asdict(verdict.baseline) if verdict.baseline else None))
+                baseline=_baseline_dict(verdict.baseline)))
         verdicts += _planned_verdicts(device, model, tuned, sweep_id, now, history_runs)
     return verdicts
+
+
+def _last_values(metric: str, runs: Sequence["Run"], most: int) -> list[float]:
+    """The last ``most`` values of ``metric`` over ``runs`` (oldest first), skipping runs without one: all a
+    baseline reads (``baseline_of``), without computing the 30 older nights of a 50-night history."""
+    values: list[float] = []
+    for run in reversed(runs):
+        if len(values) == most:
+            break
+        if (value := series_value(metric, run)) is not None:
+            values.append(value)
+    return values[::-1]
+
+
+def _baseline_dict(baseline: Baseline | None) -> dict[str, Any] | None:
+    """``asdict(baseline)`` without its deep copy (its values are a tuple of floats): 3,000 verdicts a night."""
+    return None if baseline is None else {f.name: getattr(baseline, f.name) for f in fields(baseline)}
 
 
 def _planned_verdicts(device: str, model: str, tuned: bool, sweep_id: int, now: "Run", before_runs: Sequence["Run"],

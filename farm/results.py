@@ -46,15 +46,22 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
     copies_of = store.run_copies(**selection)
     rows = []
     contexts: dict[tuple, str] = {}  # series contexts met so far: a lab has a few targets, not one per run
+    # each distinct stored context parsed once, and its series context found once (a Run is read, never changed;
+    # a 50,000-run store has a few contexts a device, not one a run)
+    parsed: dict[tuple, tuple[dict[str, Any], str]] = {}
     for run in runs:
         run_id = run["id"]
         copies = copies_of.get(run_id, [])
-        context = json.loads(run["context"])
-        seen = (run["tvm_version"], context.get("pipeline_version"), repr(context.get("target")), run["runtime"],
-                run["runtime_version"], run["threads"])
-        if (series_context := contexts.get(seen)) is None:
-            series_context = contexts[seen] = context_of(context, run["tvm_version"], run["runtime"],
-                                                         run["runtime_version"], run["threads"])
+        stored = (run["context"], run["tvm_version"], run["runtime"], run["runtime_version"], run["threads"])
+        if (known := parsed.get(stored)) is None:
+            context = json.loads(run["context"])
+            seen = (run["tvm_version"], context.get("pipeline_version"), repr(context.get("target")), run["runtime"],
+                    run["runtime_version"], run["threads"])
+            if (series_context := contexts.get(seen)) is None:
+                series_context = contexts[seen] = context_of(context, run["tvm_version"], run["runtime"],
+                                                             run["runtime_version"], run["threads"])
+            known = parsed[stored] = (context, series_context)
+        context, series_context = known
         rows.append(Run(
             run_id=run_id, started_at=run["started_at"], device=run["device"], key=run["key"], model=run["model"],
             model_digest=run["model_digest"], status=run["status"], failed_step=run["failed_step"],

@@ -30,7 +30,7 @@ LABELLED_CELLS = 300  # heatmap cells that get a printed value
 THERMAL_RISE_C = 5.0  # a cell that warmed the device this much is a thermal event
 EVIDENCE_ALERTS = 10  # alerts drawn (trend + distribution each: ≤ 20 figures), the top findings' first (#22)
 EVIDENCE_PER_FINDING = 3  # ... at most this many of one finding while later findings have none
-SENTENCES = 10  # findings written out as sentences; the rest are a folded table
+SENTENCES = 5  # findings written out as sentences (a screen, #32); the rest are a folded table
 
 
 def label(row: Run | SeriesVerdict) -> str:

@@ -81,3 +81,13 @@ def test_segmentation_is_the_exact_optimum_of_penalized_l2():
                   if all(b - a >= 3 for a, b in zip((0, *c), (*c, size)))]
         best = min(cost(x, [*c, size], penalty) for c in splits)
         assert cost(x, segment_l2(x, penalty, 3), penalty) == pytest.approx(best, abs=1e-15), trial
+
+
+def test_series_segmented_together_segment_as_each_alone():
+    """``segment_l2_many`` (a report's series of one length at once) against ``segment_l2`` row by row."""
+    from farm.drift import segment_l2, segment_l2_many
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 0.01, (40, 30)) + 0.05 * (np.arange(30) >= rng.integers(3, 28, (40, 1)))
+    penalties = rng.choice([1e-5, 1e-4, 1e-3], 40)
+    assert segment_l2_many(x, penalties, 3) == [segment_l2(row, p, 3) for row, p in zip(x, penalties)]

@@ -15,8 +15,18 @@ from farm.records import InputSpec, ModelSource
 def _source(name: str, origin: str, data: bytes, proto: onnx.ModelProto, shapes) -> ModelSource:
     return ModelSource(
         name=name, origin=origin, digest=hashlib.sha256(data).hexdigest(), data=data,
-        inputs=_input_specs(proto, shapes or {}, origin),
+        inputs=_input_specs(proto, shapes or {}, origin), ops=graph_ops(proto),
     )
+
+
+def graph_ops(proto: onnx.ModelProto) -> tuple[str, ...]:
+    """The operator types of a model's main graph, sorted, each once; a grouped convolution (``group`` > 1) is named
+    ``DepthwiseConv`` beside ``Conv``'s other uses, since TVM schedules it apart (what a finding names models by)."""
+    ops = set()
+    for node in proto.graph.node:
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        ops.add("DepthwiseConv" if node.op_type == "Conv" and group > 1 else node.op_type)
+    return tuple(sorted(ops))
 
 
 def _input_specs(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], origin: str) -> tuple[InputSpec, ...]:

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from farm.errors import ModelError, message_line
-from farm.models.sources import _input_specs, make_inputs, onnx_proto
+from farm.models.sources import _input_specs, graph_ops, make_inputs, onnx_proto
 from farm.records import CALIBRATION_METHODS, VARIANTS, ModelSource, split_variant  # noqa: F401 (the models' API)
 # Accuracy drift a variant may show against fp32, as a fraction of the fp32 output's range.
 VARIANT_TOLERANCE = {"fp16": 0.01, "int8": 0.05}
@@ -39,7 +39,7 @@ def make_variant(model: ModelSource, variant: str, calibration: str = CALIBRATIO
     data = converted.SerializeToString()
     return ModelSource(name=f"{model.name}@{variant}", origin=origin, digest=hashlib.sha256(data).hexdigest(),
                        data=data, inputs=_input_specs(converted, {s.name: s.shape for s in model.inputs}, origin),
-                       variant=variant, base_onnx=model.data)
+                       variant=variant, base_onnx=model.data, ops=graph_ops(converted))
 
 
 def _quantize_int8(model: ModelSource, proto, calibration: str, calibration_dir: str | None, samples: int):

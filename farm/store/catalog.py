@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from farm.records import Artifact, InputSpec, ModelSource
+from farm.records import Artifact, Device, InputSpec, ModelSource
 from farm.store.backends import Backend
 
 
@@ -42,6 +42,21 @@ class CatalogMixin:
             return None
         return ModelSource(name=name, origin="", digest=digest, data=b"",
                            inputs=tuple(InputSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in inputs))
+
+    def devices(self) -> dict[str, Device]:
+        """Every device that has a stored run, as it was last stored: its kind, target and tags (what a finding
+        names a set of devices by)."""
+        rows = self._db.dicts("SELECT name, key, kind, target, emulated, tags FROM devices")
+        return {r["name"]: Device(r["name"], r["kind"], r["key"], json.loads(r["target"]),
+                                  emulated=bool(r["emulated"]), tags=tuple(json.loads(r["tags"]))) for r in rows}
+
+    def model_ops(self) -> dict[str, tuple[str, ...]]:
+        """model name -> the operator types of its stored graphs (every digest stored under the name; schema 15:
+        empty for a model stored before farm read them)."""
+        ops: dict[str, set[str]] = {}
+        for name, stored in self._db.tuples("SELECT name, ops FROM models"):
+            ops.setdefault(name, set()).update(json.loads(stored))
+        return {name: tuple(sorted(found)) for name, found in ops.items()}
 
     def artifact(self, cache_key: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT * FROM artifacts WHERE cache_key=?", (cache_key,)).fetchone()

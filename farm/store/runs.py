@@ -72,9 +72,10 @@ class RunsMixin:
                    tags=excluded.tags, context=excluded.context, last_seen=excluded.last_seen""",
                 (device.name, device.key, device.kind, json.dumps(device.target), int(device.emulated),
                  json.dumps(list(device.tags)), json.dumps(result.context.get("host", {})), stamp, stamp))
-            db.execute("INSERT INTO models VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
+            db.execute("INSERT INTO models (digest, name, origin, inputs, first_seen, ops) VALUES (?,?,?,?,?,?)"
+                       " ON CONFLICT DO NOTHING",
                        (model.digest, model.name, model.origin,
-                        json.dumps([asdict(s) for s in model.inputs]), stamp))
+                        json.dumps([asdict(s) for s in model.inputs]), stamp, json.dumps(list(model.ops))))
             if artifact is not None:  # planned memory filled in on a row stored before farm read it
                 db.execute(
                     """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,

@@ -34,13 +34,15 @@ SCHEMA_VERSION history:
  14  threads (#33): runs.threads, the CPU threads the run used as its session reported them (runtime.NumThreads) or,
      for a reference runtime, as it was given (TVM's reported count); NULL for runs stored before (not known). A
      series' context holds the count (series.context_of), so a change of threads starts a new series
+ 15  models.ops (#32): the operator types a model's graph contains (``ModelSource.ops``; '[]': not known), so a
+     finding can name the models it concerns by an op they share ("models with depthwise convolution")
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -202,6 +204,9 @@ MIGRATIONS: dict[int, str] = {
     """,
     14: """
     ALTER TABLE runs ADD COLUMN threads INTEGER;
+    """,
+    15: """
+    ALTER TABLE models ADD COLUMN ops TEXT NOT NULL DEFAULT '[]';
     """,
 }
 

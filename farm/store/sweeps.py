@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from farm.records import Alert
 from farm.store.backends import Backend, now
@@ -46,26 +46,38 @@ class SweepsMixin:
         """Insert or update the alert of one series in one sweep; returns its id.
 
         Detecting again without confirming keeps an earlier confirmation and its status."""
-        stamp = now()
+        return self.save_alerts([verdict], method, [status], [confirmation])[0]
+
+    def save_alerts(self, verdicts: Sequence[Mapping[str, Any]], method: dict[str, Any],
+                    statuses: Sequence[str | None] | None = None,
+                    confirmations: Sequence[dict[str, Any] | None] | None = None) -> list[int]:
+        """``save_alert`` for many series in one transaction (a night's 1,000 alerts: one commit, not 1,000);
+        returns their ids in order."""
+        stamp, ids = now(), []
+        statuses = statuses if statuses is not None else [None] * len(verdicts)
+        confirmations = confirmations if confirmations is not None else [None] * len(verdicts)
         with self._db.transaction() as db:
-            db.execute(
-                """INSERT INTO alerts (created_at, updated_at, sweep_id, device, model, tuned, runtime, metric, run_id,
-                   baseline_run_id, status, value, z, change, baseline, method, confirmation)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                   ON CONFLICT (sweep_id, device, model, tuned, runtime, metric) DO UPDATE SET updated_at=excluded.updated_at,
-                   status=CASE WHEN excluded.confirmation = '{}' THEN alerts.status ELSE excluded.status END,
-                   confirmation=CASE WHEN excluded.confirmation = '{}' THEN alerts.confirmation
-                                     ELSE excluded.confirmation END""",
-                (stamp, stamp, verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
-                 verdict.get("runtime", "tvm"), verdict["metric"], verdict["run_id"], verdict["baseline_run_id"],
-                 status or verdict["status"],
-                 verdict["value"], verdict["z"], verdict["change"], json.dumps(verdict["baseline"]),
-                 json.dumps(method), json.dumps(confirmation or {})))
-            row = db.execute("SELECT id FROM alerts WHERE sweep_id=? AND device=? AND model=? AND tuned=? AND runtime=?"
-                             " AND metric=?", (verdict["sweep_id"], verdict["device"], verdict["model"],
-                                               int(verdict["tuned"]), verdict.get("runtime", "tvm"),
-                                               verdict["metric"])).fetchone()
-        return int(row[0])
+            for verdict, status, confirmation in zip(verdicts, statuses, confirmations):
+                db.execute(
+                    """INSERT INTO alerts (created_at, updated_at, sweep_id, device, model, tuned, runtime, metric,
+                       run_id, baseline_run_id, status, value, z, change, baseline, method, confirmation)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                       ON CONFLICT (sweep_id, device, model, tuned, runtime, metric) DO UPDATE SET
+                       updated_at=excluded.updated_at,
+                       status=CASE WHEN excluded.confirmation = '{}' THEN alerts.status ELSE excluded.status END,
+                       confirmation=CASE WHEN excluded.confirmation = '{}' THEN alerts.confirmation
+                                         ELSE excluded.confirmation END""",
+                    (stamp, stamp, verdict["sweep_id"], verdict["device"], verdict["model"], int(verdict["tuned"]),
+                     verdict.get("runtime", "tvm"), verdict["metric"], verdict["run_id"], verdict["baseline_run_id"],
+                     status or verdict["status"],
+                     verdict["value"], verdict["z"], verdict["change"], json.dumps(verdict["baseline"]),
+                     json.dumps(method), json.dumps(confirmation or {})))
+                row = db.execute("SELECT id FROM alerts WHERE sweep_id=? AND device=? AND model=? AND tuned=? AND "
+                                 "runtime=? AND metric=?", (verdict["sweep_id"], verdict["device"], verdict["model"],
+                                                            int(verdict["tuned"]), verdict.get("runtime", "tvm"),
+                                                            verdict["metric"])).fetchone()
+                ids.append(int(row[0]))
+        return ids
 
     def alerts(self, sweep_id: int | None = None) -> list[Alert]:
         sql, params = "SELECT * FROM alerts", []
