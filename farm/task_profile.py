@@ -75,7 +75,9 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
             with tempfile.TemporaryDirectory(prefix="farm-profile-") as folder:
                 session.upload(export(os.path.join(folder, name), built), name)
             remote = session.load_module(name)
-            infos = ms.arg_info.ArgInfo.from_prim_func(mod[mod.get_global_vars()[0]])
+            # build_fn (a tuning candidate's build) drops a weight-layout rewrite block, as MetaSchedule's builder
+            # does: the weight is then given in its packed layout (a prepacked conv's 5-D weight), as its runner gives it
+            infos = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=build_fn is not None)
             args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)
                     for info in infos]
             times.append(list(device_timer(remote, remote.entry_name, dev, number, repeat, PROFILE_MIN_REPEAT_MS)(*args)))
