@@ -172,11 +172,11 @@ def import_tvm_without_torch() -> None:
     ``sys.meta_path`` for ``tvm``. Nothing is done when TVM, tvm_ffi or torch is already imported."""
     if {"tvm", "tvm_ffi", "torch"} & set(sys.modules):
         return
-    if not any(isinstance(finder, _TorchlessTvmFfi) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _TorchlessTvmFfi())
+    if not any(isinstance(finder, _TorchlessTvm) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TorchlessTvm())
 
 
-class _TorchlessTvmFfi(importlib.abc.MetaPathFinder):
+class _TorchlessTvm(importlib.abc.MetaPathFinder):
     """Finds ``tvm`` as the path finder does, and runs its ``__init__`` (which imports tvm_ffi and relax) with
     ``torch`` absent."""
 

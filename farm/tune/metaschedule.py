@@ -113,6 +113,34 @@ def warm_pool(pool: PopenPoolExecutor, workers: int) -> None:
         pool.submit(_warm_worker)
 
 
+class BuildPool:
+    """Both builders' workers: started and warmed at once (``warm_pool``), each restarted after ``uses`` builds
+    (MetaSchedule's ``LocalBuilder`` starts new ones every batch, for a known leak, each importing TVM again), and
+    one wording for a build that failed."""
+
+    def __init__(self, timeout_s: float, workers: int, uses: int) -> None:
+        self.timeout_s = timeout_s
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses)
+        warm_pool(self.pool, workers)
+
+    def submit(self, build_input, export: Callable):
+        """``build_input``'s candidate built (``build_candidate``) and exported by ``export(mod)``: its future."""
+        return self.pool.submit(build_in_worker, build_candidate, export, build_input.mod, build_input.target, None)
+
+    def failure(self, future) -> str | None:
+        """Why ``future``'s build failed (waiting for it), None when it did not."""
+        try:
+            future.result()
+        except TimeoutError:
+            return f"build timed out after {self.timeout_s:g} s"
+        except Exception as exc:  # the build's own error, from its worker process
+            return f"build failed: {message_line(exc)}"
+        return None
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
 @derived_object
 class AheadBuilder(PyBuilder):
     """Builds a batch in the background and answers at once with each candidate's planned library path, so
@@ -123,64 +151,48 @@ class AheadBuilder(PyBuilder):
     def __init__(self, toolchain: str, timeout_s: float, workers: int, uses: int) -> None:
         super().__init__()
         self.toolchain = toolchain
-        # workers restart after `uses` builds: MetaSchedule restarts its builders each batch for a known leak
-        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses + 1)
-        self.timeout_s = timeout_s
-        warm_pool(self.pool, workers)
+        self.builds = BuildPool(timeout_s, workers, uses + 1)  # a batch's builds, then new workers
 
     def build(self, build_inputs: list) -> list:
         results = []
         for build_input in build_inputs:
             path = os.path.join(tempfile.mkdtemp(prefix="farm-cand-"), "candidate.so")
-            future = self.pool.submit(build_in_worker, build_candidate, functools.partial(export_to, self.toolchain, path),
-                                      build_input.mod, build_input.target, None)
-            future.add_done_callback(functools.partial(_note_build_failure, path, self.timeout_s))
+            future = self.builds.submit(build_input, functools.partial(export_to, self.toolchain, path))
+            future.add_done_callback(functools.partial(_note_build_failure, path, self.builds))
             results.append(BuilderResult(path, None))
         return results
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False)
+        self.builds.shutdown()
 
 
 @derived_object
 class PooledBuilder(PyBuilder):
-    """MetaSchedule's ``LocalBuilder`` (a batch built, then answered), but one pool of workers for the session:
-    ``LocalBuilder`` starts new ones for every batch, each importing TVM again (seconds a batch, on the CPU the
-    device measures on). They restart after ``BUILDS_PER_WORKER`` builds, for the leak ``LocalBuilder`` restarts them
-    for. Results and errors read as ``LocalBuilder``'s."""
+    """MetaSchedule's ``LocalBuilder`` (a batch built, then answered), but one pool of workers for the session,
+    restarted after ``BUILDS_PER_WORKER`` builds instead of every batch (seconds a batch, on the CPU the device
+    measures on)."""
 
     def __init__(self, toolchain: str, timeout_s: float, workers: int) -> None:
         super().__init__()
         self.export = functools.partial(export_candidate, toolchain)
-        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER)
-        self.timeout_s = timeout_s
-        warm_pool(self.pool, workers)
+        self.builds = BuildPool(timeout_s, workers, BUILDS_PER_WORKER)
 
     def build(self, build_inputs: list) -> list:
-        futures = [self.pool.submit(build_in_worker, build_candidate, self.export, build_input.mod,
-                                    build_input.target, None) for build_input in build_inputs]
-        return [self._result(future) for future in futures]
-
-    def _result(self, future) -> BuilderResult:
-        try:
-            return BuilderResult(future.result(), None)
-        except TimeoutError:
-            return BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_s:g} seconds")
-        except Exception as exc:  # the build's own error, from its worker process
-            return BuilderResult(None, f"LocalBuilder: An exception occurred\n{exc}")
+        futures = [self.builds.submit(build_input, self.export) for build_input in build_inputs]
+        results = []
+        for future in futures:
+            why = self.builds.failure(future)
+            results.append(BuilderResult(None if why else future.result(), why))
+        return results
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False)
+        self.builds.shutdown()
 
 
-def _note_build_failure(path: str, timeout_s: float, future) -> None:
-    try:
-        future.result()
+def _note_build_failure(path: str, builds: BuildPool, future) -> None:
+    why = builds.failure(future)
+    if why is None:
         return
-    except TimeoutError:
-        why = f"build timed out after {timeout_s:g} s"
-    except Exception as exc:  # the build's own error, from its worker process
-        why = f"build failed: {message_line(exc)}"
     with contextlib.suppress(OSError):  # the candidate's folder is gone when its run already ended
         Path(path + BUILD_FAILED).write_text(why)
 
