@@ -27,6 +27,8 @@ COMMON_FIELDS = {
 }
 FALLBACKS = ("cpu",)
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
+# The common fields a device keeps in its options (farm tune, the sweep's gates and fallback read them there)
+OPTION_FIELDS = ("cc", "runner_timeout_s", "search_population", "fallback", *GATE_FIELDS)
 EXAMPLE = '''[devices.x86-local]
 kind = "local"
 key = "x86-local"
@@ -191,7 +193,7 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
                        'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
         if target_kind(target) in CPU_TARGETS:
             raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
-    options = {k: raw[k] for k in raw if k in plugin.fields or k in ("cc", "runner_timeout_s", "fallback", *GATE_FIELDS)}
+    options = {k: raw[k] for k in raw if k in plugin.fields or k in OPTION_FIELDS}
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,

@@ -41,6 +41,11 @@ def pytest_configure(config):
 # defaults users get.
 TEST_THREADS = 1
 
+# The evolutionary search's population on the session's test devices (devices.toml's search_population): the tests
+# check what a tuning session does, not how well it searches, and MetaSchedule's 512 costs ~60 s of CPU for each
+# batch of a convnet conv on 2 cores (64: a quarter of a session's CPU; tests/test_tune.py checks it reaches the search).
+TEST_POPULATION = 64
+
 
 # Test files that run longest start first: tools/test.sh runs pytest-xdist with --dist loadfile (one file per worker
 # at a time) and --no-loadscope-reorder, so files are handed out in this collection order; by default xdist orders
@@ -71,12 +76,14 @@ kind = "local"
 key = "test-a"
 target = {{ kind = "llvm" }}
 threads = {TEST_THREADS}
+search_population = {TEST_POPULATION}
 
 [devices.cpu-b]
 kind = "local"
 key = "test-b"
 target = {{ kind = "llvm", mcpu = "x86-64" }}
 threads = {TEST_THREADS}
+search_population = {TEST_POPULATION}
 
 [devices.ghost]
 kind = "remote"

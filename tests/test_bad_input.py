@@ -29,6 +29,7 @@ ARGUMENT_ERRORS = [
     ("compare", "1", "x"),
     ("tune", "--device", "cpu", "--model", "mlp", "--trials", "-5"),
     ("tune", "--device", "cpu", "--model", "mlp", "--per-task", "0"),
+    ("tune", "--device", "cpu", "--model", "mlp", "--population", "0"),
     ("tracker", "start", "--port", "70000"),
     ("serve", "--tracker", "foo"),
     ("serve", "--tracker", "127.0.0.1:port"),

@@ -12,7 +12,7 @@ import pytest
 
 from farm.devices.emulated import ensure_board
 from farm.rpc.processes import free_port
-from tests.conftest import env_in, run_farm, write_inventory
+from tests.conftest import TEST_POPULATION, env_in, run_farm, write_inventory
 from tests.test_report import needs_chromium, open_in_chromium
 
 pytestmark = [
@@ -40,7 +40,8 @@ def board_lab(tmp_path_factory):
 kind = "qemu"
 key = "test-arm64"
 target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }
-""", free_port())
+search_population = %d
+""" % TEST_POPULATION, free_port())
     env = {**env_in(tmp_path), "FARM_DEVICES": str(inventory)}
     lab = {"report": tmp_path / "report.html"}
     try:

@@ -61,6 +61,8 @@ def test_repo_devices_toml_is_valid():
          "field 'colldown_s' is not known for kind 'local'", "allowed fields"),
         ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\ncooldown_s = -1',
          "cooldown_s -1 must be a number of seconds >= 0", "cooldown_s = 30"),
+        ('[devices.a]\nkind = "local"\nkey = "a"\ntarget = { kind = "llvm" }\nsearch_population = 0',
+         "search_population 0 must be a whole number >= 1", "search_population = 128"),
         ('[tracker]\nport = "x"', "[tracker] port must be an integer", "port = 9190"),
     ],
 )

@@ -17,7 +17,7 @@ from farm.devices import kind_of, kinds
 from farm.records import HostCPU, TrackerAddress
 from farm.rpc.processes import free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
-from tests.conftest import run_farm, write_inventory
+from tests.conftest import TEST_POPULATION, run_farm, write_inventory
 
 needs_runtime = pytest.mark.skipif(not opencl_runtime.runtime_available(), reason=(
     "needs an OpenCL implementation, its headers and TVM's OpenCL runtime sources: bash tools/setup.sh --opencl, "
@@ -29,7 +29,8 @@ kind = "opencl"
 key = "{key}"
 target = {{ kind = "opencl" }}
 fallback = "cpu"
-"""
+search_population = %d
+""" % TEST_POPULATION
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 
 from farm.rpc.processes import start_server, stop_process
 from farm.rpc.tracker import wait_for_servers
-from tests.conftest import REPO, run_farm
+from tests.conftest import REPO, TEST_POPULATION, run_farm
 
 
 def _records(db_path) -> int:
@@ -67,6 +68,10 @@ def test_short_tune_stores_records_and_changes_the_artifact(farm_net, inventory_
     assert out["ended_by"] in ("its 8 trials", "every task's allotment measured (or no new candidate left)")
     assert out["new_records"] == out["total_records"] == _records(tmp_path / "results.db") > 0
     assert any(t["best_s"] for t in out["tasks"])
+    # the device's search_population reached MetaSchedule's search: each batch sampled from at most that many
+    sampled = [int(n) for log in (tmp_path / "home" / "tune" / "sessions").glob("*/logs/*.log")
+               for n in re.findall(r"Sampled (\d+) candidate", log.read_text())]
+    assert out["population"] == TEST_POPULATION and sampled and max(sampled) <= TEST_POPULATION, sampled
     untuned = json.loads(run_farm("--devices", str(inventory_file), "compile", "--device", "cpu-a", "--model", "mlp",
                                   "--untuned", "--json", env=farm_env).stdout)[0]
     tuned = json.loads(run_farm("--devices", str(inventory_file), "compile", "--device", "cpu-a", "--model", "mlp",
@@ -159,7 +164,8 @@ def test_tune_whose_device_dies_ends_with_one_line_and_keeps_records(farm_net, f
     victim = start_server(farm_net.tracker, "victim", "test-victim", tmp_path)
     inventory = tmp_path / "devices.toml"
     inventory.write_text(farm_net.inventory_text(
-        '\n[devices.victim]\nkind = "local"\nkey = "test-victim"\ntarget = { kind = "llvm" }\n'))
+        '\n[devices.victim]\nkind = "local"\nkey = "test-victim"\ntarget = { kind = "llvm" }\n'
+        f'search_population = {TEST_POPULATION}\n'))
     try:
         wait_for_servers(farm_net.tracker, {"test-victim": 1}, timeout_s=120)
         # enough trials per task that tuning goes on after the first batch (16) has stored records

@@ -6,7 +6,7 @@ import json
 
 from farm.rpc.processes import start_server, stop_process
 from farm.rpc.tracker import wait_for_servers
-from tests.conftest import run_farm
+from tests.conftest import TEST_POPULATION, run_farm
 
 
 def test_sessions_build_on_a_saved_cost_model_and_packs_carry_it(farm_net, inventory_file, farm_env, tmp_path):
@@ -65,7 +65,8 @@ def test_tune_measures_on_every_free_server_of_the_key(farm_net, farm_env, tmp_p
     servers = [start_server(farm_net.tracker, f"twin-{i}", "test-twins", tmp_path / f"twin-{i}") for i in range(2)]
     inventory = tmp_path / "devices.toml"
     inventory.write_text(farm_net.inventory_text(
-        '\n[devices.twins]\nkind = "local"\nkey = "test-twins"\ntarget = { kind = "llvm" }\n'))
+        '\n[devices.twins]\nkind = "local"\nkey = "test-twins"\ntarget = { kind = "llvm" }\n'
+        f'search_population = {TEST_POPULATION}\n'))
     try:
         wait_for_servers(farm_net.tracker, {"test-twins": 2}, timeout_s=120)
         base = ("--devices", str(inventory), "tune", "--device", "twins", "--model", "mlp", "--json")
@@ -96,7 +97,8 @@ def test_a_pass_s_tasks_take_turns_in_one_search_when_builds_run_ahead(farm_net,
     with Store(str(tmp_path / "results.db")) as store:
         outcome = tune_model(farm_net.tracker, Device("cpu-a", "local", "test-a", {"kind": "llvm"}), load_model("mlp"),
                              store, tmp_path / "tune", TuneConfig(trials=16, trials_per_iter=1, builds_ahead=True,
-                                                                  min_share=0.0), progress=lines.append)
+                                                                  min_share=0.0, population=TEST_POPULATION),
+                             progress=lines.append)
     assert outcome.status == "done" and outcome.builds_ahead, outcome
     searched = [t for t in outcome.tasks if (t.allotted or 0) > 1]  # more than its untuned record (a trial too)
     assert len(searched) >= 2 and all(t.trials <= t.allotted for t in searched), outcome.tasks

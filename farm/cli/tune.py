@@ -10,7 +10,7 @@ from typing import Any
 from farm.errors import FarmError
 from farm.stats import nonempty_median
 from farm.task_profile import DEFAULT_MIN_SHARE
-from farm.tune.config import DEFAULT_TRIALS, RUNNER_TIMEOUT_S, TuneConfig, session_trials
+from farm.tune.config import DEFAULT_TRIALS, RUNNER_TIMEOUT_S, SEARCH_POPULATION, TuneConfig, session_trials
 
 from farm.cli.common import (add_bench_options, add_progress, add_shape_option, add_verb, bench_config, count,
                              duration, emit_json, graceful_interrupt, home_dir, inventory_and_device,
@@ -70,6 +70,10 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                         f"between measurements; default {cooldown:g})")
     p.add_argument("--no-profile", action="store_true",
                    help="do not time the tasks first: MetaSchedule's own scheduler shares the trials over every task")
+    p.add_argument("--population", type=positive_int, default=None, metavar="N",
+                   help="schedules MetaSchedule's evolutionary search keeps a batch (default: the device's "
+                        f"search_population, else {SEARCH_POPULATION}); a batch's generation costs CPU in proportion, "
+                        "a smaller population explores less")
     p.add_argument("--builds-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="build candidates while the device measures earlier ones (default: yes, unless the device "
                         "measures on this host's CPU: local, opencl, qemu)")
@@ -121,7 +125,8 @@ def _session(args: argparse.Namespace, inventory, device, model, store) -> dict[
                         runner_timeout_s=args.runner_timeout or runner_timeout_for(device), request_timeout_s=args.timeout,
                         max_runners=args.max_runners, fresh_cost_model=args.fresh_cost_model,
                         by_share=not args.no_profile, min_share=args.min_share,
-                        candidate_cooldown_s=args.candidate_cooldown, builds_ahead=args.builds_ahead)
+                        candidate_cooldown_s=args.candidate_cooldown, builds_ahead=args.builds_ahead,
+                        population=args.population)
     printer = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
     with graceful_interrupt("stopping after the batch in flight; Ctrl-C again to abort") as stop:
         outcome = tune_model(inventory.tracker, device, model, store, home_dir() / "tune", config, printer,
@@ -130,7 +135,8 @@ def _session(args: argparse.Namespace, inventory, device, model, store) -> dict[
             "ended_by": outcome.ended_by, "trials": outcome.trials_done, "trials_budget": args.trials,
             "minutes_budget": args.minutes, "new_records": outcome.new_records,
             "total_records": outcome.total_records, "seconds": round(outcome.seconds, 1),
-            "runners": outcome.runners, "builds_ahead": outcome.builds_ahead, "seeded": outcome.seeded,
+            "runners": outcome.runners, "builds_ahead": outcome.builds_ahead,
+            "population": outcome.population, "seeded": outcome.seeded,
             "search_seconds": round(outcome.search_seconds, 1),
             "device_busy_seconds": round(outcome.device_busy_seconds, 1),
             "candidates_measured": outcome.candidates_measured,

@@ -171,10 +171,13 @@ class ThisHost(DeviceKind):
         return context
 
 
-# Fields every kind has that a kind's own code reads (the rest of the common fields are the inventory's)
+# Fields every kind has, checked by their type here (the rest of the common fields are the inventory's)
 THREADS = Field("count", "threads = 4", THREADS_RULE)
 WEIGHT_PREPACK = Field("flag", "weight_prepack = false", PREPACK_RULE)
-COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK}
+SEARCH_POPULATION = Field("count", "search_population = 128",
+                          "farm tune: the schedules MetaSchedule's evolutionary search keeps a batch (default 512); "
+                          "fewer generate a batch faster and explore less (tune.config.SEARCH_POPULATION)")
+COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK, "search_population": SEARCH_POPULATION}
 
 
 def thread_options(device: Device) -> tuple[str, ...]:

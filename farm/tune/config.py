@@ -46,6 +46,12 @@ PASS_TRIALS = 256
 # (tools/bench_tuning.py --scaling, 48 trials: 29 % idle at K = 2 with 16 candidates a batch, 25 % with 32).
 TRIALS_PER_RUNNER = 16
 
+# Schedules MetaSchedule's evolutionary search keeps a batch (its EvolutionarySearch default): it samples about
+# 0.8 × this many new ones, evolves them four times by the cost model and measures the batch's best. Generating a
+# batch costs CPU in proportion (a convnet conv on a 2-core host: ~60 s at 512, whether 8 or 64 are then measured).
+# A device's search_population in devices.toml overrides it, --population a session's; never below the batch.
+SEARCH_POPULATION = 512
+
 Progress = Callable[[str], None]
 
 
@@ -67,6 +73,14 @@ class TuneConfig:
     builds_ahead: bool | None = None  # build while the devices measure (None: unless the device measures on this host's CPU)
     take_turns: bool = True  # builds ahead: a pass's tasks take turns in one search (False: one task a search)
     min_share: float = DEFAULT_MIN_SHARE  # a task below this share of the model's untuned time is not searched
+    population: int | None = None  # the evolutionary search's population (None: search_population_for the device)
+
+
+def search_population_for(device: Device, config: TuneConfig, batch: int) -> int:
+    """The evolutionary search's population: the session's, else the device's ``search_population`` in devices.toml,
+    else ``SEARCH_POPULATION``; at least ``batch`` (a batch is picked from the population)."""
+    asked = config.population or device.options.get("search_population") or SEARCH_POPULATION
+    return max(int(asked), batch)
 
 
 def runner_timeout_for(device: Device) -> float:

@@ -23,6 +23,7 @@ class Tuning:
     runners: int  # servers of the key measuring candidates at once: min(free servers, max_runners)
     batch: int  # candidates a batch
     ahead: bool  # candidates are built while the devices measure earlier ones
+    population: int  # the evolutionary search's population (config.search_population_for)
 
 
 @dataclass(frozen=True)

@@ -116,8 +116,9 @@ def open_search(tracker: TrackerAddress, device: Device, tuning: Tuning, plan: P
                                         str(session.work_dir / "database_tuning_record.json"))
     logs_to_file_only()  # the contexts set up MetaSchedule's loggers ("Logging directory: …")
     log_dir = session_log_dir(work_root, device, session.session_id)  # the database's folder is rewritten each session
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=tuning.population)  # each context clones it
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(list(tuning.tasks), str(log_dir),
-                                                                              seed=config.seed)
+                                                                              strategy=strategy, seed=config.seed)
     search = Search(session, tuning, plan, config, contexts, weights, log_dir, database, cost_model)
     search.seeds = seed_by_anchor(tracker, device, tuning, plan, contexts, database, config, say)
     for task, secs in search.seeds.items():  # a seed timed and refused (slower than untuned) counts a trial too

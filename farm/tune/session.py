@@ -77,6 +77,7 @@ class TuneOutcome:
     cost_model_samples: int = 0  # ... and after it (saved with the store's records for the target)
     search_seconds: float = 0.0  # inside MetaSchedule's search (builds and measurements), set-up and profile excluded
     builds_ahead: bool = False  # candidates were built while the device measured earlier ones
+    population: int = 0  # the evolutionary search's population (config.search_population_for)
     seeded: int = 0  # tasks whose search started from another task's record of the same anchor block (measured here)
     # (trials so far, the searched tasks' time: call sites × best measured, else untuned) after the seeds and each
     # batch: how fast the session got where it got (tools/bench_warmstart.py)

@@ -24,7 +24,7 @@ from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.sweep import tuning_set
 from farm.task_profile import allocate_trials, profile_tasks
-from farm.tune.config import TRIALS_PER_RUNNER, Progress, TuneConfig
+from farm.tune.config import TRIALS_PER_RUNNER, Progress, TuneConfig, search_population_for
 from farm.tune.metaschedule import export_to, extract_tasks, load_tensor_intrinsics
 from farm.tune.plan import Plan, Tuning
 from farm.tune.records import best_recorded, prior_databases, write_database
@@ -68,7 +68,8 @@ def tune_model(
         total_records=len(store.tuning_lines(tuning.key)[1]), tasks=tuple(session.tasks),
         seconds=time.monotonic() - started, runners=tuning.runners, cost_model_samples_before=samples_before,
         cost_model_samples=samples_of(cost_model), search_seconds=time.monotonic() - search_started,
-        builds_ahead=tuning.ahead, seeded=search.seeded, trajectory=tuple(session.trajectory),
+        builds_ahead=tuning.ahead, population=tuning.population, seeded=search.seeded,
+        trajectory=tuple(session.trajectory),
         device_busy_seconds=sum(busy), candidates_measured=len(busy), ended_by=session.ended_by())
 
 
@@ -98,8 +99,9 @@ def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: 
     load_tensor_intrinsics(target)
     runners = max(1, min(config.max_runners, status.free or 1))  # each runner holds one server of the key
     ahead = config.builds_ahead if config.builds_ahead is not None else not kind_of(device).measures_on_this_host
-    return Tuning(target, tvm_target, toolchain, device_tuning_key(device, target), tuple(tasks), runners,
-                  config.trials_per_iter or TRIALS_PER_RUNNER * runners, ahead)
+    batch = config.trials_per_iter or TRIALS_PER_RUNNER * runners
+    return Tuning(target, tvm_target, toolchain, device_tuning_key(device, target), tuple(tasks), runners, batch,
+                  ahead, search_population_for(device, config, batch))
 
 
 def _profile(tracker: TrackerAddress, device: Device, tuning: Tuning, config: TuneConfig,
