@@ -17,6 +17,7 @@ from farm.runs import Run
 from farm.series import context_of
 from farm.stats import versus_text
 from farm.store import Store
+from farm.store.runs import RUN_TABLE_TAIL
 
 __all__ = ["COLUMNS", "Run", "Versus", "run_rows", "rows_frame", "versus_reference"]
 
@@ -38,10 +39,10 @@ COLUMNS = [
 def run_rows(store: Store, device: str | None = None, model: str | None = None, latest_only: bool = False,
              sweep_id: int | None = None, limit: int | None = None, status: str | None = None) -> list[Run]:
     """Every selected run, newest first, with its stored summaries: three queries (runs, summaries, copies)
-    whatever the number of runs."""
+    whatever the number of runs; the runs as plain tuples in ``Run``'s field order (``Store.run_table``)."""
     selection: dict[str, Any] = dict(device=device, model=model, latest_only=latest_only, sweep_id=sweep_id, limit=limit,
                                      status=status)
-    runs = store.runs(**selection)
+    table = store.run_table(**selection)
     summaries = store.run_summaries(**selection)
     copies_of = store.run_copies(**selection)
     rows = []
@@ -49,39 +50,23 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
     # each distinct stored context parsed once, and its series context found once (a Run is read, never changed;
     # a 50,000-run store has a few contexts a device, not one a run)
     parsed: dict[tuple, tuple[dict[str, Any], str]] = {}
-    for run in runs:
-        run_id = run["id"]
-        copies = copies_of.get(run_id, [])
-        stored = (run["context"], run["tvm_version"], run["runtime"], run["runtime_version"], run["threads"])
+    for run in table:
+        run_id, tvm_version, runtime, runtime_version, stored_context, threads = (
+            run[0], run[27], run[29], run[30], run[31], run[-1])
+        stored = (stored_context, tvm_version, runtime, runtime_version, threads)
         if (known := parsed.get(stored)) is None:
-            context = json.loads(run["context"])
-            seen = (run["tvm_version"], context.get("pipeline_version"), repr(context.get("target")), run["runtime"],
-                    run["runtime_version"], run["threads"])
+            context = json.loads(stored_context)
+            seen = (tvm_version, context.get("pipeline_version"), repr(context.get("target")), runtime,
+                    runtime_version, threads)
             if (series_context := contexts.get(seen)) is None:
-                series_context = contexts[seen] = context_of(context, run["tvm_version"], run["runtime"],
-                                                             run["runtime_version"], run["threads"])
+                series_context = contexts[seen] = context_of(context, tvm_version, runtime, runtime_version, threads)
             known = parsed[stored] = (context, series_context)
-        context, series_context = known
-        rows.append(Run(
-            run_id=run_id, started_at=run["started_at"], device=run["device"], key=run["key"], model=run["model"],
-            model_digest=run["model_digest"], status=run["status"], failed_step=run["failed_step"],
-            reason=run["reason"], upload_s=run["upload_s"], load_s=run["load_s"], first_run_s=run["first_run_s"],
-            load_warm_s=run["load_warm_s"], first_run_warm_s=run["first_run_warm_s"],
-            steady_clock=run["steady_clock"], steady_number=run["steady_number"],
-            steady_wall_number=run["steady_wall_number"], fallback_of=run["fallback_of"],
-            check=run["check_status"] or "skipped", max_abs_err=run["max_abs_err"], emulated=bool(run["emulated"]),
-            tuned=bool(run["tuned"]), tuned_tasks=run["tuned_tasks"] or 0, total_tasks=run["total_tasks"] or 0,
-            sweep_id=run["sweep_id"], attempt=run["attempt"], artifact_key=run["artifact_key"],
-            tvm_version=run["tvm_version"], farm_version=run["farm_version"], runtime=run["runtime"],
-            runtime_version=run["runtime_version"], context=context,
-            series_context=series_context,
-            steady=summaries.get((run_id, "steady", 0)), steady_wall=summaries.get((run_id, "steady_wall", 0)),
-            copy_s=tuple(s.median if (s := summaries.get((run_id, "copy", c["output_index"]))) else None
-                         for c in copies),
-            copy_bytes=tuple(c["nbytes"] for c in copies), params_bytes=run["params_bytes"],
-            planned_host_bytes=run["planned_host_bytes"], planned_device_bytes=run["planned_device_bytes"],
-            rss_before_load_bytes=run["rss_before_load_bytes"], rss_after_load_bytes=run["rss_after_load_bytes"],
-            rss_peak_bytes=run["rss_peak_bytes"], threads=run["threads"]))
+        copies = copies_of.get(run_id, [])
+        fields = (*run[:20], bool(run[20]), bool(run[21]), *run[22:31], *known,  # emulated, tuned; the contexts
+                  summaries.get((run_id, "steady", 0)), summaries.get((run_id, "steady_wall", 0)),
+                  tuple(s.median if (s := summaries.get((run_id, "copy", c["output_index"]))) else None for c in copies),
+                  tuple(c["nbytes"] for c in copies), *run[-RUN_TABLE_TAIL:])
+        rows.append(Run(*fields))
     return rows
 
 

@@ -267,6 +267,25 @@ def test_a_run_is_a_frozen_record_readable_by_name(db_location):
         row["no_such_field"]
 
 
+def test_a_run_read_as_a_plain_tuple_has_each_stored_column_under_its_own_name(db_location):
+    """results.run_rows builds each Run positionally from Store.run_table: every field read from a column holds
+    that column's value (a column out of order would put a string where a number is, or shift the Nones)."""
+    import json
+
+    with Store(db_location) as store:
+        store.record_result(_result(), DEVICE, load_model("mlp"), None)
+        row, stored = run_rows(store)[0], store.runs()[0]
+    renamed = {"run_id": "id", "check": "check_status"}
+    compared = [f.name for f in dataclasses.fields(row) if renamed.get(f.name, f.name) in stored]
+    assert len(compared) >= 35, compared
+    unknown = {"check": "skipped", "tuned_tasks": 0, "total_tasks": 0}  # read as these when not stored
+    for name in compared:
+        expected = stored[renamed.get(name, name)]
+        expected = json.loads(expected) if name == "context" else unknown.get(name) if expected is None else expected
+        assert getattr(row, name) == expected, name
+    assert row.emulated is False and row.tuned is False and row.steady_number == 10 and row.check == "passed"
+
+
 def test_tuning_lines_merge_in_order_without_duplicates(db_location):
     with Store(db_location) as store:
         assert store.add_tuning_lines("k", ['{"w": 2}', '{"w": 1}'], [(0, '{"r": "b"}', 0.2), (1, '{"r": "a"}', 0.1)]) == 2

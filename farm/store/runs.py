@@ -28,6 +28,20 @@ def insert_summaries(db: Backend, keys: list[tuple[int, str, int]], sizes: list[
                    [(*k, *r[:-1], int(r[-1])) for k, r in zip(keys, rows)])
 
 
+# What ``run_table`` reads of a run, in ``runs.Run``'s field order up to ``context`` (``RUN_TABLE_TAIL``: the rest)
+RUN_TABLE = (
+    "r.id", "r.started_at", "r.device", "r.key", "r.model", "r.model_digest", "r.status", "r.failed_step", "r.reason",
+    "r.upload_s", "r.load_s", "r.first_run_s", "r.load_warm_s", "r.first_run_warm_s", "r.steady_clock",
+    "r.steady_number", "r.steady_wall_number", "r.fallback_of", "COALESCE(c.status, 'skipped')", "c.max_abs_err",
+    "r.emulated", "r.tuned", "COALESCE(a.tuned_tasks, 0)", "COALESCE(a.total_tasks, 0)", "r.sweep_id", "r.attempt",
+    "r.artifact_key", "r.tvm_version", "r.farm_version", "r.runtime", "r.runtime_version", "r.context",
+    # RUN_TABLE_TAIL: after the summaries and copies
+    "r.params_bytes", "r.planned_host_bytes", "r.planned_device_bytes", "r.rss_before_load_bytes",
+    "r.rss_after_load_bytes", "r.rss_peak_bytes", "r.threads",
+)
+RUN_TABLE_TAIL = 7
+
+
 def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_id: int | None,
                limit: int | None, status: str | None = None) -> tuple[str, list[Any]]:
     """A subquery selecting run ids, and its parameters."""
@@ -176,6 +190,15 @@ class RunsMixin:
                  FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key
                  WHERE r.id IN ({where}) ORDER BY r.id DESC"""
         return self._db.dicts(sql, params)
+
+    def run_table(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+                  sweep_id: int | None = None, limit: int | None = None, status: str | None = None) -> list[tuple]:
+        """The runs ``runs`` selects, newest first, as plain tuples of ``RUN_TABLE`` (the columns the read model's
+        ``Run`` is made of, in its order): no row objects, for reads of 50,000 runs."""
+        where, params = run_filter(device, model, latest_only, sweep_id, limit, status)
+        return self._db.tuples(f"""SELECT {', '.join(RUN_TABLE)}
+                 FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key
+                 WHERE r.id IN ({where}) ORDER BY r.id DESC""", params)
 
     def run_summaries(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                       sweep_id: int | None = None, limit: int | None = None,
