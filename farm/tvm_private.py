@@ -17,6 +17,7 @@ farm's name                 TVM's private name (0.27)                           
 ``unchecked``               ``RPCRunner``'s ``_sanity_check``                       ``tune.metaschedule``
 ``import_tensor_intrinsics``  ``s_tir.tensor_intrin``'s ``__init__``: imports only   ``tune.metaschedule``
 ``import_tvm_without_torch``  ``tvm_ffi``'s ``__init__``: imports torch if it can     ``cli``, ``rpc``
+``STARTUP_PTH``             ... in TVM's own worker processes (``popen_worker``)    ``tools/setup.sh``
 ==========================  =====================================================  ===========================
 
 MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
@@ -29,7 +30,9 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, Callable
 
@@ -170,10 +173,31 @@ def import_tvm_without_torch() -> None:
     model needs it, and tensors reach TVM by DLPack (``from_dlpack``), so only TVM's own optional uses of torch
     are left off in the process. A command that never imports TVM pays nothing: the hook waits on
     ``sys.meta_path`` for ``tvm``. Nothing is done when TVM, tvm_ffi or torch is already imported."""
+    os.environ[WITHOUT_TORCH_ENV] = "1"  # the processes it starts, through STARTUP_PTH
     if {"tvm", "tvm_ffi", "torch"} & set(sys.modules):
         return
     if not any(isinstance(finder, _TorchlessTvm) for finder in sys.meta_path):
         sys.meta_path.insert(0, _TorchlessTvm())
+
+
+# TVM starts worker processes of its own (``python -m tvm.exec.popen_worker``: MetaSchedule's builders and runners,
+# three or more a tuning session), each importing TVM, so torch too: ~4 s of CPU each. A .pth file in site-packages
+# runs at every interpreter's start: this one calls import_tvm_without_torch in the processes a farm process
+# started (WITHOUT_TORCH_ENV, inherited), and does nothing in any other. ``tools/setup.sh`` writes it
+# (``python -m farm.tvm_private``); without it TVM's workers import torch as before.
+WITHOUT_TORCH_ENV = "FARM_TVM_WITHOUT_TORCH"
+STARTUP_PTH = "farm-tvm-without-torch.pth"
+STARTUP_LINE = (f"import os; os.environ.get({WITHOUT_TORCH_ENV!r}) == '1' and "
+                "__import__('farm.tvm_private').tvm_private.import_tvm_without_torch()\n")
+
+
+def install_startup(site_packages: Path | None = None) -> Path:
+    """Write ``STARTUP_PTH`` into ``site_packages`` (this interpreter's, by default); returns its path."""
+    folder = site_packages or Path(sysconfig.get_paths()["purelib"])
+    path = folder / STARTUP_PTH
+    if not path.exists() or path.read_text() != STARTUP_LINE:
+        path.write_text(STARTUP_LINE)
+    return path
 
 
 class _TorchlessTvm(importlib.abc.MetaPathFinder):
@@ -206,3 +230,7 @@ class _WithoutTorch(importlib.abc.Loader):
         finally:
             if absent and sys.modules.get("torch", False) is None:
                 del sys.modules["torch"]
+
+
+if __name__ == "__main__":
+    print(install_startup())

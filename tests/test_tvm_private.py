@@ -3,14 +3,15 @@ upgrade that moves one, the test names it, instead of a tuning session failing i
 
 import importlib.util
 import inspect
+import os
 from pathlib import Path
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import RPCConfig, RPCRunner, RunnerInput
 
-from farm.tvm_private import (RUNNER_ARGS, artifact_path, build_in_worker, measure_in_worker, outer_object, rpc_serving,
-                               runner_args)
+from farm.tvm_private import (RUNNER_ARGS, WITHOUT_TORCH_ENV, artifact_path, build_in_worker, measure_in_worker,
+                               outer_object, rpc_serving, runner_args)
 
 
 def _parameters(func) -> tuple[str, ...]:
@@ -111,3 +112,21 @@ def test_tvm_imports_torch_when_installed_and_farm_s_processes_import_it_without
         "import torch\nimport tvm\nprint(tvm.runtime.from_dlpack(torch.arange(3.0)).numpy().tolist())\n")],
         capture_output=True, text=True, check=True).stdout
     assert hooked.split("\n")[:2] == ["False", "[0.0, 1.0, 2.0]"], hooked  # torch imports afterwards, and reaches TVM
+
+
+def test_tvm_s_own_worker_processes_started_by_a_farm_process_import_tvm_without_torch():
+    """TVM starts its popen workers itself (MetaSchedule's builders and runners): STARTUP_PTH, which tools/setup.sh
+    writes into site-packages, hooks them when a farm process started them, and leaves every other process alone."""
+    import subprocess
+    import sys
+
+    script = ("import sys\n{hook}from tvm.support.popen_pool import PopenPoolExecutor\n"
+              "def probe():\n    import sys, tvm, tvm.relax\n    return 'torch' in sys.modules\n"
+              "print(PopenPoolExecutor(max_workers=1).submit(probe).result())\n")
+    hook = "from farm.tvm_private import import_tvm_without_torch\nimport_tvm_without_torch()\n"
+    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}  # this process may have run farm's main
+    farm_started = subprocess.run([sys.executable, "-c", script.format(hook=hook)], capture_output=True, text=True,
+                                  check=True, env=env).stdout
+    other = subprocess.run([sys.executable, "-c", script.format(hook="")], capture_output=True, text=True,
+                           check=True, env=env).stdout
+    assert (farm_started.split(), other.split()) == (["False"], ["True"]), (farm_started, other)

@@ -41,6 +41,8 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.farm-installed-*
   touch "$stamp"
 fi
+# TVM's own worker processes import TVM without PyTorch when farm started them (farm/tvm_private.py, STARTUP_PTH)
+.venv/bin/python -m farm.tvm_private >/dev/null
 
 missing=()
 if [ "$want_test" = 1 ]; then
