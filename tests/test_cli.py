@@ -226,7 +226,12 @@ def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, 
     # no session wait on a dead server (TVM's would block for good: run_farm's timeout would fail the test)
     second = run_farm("--devices", str(inventory), "devices", "--probe", "--json", env=farm_env)
     victim_row = next(d for d in json.loads(second.stdout)["devices"] if d["device"] == "victim")
-    assert victim_row["state"] == "missing" and "probe-victim" in victim_row["reason"]
+    # the tracker drops a killed server once it reads its socket closed; on a loaded machine it may list it a moment
+    # longer, and then the probe waits its timeout (3 s) for a session and says so, never longer
+    if victim_row["state"] == "busy":
+        assert "stayed busy for 3 s" in victim_row["reason"], victim_row
+    else:
+        assert victim_row["state"] == "missing" and "probe-victim" in victim_row["reason"], victim_row
     # last seen by the first probe: no longer ago than that probe began (a bound a loaded machine keeps; was < 10 s)
     assert victim_row["last_seen_s_ago"] is not None
     assert victim_row["last_seen_s_ago"] <= time.time() - before_first + 0.05, victim_row  # rounded to 0.1 s
