@@ -61,11 +61,12 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
             if (series_context := contexts.get(seen)) is None:
                 series_context = contexts[seen] = context_of(context, tvm_version, runtime, runtime_version, threads)
             known = parsed[stored] = (context, series_context)
-        copies = copies_of.get(run_id, [])
+        copies = copies_of.get(run_id)  # most runs have none: no generators to make for them
+        copy_s = () if not copies else tuple(
+            s.median if (s := summaries.get((run_id, "copy", c["output_index"]))) else None for c in copies)
         fields = (*run[:20], bool(run[20]), bool(run[21]), *run[22:31], *known,  # emulated, tuned; the contexts
-                  summaries.get((run_id, "steady", 0)), summaries.get((run_id, "steady_wall", 0)),
-                  tuple(s.median if (s := summaries.get((run_id, "copy", c["output_index"]))) else None for c in copies),
-                  tuple(c["nbytes"] for c in copies), *run[-RUN_TABLE_TAIL:])
+                  summaries.get((run_id, "steady", 0)), summaries.get((run_id, "steady_wall", 0)), copy_s,
+                  () if not copies else tuple(c["nbytes"] for c in copies), *run[-RUN_TABLE_TAIL:])
         rows.append(Run(*fields))
     return rows
 
