@@ -1,5 +1,6 @@
 import dataclasses
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,42 @@ def test_android_without_ndk_says_what_to_install(tmp_path, monkeypatch):
     with pytest.raises(BuildError) as info:
         compile_model(load_model("mlp"), phone, tmp_path)
     assert "TVM_NDK_CC" in info.value.hint
+
+
+BUILDER = """
+import json, sys, time
+from pathlib import Path
+from farm.compile import compile_model
+from farm.models import load_model
+from farm.records import Device
+while time.time() < float(sys.argv[2]):  # the builders start their builds together
+    time.sleep(0.01)
+artifact = compile_model(load_model("mlp"), Device("cpu", "local", "cpu", {"kind": "llvm"}), Path(sys.argv[1]))
+print(json.dumps([artifact.path, artifact.file_digest, artifact.cached]))
+"""
+
+
+def test_builders_of_one_key_at_once_publish_one_whole_artifact(tmp_path):
+    """Three processes build the same artifact into one cache at once (a sweep and a `farm bench`, or two lab
+    hosts sharing a cache): each builds in a folder of its own and publishes it by one rename, so none removes
+    another's files; all three get a library that is there, with the digest its metadata records."""
+    import hashlib
+    import json
+    import sys
+    import time
+
+    cache = tmp_path / "cache"
+    start = str(time.time() + 8)  # after the three have imported TVM
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(cache), start], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [proc.communicate(timeout=300) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outs]
+    built = [json.loads(out) for out, _ in outs]
+    assert len({path for path, _, _ in built}) == 1
+    path = Path(built[0][0])
+    folders = sorted(p.name for p in cache.iterdir())
+    assert folders == [path.parent.name], folders  # no builder's folder left behind
+    meta = json.loads((path.parent / "artifact.json").read_text())
+    assert meta["file_digest"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    again = compile_model(load_model("mlp"), Device("cpu", "local", "cpu", {"kind": "llvm"}), cache)
+    assert again.cached and again.path == str(path)

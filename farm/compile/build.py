@@ -3,10 +3,12 @@ and cache the artifact under its ``artifact_key``."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import shutil
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +27,7 @@ from farm.records import Artifact, Device, ModelSource, TuningSet, weight_prepac
 log = logging.getLogger(__name__)
 
 EXPORT_SUFFIX = {"so": ".so", "tar": ".tar", "system-lib": ".tar"}  # iOS .so is a dylib by content
+META = "artifact.json"  # an artifact folder's metadata, beside its library
 
 
 def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: TuningSet | None = None) -> Artifact:
@@ -35,17 +38,8 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         tuning = None
     key = artifact_key(model, device, target, toolchain, tuning.digest if tuning else "")
     folder = Path(cache_dir) / key[:24]
-    meta_path = folder / "artifact.json"
-    if meta_path.exists():
-        try:
-            meta = json.loads(meta_path.read_text())
-            if "params_bytes" not in meta:  # written before farm read planned memory: built again to read it
-                log.info("rebuilding %s: its metadata has no planned memory", meta_path)
-            elif Path(meta["path"]).exists() and _digest(Path(meta["path"])) == meta["file_digest"]:
-                # the key includes the pipeline version: metadata written before it was recorded has this one
-                return Artifact(**{"pipeline_version": PIPELINE_VERSION, **meta, "cached": True})
-        except (ValueError, KeyError, TypeError):
-            log.warning("rebuilding: unreadable artifact metadata %s", meta_path)
+    if (cached := _cached(folder)) is not None:
+        return cached
     start = time.perf_counter()
     tvm_target = make_target(target)
     tuned_tasks = total_tasks = anchor_tasks = 0
@@ -69,9 +63,10 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         memory = planned_memory(built.module, "gpu" in tvm_target.keys) if built.module is not None else {}
     except Exception as exc:
         log.warning("planned memory of %s not known: %s", model.name, message_line(exc))
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    # built in a folder of its own, then published by one rename: two processes building one key (a sweep and a
+    # `farm bench`, two lab hosts on one cache) never write into each other's folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
     filename = f"{_safe(model.name)}{EXPORT_SUFFIX[device.export]}"
     try:
         export_library(executable, str(tmp / filename), toolchain)
@@ -79,20 +74,56 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         shutil.rmtree(tmp, ignore_errors=True)
         raise BuildError(f"exporting {model.name} as {device.export} failed: {message_line(exc)}",
                          f"check that the toolchain {toolchain or 'cc'} is installed and works") from exc
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    path = folder / filename
     artifact = Artifact(
-        cache_key=key, path=str(path), model_name=model.name, model_digest=model.digest, target=target,
+        cache_key=key, path=str(folder / filename), model_name=model.name, model_digest=model.digest, target=target,
         export=device.export, toolchain=toolchain or "default", tvm_version=TVM_VERSION,
-        file_digest=_digest(path), build_s=time.perf_counter() - start,
+        file_digest=_digest(tmp / filename), build_s=time.perf_counter() - start,
         tuning_digest=tuning.digest if tuning else "", tuned_tasks=tuned_tasks, total_tasks=total_tasks,
         anchor_tasks=anchor_tasks, pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),
         planned_host_bytes=memory.get("planned_host_bytes"), planned_device_bytes=memory.get("planned_device_bytes"),
         planned_dynamic=memory.get("planned_dynamic", 0),
     )
-    meta_path.write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
-    return artifact
+    (tmp / META).write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
+    return _publish(tmp, folder) or artifact
+
+
+def _cached(folder: Path) -> Artifact | None:
+    """The artifact ``folder`` holds, when its metadata is whole and its file has the digest it records."""
+    meta_path = folder / META
+    if not meta_path.exists():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        if "params_bytes" not in meta:  # written before farm read planned memory: built again to read it
+            log.info("rebuilding %s: its metadata has no planned memory", meta_path)
+        elif Path(meta["path"]).exists() and _digest(Path(meta["path"])) == meta["file_digest"]:
+            # the key includes the pipeline version: metadata written before it was recorded has this one
+            return Artifact(**{"pipeline_version": PIPELINE_VERSION, **meta, "cached": True})
+    except (ValueError, KeyError, TypeError, OSError):
+        log.warning("rebuilding: unreadable artifact metadata %s", meta_path)
+    return None
+
+
+def _publish(built: Path, folder: Path) -> Artifact | None:
+    """Move the folder ``built`` (library and metadata) to ``folder`` in one rename. When another process
+    published the same key first, its artifact stands (returned) and ours is dropped; a stale or broken folder
+    is moved aside first. None: ours is the one published."""
+    for _ in range(3):
+        try:
+            built.rename(folder)
+            return None
+        except OSError:  # the folder exists: another builder's, or a stale one
+            if (theirs := _cached(folder)) is not None:
+                shutil.rmtree(built, ignore_errors=True)
+                return dataclasses.replace(theirs, cached=False)
+            stale = Path(tempfile.mkdtemp(prefix=f"{folder.name}.stale-", dir=folder.parent))
+            try:
+                folder.rename(stale / "old")
+            except OSError:
+                pass  # gone already, or replaced meanwhile: try again
+            shutil.rmtree(stale, ignore_errors=True)
+    raise BuildError(f"could not publish the artifact {folder}: it keeps being replaced",
+                     f"check what else writes into {folder.parent}")
 
 
 def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool,

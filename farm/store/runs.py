@@ -212,13 +212,15 @@ class RunsMixin:
     def trajectories(self) -> list[dict[str, Any]]:
         """One row per ok run of a sweep, fallbacks left out, oldest first: its sweep, device, model, runtime, tuned
         flag, TVM version, threads, steady median and its artifact's tuning coverage (0/0 for a reference runtime's run).
-        The report's per-night trajectory of TVM untuned, tuned and the reference; reads no sample."""
+        The report's per-night trajectory of TVM untuned, tuned and the reference, so only of the device × model
+        pairs that have a tuned run (a lab of 1,000 untuned series reads none of its 50,000 runs); reads no sample."""
         return self._db.dicts(
             "SELECT r.id, r.sweep_id, r.device, r.model, r.runtime, r.tuned, r.tvm_version, r.threads, s.median, "
             "COALESCE(a.tuned_tasks, 0) AS tuned_tasks, COALESCE(a.total_tasks, 0) AS total_tasks FROM runs r "
             "JOIN summaries s ON s.run_id = r.id AND s.metric = 'steady' AND s.series = 0 "
             "LEFT JOIN artifacts a ON a.cache_key = r.artifact_key "
-            "WHERE r.status = 'ok' AND r.sweep_id IS NOT NULL AND r.fallback_of IS NULL ORDER BY r.id")
+            "WHERE r.status = 'ok' AND r.sweep_id IS NOT NULL AND r.fallback_of IS NULL "
+            "AND (r.device, r.model) IN (SELECT device, model FROM runs WHERE tuned <> 0) ORDER BY r.id")
 
     def run_copies(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                    sweep_id: int | None = None, limit: int | None = None,
