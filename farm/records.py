@@ -183,6 +183,12 @@ def threads_setting(device: Device, target: dict[str, Any] | None = None) -> int
     return None
 
 
+# Device-minutes a sweep's confirmation may spend by default (findings' representatives, in rank order). One
+# representative costs 8 rounds × (a fresh session, two loads, 2 × 5 repeats): ~1 device-minute for a 10 ms model
+# (bench_detect's --round-s), 16 rounds when inconclusive. 30 device-minutes confirm ~10 findings × 3
+# representatives in a night. Here, not in ``findings``, so every command's --help reads it without importing scipy.
+DEFAULT_BUDGET_MIN = 30.0
+
 PREPACK_RULE = ("CPU weight prepacking, TVM's recipe for CPUs (static_shape_tuning_pipeline(cpu_weight_prepack=True)): "
                 "tuning may give each conv or matmul its weights in a packed layout, and a tuned compile folds that "
                 "repacking of the model's constant weights into the library (main(input) is unchanged); default: on "

@@ -64,8 +64,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping
 
-from farm.findings.finding import (DEFAULT_BUDGET_MIN, KINDS, SLOWER_STATUSES, UNCONFIRMABLE, Finding, noise_floor,
-                                   percent, resolution, sentence)
+from farm.findings.finding import (KINDS, SLOWER_STATUSES, UNCONFIRMABLE, Finding, noise_floor, percent, resolution,
+                                   sentence)
+from farm.records import DEFAULT_BUDGET_MIN
 from farm.findings.group import find_findings, representatives
 from farm.findings.traits import SeriesTraits, series_traits
 from farm.regress import SeriesVerdict, detect, detect_upgrades

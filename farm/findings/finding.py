@@ -27,10 +27,6 @@ Z_CAP = 10.0  # one series' z counts at most this much in a finding's evidence: 
 # 4.90; 5.63 at 0.01), where the planted single series of 10 % have t ≈ 7–8
 SINGLE_ALPHA = 0.01
 REPRESENTATIVES = 3  # series rerun to confirm a finding (largest z, spread over its devices or models)
-# Device-minutes a sweep's confirmation may spend by default. One representative costs 8 rounds × (a fresh session,
-# two loads, 2 × 5 repeats): ~1 device-minute for a 10 ms model (bench_detect's --round-s), 16 rounds when
-# inconclusive. 30 device-minutes confirm ~10 findings × 3 representatives in a night.
-DEFAULT_BUDGET_MIN = 30.0
 UNCONFIRMABLE = "unconfirmable: runtime changed"
 SLOWER_STATUSES = ("candidate", "confirmed", "unknown", "rejected", "unconfirmable")
 KINDS = ("upgrade", "tuning", "sweep", "model", "device", "block", "scatter", "series")
