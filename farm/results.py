@@ -17,7 +17,7 @@ from farm.runs import Run
 from farm.series import context_of
 from farm.stats import versus_text
 from farm.store import Store
-from farm.store.runs import RUN_TABLE_TAIL
+from farm.store.runs import RUN_TABLE
 
 __all__ = ["COLUMNS", "Run", "Versus", "run_rows", "rows_frame", "versus_reference"]
 
@@ -36,6 +36,11 @@ COLUMNS = [
 ]
 
 
+# Positions in a Store.run_table row, by column
+_ID, _EMULATED, _TUNED, _TVM, _RUNTIME, _RUNTIME_VERSION, _CONTEXT, _THREADS = (RUN_TABLE.index(f"r.{name}") for name in (
+    "id", "emulated", "tuned", "tvm_version", "runtime", "runtime_version", "context", "threads"))
+
+
 def run_rows(store: Store, device: str | None = None, model: str | None = None, latest_only: bool = False,
              sweep_id: int | None = None, limit: int | None = None, status: str | None = None) -> list[Run]:
     """Every selected run, newest first, with its stored summaries: three queries (runs, summaries, copies)
@@ -52,7 +57,7 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
     parsed: dict[tuple, tuple[dict[str, Any], str]] = {}
     for run in table:
         run_id, tvm_version, runtime, runtime_version, stored_context, threads = (
-            run[0], run[27], run[29], run[30], run[31], run[-1])
+            run[_ID], run[_TVM], run[_RUNTIME], run[_RUNTIME_VERSION], run[_CONTEXT], run[_THREADS])
         stored = (stored_context, tvm_version, runtime, runtime_version, threads)
         if (known := parsed.get(stored)) is None:
             context = json.loads(stored_context)
@@ -64,9 +69,9 @@ def run_rows(store: Store, device: str | None = None, model: str | None = None, 
         copies = copies_of.get(run_id)  # most runs have none: no generators to make for them
         copy_s = () if not copies else tuple(
             s.median if (s := summaries.get((run_id, "copy", c["output_index"]))) else None for c in copies)
-        fields = (*run[:20], bool(run[20]), bool(run[21]), *run[22:31], *known,  # emulated, tuned; the contexts
+        fields = (*run[:_EMULATED], bool(run[_EMULATED]), bool(run[_TUNED]), *run[_TUNED + 1:_CONTEXT], *known,
                   summaries.get((run_id, "steady", 0)), summaries.get((run_id, "steady_wall", 0)), copy_s,
-                  () if not copies else tuple(c["nbytes"] for c in copies), *run[-RUN_TABLE_TAIL:])
+                  () if not copies else tuple(c["nbytes"] for c in copies), *run[_CONTEXT + 1:])
         rows.append(Run(*fields))
     return rows
 

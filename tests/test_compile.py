@@ -55,7 +55,10 @@ from pathlib import Path
 from farm.compile import compile_model
 from farm.models import load_model
 from farm.records import Device
-while time.time() < float(sys.argv[2]):  # the builders start their builds together
+ready = Path(sys.argv[2])  # the builders start their builds together, however long each took to import TVM
+(ready / sys.argv[3]).touch()
+deadline = time.monotonic() + 240
+while len(list(ready.iterdir())) < 3 and time.monotonic() < deadline:
     time.sleep(0.01)
 artifact = compile_model(load_model("mlp"), Device("cpu", "local", "cpu", {"kind": "llvm"}), Path(sys.argv[1]))
 print(json.dumps([artifact.path, artifact.file_digest, artifact.cached]))
@@ -69,12 +72,11 @@ def test_builders_of_one_key_at_once_publish_one_whole_artifact(tmp_path):
     import hashlib
     import json
     import sys
-    import time
 
-    cache = tmp_path / "cache"
-    start = str(time.time() + 8)  # after the three have imported TVM
-    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(cache), start], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    cache, ready = tmp_path / "cache", tmp_path / "ready"
+    ready.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(cache), str(ready), str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(3)]
     outs = [proc.communicate(timeout=300) for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outs]
     built = [json.loads(out) for out, _ in outs]

@@ -3,14 +3,13 @@ and cache the artifact under its ``artifact_key``."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import tvm
@@ -115,7 +114,7 @@ def _publish(built: Path, folder: Path) -> Artifact | None:
         except OSError:  # the folder exists: another builder's, or a stale one
             if (theirs := _cached(folder)) is not None:
                 shutil.rmtree(built, ignore_errors=True)
-                return dataclasses.replace(theirs, cached=False)
+                return replace(theirs, cached=False)
             stale = Path(tempfile.mkdtemp(prefix=f"{folder.name}.stale-", dir=folder.parent))
             try:
                 folder.rename(stale / "old")

@@ -28,18 +28,17 @@ def insert_summaries(db: Backend, keys: list[tuple[int, str, int]], sizes: list[
                    [(*k, *r[:-1], int(r[-1])) for k, r in zip(keys, rows)])
 
 
-# What ``run_table`` reads of a run, in ``runs.Run``'s field order up to ``context`` (``RUN_TABLE_TAIL``: the rest)
+# What ``run_table`` reads of a run, in ``runs.Run``'s field order (``results.run_rows`` adds the series context,
+# summaries and copies after ``r.context``; each position it reads is found here by name)
 RUN_TABLE = (
     "r.id", "r.started_at", "r.device", "r.key", "r.model", "r.model_digest", "r.status", "r.failed_step", "r.reason",
     "r.upload_s", "r.load_s", "r.first_run_s", "r.load_warm_s", "r.first_run_warm_s", "r.steady_clock",
     "r.steady_number", "r.steady_wall_number", "r.fallback_of", "COALESCE(c.status, 'skipped')", "c.max_abs_err",
     "r.emulated", "r.tuned", "COALESCE(a.tuned_tasks, 0)", "COALESCE(a.total_tasks, 0)", "r.sweep_id", "r.attempt",
     "r.artifact_key", "r.tvm_version", "r.farm_version", "r.runtime", "r.runtime_version", "r.context",
-    # RUN_TABLE_TAIL: after the summaries and copies
     "r.params_bytes", "r.planned_host_bytes", "r.planned_device_bytes", "r.rss_before_load_bytes",
     "r.rss_after_load_bytes", "r.rss_peak_bytes", "r.threads",
 )
-RUN_TABLE_TAIL = 7
 
 
 def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_id: int | None,
