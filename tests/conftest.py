@@ -50,8 +50,8 @@ TEST_POPULATION = 64
 # Test files that run longest start first: tools/test.sh runs pytest-xdist with --dist loadfile (one file per worker
 # at a time) and --no-loadscope-reorder, so files are handed out in this collection order; by default xdist orders
 # them by their number of tests instead, which put the one-test README and docs walks last, alone, as the tail.
-LONGEST_FIRST = ("test_docs_commands.py", "test_tune_sessions.py", "test_tune.py", "test_readme.py", "test_emulated.py",
-                 "test_demo.py", "test_processes.py", "test_opencl.py", "test_nightly.py", "test_android.py")
+LONGEST_FIRST = ("test_docs_commands.py", "test_tune_sessions.py", "test_tune.py", "test_emulated.py", "test_demo.py",
+                 "test_processes.py", "test_opencl.py", "test_nightly.py", "test_android.py", "test_readme.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,10 +19,12 @@ What a command must do is decided by what it names, never by a list of expected 
 
 Placeholders a reader fills in are filled in the same way (``PLACEHOLDERS``, ``NEWCOMER_FILES``). A few commands are
 not run (``NOT_RUN``: they set up the machine, run the whole suite, or benchmark farm itself for minutes); each is
-checked to exist and to take the options the README gives it. A block that uses the farm without starting it runs
-after the README's own bring-up (``farm tracker start``, ``farm serve``), as a reader coming from "Using it on your
-own devices" has it. At the end the README's ``farm down`` stops everything; the process registry is the safety net.
-Every fence of these pages must name its language; output is shown in ``text`` fences, which are not run.
+checked to exist and to take the options the README gives it. ``farm demo`` runs in tests/test_demo.py, as
+written, in a newcomer's folder of its own (``RUN_BY``): that file checks what it did, and one run serves both. A
+block that uses the farm without starting it runs after the README's own bring-up (``farm tracker start``, ``farm
+serve``), as a reader coming from "Using it on your own devices" has it. At the end the README's ``farm down`` stops
+everything; the process registry is the safety net. Every fence of these pages must name its language; output is
+shown in ``text`` fences, which are not run.
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ NOT_RUN = {
     "tools/fault_sweep.py": "kills a server 20 times over 25 sweeps: minutes",
     "createdb": "runs on the database server (dbhost), which this machine is not",
     "adb": "starts a system-wide adb daemon that would outlive the test, and no phone is attached here",
+}
+
+# farm commands of the README another test runs, as written, in a newcomer's folder of its own, and checks further
+# (by their arguments after .venv/bin/farm): the walk checks they parse and that the test is there. One run each.
+RUN_BY = {
+    ("demo",): "tests/test_demo.py runs it as written and checks what it did (a 100-s run: once, not twice)",
 }
 
 # Files the README has the reader bring: the test writes a small one of each.
@@ -144,6 +152,8 @@ def test_readme_parses_into_shell_commands():
     assert {page.relative_to(REPO).as_posix() for page in PAGES} >= {"README.md", "docs/devices.md", "docs/tuning.md"}
     named = {c.program for c in commands}
     assert set(NOT_RUN) <= named, f"NOT_RUN names commands the pages no longer have: {set(NOT_RUN) - named}"
+    in_readme = {c.farm for c in commands if c.page == "README.md"}
+    assert set(RUN_BY) <= in_readme, f"RUN_BY names commands the README no longer has: {set(RUN_BY) - in_readme}"
     text = "".join(page.read_text() for page in PAGES)
     assert all(name in text for name in NEWCOMER_FILES)
 
@@ -228,6 +238,8 @@ class Newcomer:
     def expectation(self, command: Command, env: dict[str, str]) -> tuple[str, str]:
         if command.program in NOT_RUN:
             return "not run", NOT_RUN[command.program]
+        if command.farm in RUN_BY:
+            return "not run", RUN_BY[command.farm]
         if command.argv[:3] == ("python", "-m", "tvm.exec.rpc_server"):
             return "ok", "a stock TVM rpc_server; this host plays the remote one"
         if command.farm is None:
@@ -304,6 +316,13 @@ class Newcomer:
         return row
 
     def check_not_run(self, command: Command) -> str:
+        if command.farm in RUN_BY:
+            try:
+                build_parser().parse_args(list(command.farm))
+            except SystemExit:
+                return "its arguments do not parse"
+            runner = RUN_BY[command.farm].split()[0]
+            return "" if (REPO / runner).exists() else f"{runner} does not exist"
         script = self.work / command.program
         if command.program.startswith("tools/"):
             if not script.exists():
@@ -415,15 +434,15 @@ def needs_farm(block: list[Command]) -> bool:
     return uses and not any(c.farm and c.farm[:2] == ("tracker", "start") for c in block)
 
 
-@pytest.mark.slow  # 2 min on a quiet 2-core machine: the demo (its tuning session), a bring-up, two benches
+@pytest.mark.slow  # 30 s on a quiet 2-core machine: a bring-up, two benches (tests/test_demo.py runs the demo)
 def test_every_readme_command_runs_as_written(tmp_path):
     """Every command of README.md's shell blocks, in order."""
     walk_pages(tmp_path, (README,))
 
 
-def walk_pages(tmp_path: Path, pages: tuple[Path, ...]) -> None:
-    """Every command of ``pages``' shell blocks, in order, in one fresh folder; README's bring-up (``farm tracker
-    start``, ``farm serve``) before a block that uses the farm without starting it, README's ``farm down`` at the end."""
+def newcomer_folder(tmp_path: Path) -> Path:
+    """A fresh folder as a reader of the README has it: ``.venv`` and ``tools/`` linked in, the repository's
+    devices.toml (free ports), the files the README has the reader bring."""
     venv = Path(sys.prefix)
     assert (venv / "bin" / "farm").exists(), f"the test runs README's .venv/bin/farm: install farm into {venv}"
     work = tmp_path / "newcomer"
@@ -432,10 +451,21 @@ def walk_pages(tmp_path: Path, pages: tuple[Path, ...]) -> None:
     (work / "tools").symlink_to(REPO / "tools")
     (work / "devices.toml").write_text(newcomer_inventory((REPO / "devices.toml").read_text()))
     write_newcomer_files(work)
+    return work
+
+
+def readme_command(farm_args: tuple[str, ...]) -> Command:
+    """The README's command that runs ``.venv/bin/farm`` with these arguments."""
+    return next(c for block in page_blocks((README,)) for c in block if c.farm == farm_args)
+
+
+def walk_pages(tmp_path: Path, pages: tuple[Path, ...]) -> None:
+    """Every command of ``pages``' shell blocks, in order, in one fresh folder; README's bring-up (``farm tracker
+    start``, ``farm serve``) before a block that uses the farm without starting it, README's ``farm down`` at the end."""
+    work = newcomer_folder(tmp_path)
     blocks = page_blocks(pages)
-    readme = [c for block in page_blocks((README,)) for c in block]
-    bring_up = [next(c for c in readme if c.farm == args) for args in (("tracker", "start"), ("serve",))]
-    stop = next(c for c in readme if c.farm == ("down",))
+    bring_up = [readme_command(args) for args in (("tracker", "start"), ("serve",))]
+    stop = readme_command(("down",))
     newcomer = Newcomer(work)
     started = time.monotonic()
     try:
