@@ -11,8 +11,12 @@ fi
 # pyproject's [tool.ruff]), types (pyproject's [tool.mypy]), and no block of code written twice in farm/
 # (pylint's similarity checker alone, pyproject's [tool.pylint.similarities]).
 .venv/bin/ruff check farm tools tests
-.venv/bin/mypy
-.venv/bin/pylint --disable=all --enable=duplicate-code --score=n farm
+.venv/bin/pylint --disable=all --enable=duplicate-code --score=n farm &  # beside mypy: a core each
+pylint=$!
+checks=0
+.venv/bin/mypy || checks=$?
+wait $pylint || checks=$?
+[ $checks = 0 ] || exit $checks
 # Two workers, a test file each at a time (module fixtures start once), the longest files first (conftest's
 # LONGEST_FIRST, kept in that order); then, alone, the tests
 # marked quiet (a regression baseline needs a machine that is not running the other worker).
