@@ -82,7 +82,7 @@ def run_demo(
         started.append(start_tracker(tracker.host, port, run_dir))
         for device in inventory.devices.values():
             started.extend(bring_up(device, tracker, run_dir))
-        wait_for_servers(tracker, {d.key: 1 for d in inventory.devices.values()}, timeout_s=60)
+        wait_for_servers(tracker, {d.key: 1 for d in inventory.devices.values()}, timeout_s=60, started=started)
         with Store(db_path) as store:
             cells = run_matrix(tracker, list(inventory.devices.values()), sources, store, cache_dir, config, progress)
             tuned = _tune(tracker, inventory, cells, store, run_dir, cache_dir, config, tuning, progress)

@@ -2,10 +2,13 @@
 and a probe over all of them. tools/bench_fleet.py runs the same at 100 devices and times it."""
 
 import json
+import shutil
+import subprocess
 
 import pytest
 
-from farm.devices.native import ensure_native_server, start_native_server
+from farm.devices.native import check_native_server, ensure_native_server, start_native_server
+from farm.errors import DeviceError
 from farm.records import TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, is_running, start_tracker, stop_process
 from farm.rpc.session import SESSION_SLOTS
@@ -29,7 +32,7 @@ def fleet(tmp_path_factory):
             lines.append(f'[devices.dev{i:02d}]\nkind = "remote"\nkey = "fleet-{i:02d}"\n'
                          'target = { kind = "llvm", num-cores = 1 }\n')
         (work / "devices.toml").write_text("\n".join(lines))
-        wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120)
+        wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120, started=started)
         yield work, {"FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": str(work / "results.db"),
                      "FARM_HOME": str(work / "home")}
     finally:
@@ -65,3 +68,34 @@ def test_devices_and_probe_see_the_whole_fleet(fleet):
     # a device that did not answer says how (busy, unreachable) and why
     assert [(d["device"], d["state"], d.get("reason")) for d in rows if d["state"] != "online"] == [] \
         and all(d["probe_ms"] > 0 for d in rows)
+
+
+def test_the_native_server_carries_its_libraries_and_one_without_them_fails_at_once_with_the_loader_s_words(tmp_path):
+    """#30: a cached server must outlive the checkout that built it: its TVM libraries lie beside it (RUNPATH
+    $ORIGIN), not in that checkout's venv. One that cannot start is refused before use, and one that exits at start
+    fails the wait for its registration at once, with the loader's message, not after the timeout."""
+    server = ensure_native_server()
+    assert {"libtvm_runtime.so", "libtvm_ffi.so"} <= {p.name for p in server.parent.iterdir()}
+    dynamic = subprocess.run(["readelf", "-d", str(server)], capture_output=True, text=True, check=True).stdout
+    assert "[$ORIGIN]" in dynamic and "site-packages" not in dynamic, dynamic
+    moved = tmp_path / "moved"  # the whole folder elsewhere: still starts (nothing points back into a venv)
+    shutil.copytree(server.parent, moved)
+    check_native_server(moved / server.name)
+    alone = tmp_path / "alone"  # the binary without its libraries: what a removed checkout left before
+    alone.mkdir()
+    shutil.copy2(server, alone / server.name)
+    with pytest.raises(DeviceError) as refused:
+        check_native_server(alone / server.name)
+    assert "libtvm_runtime.so: cannot open shared object file" in refused.value.message
+    port = free_port()
+    tracker = TrackerAddress("127.0.0.1", port)
+    started = [start_tracker("127.0.0.1", port, tmp_path)]
+    try:
+        started.append(start_native_server(alone / server.name, tracker, "broken", "fleet-broken", tmp_path))
+        with pytest.raises(DeviceError) as exited:
+            wait_for_servers(tracker, {"fleet-broken": 1}, timeout_s=600, started=started)
+    finally:
+        for record in reversed(started):
+            stop_process(record)
+    assert exited.value.message.startswith("the server for broken (fleet-broken) exited at start: ")
+    assert "libtvm_runtime.so: cannot open shared object file" in exited.value.message

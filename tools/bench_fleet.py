@@ -74,7 +74,7 @@ def main() -> int:
         for i in range(args.servers):
             started.append(start_native_server(server, tracker, f"dev{i:03d}", f"fleet-{i:03d}", work))
         start = time.perf_counter()
-        wait_for_servers(tracker, {f"fleet-{i:03d}": 1 for i in range(args.servers)}, timeout_s=120)
+        wait_for_servers(tracker, {f"fleet-{i:03d}": 1 for i in range(args.servers)}, timeout_s=120, started=started)
         figures["registered_s"] = round(time.perf_counter() - start, 2)
         (work / "devices.toml").write_text(inventory(tracker, args.servers))
         env = {"FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": str(work / "results.db"),

@@ -22,6 +22,13 @@ from farm.rpc.processes import ManagedProcess, free_port, local_process, spawn
 HOST_CXX = "g++"
 
 
+# The build's recipe, in its cache folder's name: r2 carries its TVM libraries beside it ($ORIGIN). r1 pointed its
+# RUNPATH into the venv that built it, so a host's other checkouts found `libtvm_runtime.so => not found` once that
+# checkout was removed (#30: every server of a fleet then "did not register").
+RECIPE = 2
+LIBRARIES = ("libtvm_runtime.so", "libtvm_ffi.so")  # what the server links, copied from the installed wheels
+
+
 def _library_dirs() -> tuple[Path, Path, Path]:
     """(tvm/lib, tvm_ffi/lib, tvm_ffi/include) of the installed wheels."""
     tvm_dir, ffi_dir = wheel_dir("tvm"), wheel_dir("tvm_ffi")
@@ -29,26 +36,42 @@ def _library_dirs() -> tuple[Path, Path, Path]:
 
 
 def ensure_native_server() -> Path:
-    """The host build of farm's native server, building it on first use; returns the executable."""
+    """The host build of farm's native server, building it on first use, checked before it is returned (it
+    starts, and the loader finds its libraries); returns the executable."""
     if shutil.which(HOST_CXX) is None:
         raise DeviceError("building farm's native RPC server needs g++", "install it: apt-get install g++")
     tvm_lib, ffi_lib, include = _library_dirs()
     tvm_version, ffi_version = tvm_versions()
-    tag = f"{tvm_version}-{ffi_version}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
+    tag = f"{tvm_version}-{ffi_version}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}-r{RECIPE}"
     folder = cache_root() / f"native-host-{tag}"
     server = folder / SERVER
-    if server.exists():
-        return server
-    with building(folder, "native-") as work:
-        build = subprocess.run(
-            [HOST_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / SERVER),
-             f"-L{tvm_lib}", f"-L{ffi_lib}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
-             f"-Wl,-rpath,{tvm_lib}:{ffi_lib}"],
-            capture_output=True, text=True)
-        if build.returncode != 0:
-            raise DeviceError(f"building the native RPC server failed: {build.stderr.strip()[-500:]}",
-                              "check that g++ and the apache-tvm wheel are installed")
+    if not server.exists():
+        with building(folder, "native-") as work:
+            for name, lib in zip(LIBRARIES, (tvm_lib, ffi_lib)):
+                shutil.copy2(lib / name, work / name)
+            build = subprocess.run(
+                [HOST_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / SERVER),
+                 f"-L{work}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,-rpath,$ORIGIN"],
+                capture_output=True, text=True)
+            if build.returncode != 0:
+                raise DeviceError(f"building the native RPC server failed: {build.stderr.strip()[-500:]}",
+                                  "check that g++ and the apache-tvm wheel are installed")
+    check_native_server(server)
     return server
+
+
+def check_native_server(server: Path) -> None:
+    """Start ``server`` without arguments: it prints its usage and exits once the loader has found its libraries.
+    DeviceError with the loader's own message when it cannot start."""
+    try:
+        done = subprocess.run([str(server)], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DeviceError(f"farm's native RPC server {server} does not start: {exc}",
+                          f"remove {server.parent} and farm builds it again") from exc
+    if "usage:" not in done.stderr:
+        said = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}, nothing printed"]
+        raise DeviceError(f"farm's native RPC server {server} does not start: {said[0]}",
+                          f"remove {server.parent} and farm builds it again")
 
 
 def native_command(server: Path, tracker: TrackerAddress, key: str, port: int) -> list[str]:

@@ -428,7 +428,7 @@ def private_farm(state_dir: Path, servers: dict[str, str], timeout_s: float = 60
         counts: dict[str, int] = {}
         for key in servers.values():  # several servers may share a key (a fleet of one kind of device)
             counts[key] = counts.get(key, 0) + 1
-        wait_for_servers(tracker, counts, timeout_s=timeout_s)
+        wait_for_servers(tracker, counts, timeout_s=timeout_s, started=started)
         yield tracker
     finally:
         for record in reversed(started):

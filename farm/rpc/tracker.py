@@ -14,9 +14,11 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 from farm.errors import DeviceError, TrackerError
 from farm.records import TrackerAddress
+from farm.rpc.processes import ManagedProcess, is_running, log_tail
 
 
 RPC_TRACKER_MAGIC = 0x2F271  # tvm.rpc.RPC_TRACKER_MAGIC
@@ -151,14 +153,22 @@ def wait_for_tracker(tracker: TrackerAddress, timeout_s: float) -> TrackerSummar
             time.sleep(0.1)
 
 
-def wait_for_servers(tracker: TrackerAddress, counts: dict[str, int], timeout_s: float) -> TrackerSummary:
-    """Poll the summary until each key has at least ``counts[key]`` free servers."""
+def wait_for_servers(tracker: TrackerAddress, counts: dict[str, int], timeout_s: float,
+                     started: Sequence[ManagedProcess] = ()) -> TrackerSummary:
+    """Poll the summary until each key has at least ``counts[key]`` free servers. A server of ``started`` (this
+    host's, of a waited key) that exits meanwhile fails the wait at once, with its log's last lines (a loader's
+    "cannot open shared object file", a taken port), not after the timeout."""
     deadline = time.monotonic() + timeout_s
+    watched = [r for r in started if r.role == "server" and not r.remote and r.key in counts]
     while True:
         summary = query_summary(tracker)
         missing = {k: n for k, n in counts.items() if summary.keys.get(k, KeyStatus(k, 0, 0, 0)).free < n}
         if not missing:
             return summary
+        exited = next((r for r in watched if r.key in missing and not is_running(r)), None)
+        if exited is not None:
+            raise DeviceError(f"the server for {exited.name} ({exited.key}) exited at start: {log_tail(exited.log_path)}",
+                              f"its log: {exited.log_path}")
         if time.monotonic() > deadline:
             raise DeviceError(
                 f"servers for {', '.join(sorted(missing))} did not register with {tracker} within {timeout_s:.0f} s",
