@@ -20,7 +20,7 @@ from farm.inventory import parse_inventory
 from farm.models import load_model
 from farm.records import BenchConfig, Inventory, TrackerAddress
 from farm.report import render_report, report_file
-from farm.rpc.processes import free_port, start_tracker, stop_process
+from farm.rpc.processes import exited_at_start, free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
 from farm.store import Store
 from farm.sweep import CellResult, Progress, bench_cell, run_matrix
@@ -82,7 +82,7 @@ def run_demo(
         started.append(start_tracker(tracker.host, port, run_dir))
         for device in inventory.devices.values():
             started.extend(bring_up(device, tracker, run_dir))
-        wait_for_servers(tracker, {d.key: 1 for d in inventory.devices.values()}, timeout_s=60, started=started)
+        wait_for_servers(tracker, {d.key: 1 for d in inventory.devices.values()}, timeout_s=60, give_up=exited_at_start(started))
         with Store(db_path) as store:
             cells = run_matrix(tracker, list(inventory.devices.values()), sources, store, cache_dir, config, progress)
             tuned = _tune(tracker, inventory, cells, store, run_dir, cache_dir, config, tuning, progress)

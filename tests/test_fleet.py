@@ -10,7 +10,7 @@ import pytest
 from farm.devices.native import check_native_server, ensure_native_server, start_native_server
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, is_running, start_tracker, stop_process
+from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, is_running, start_tracker, stop_process
 from farm.rpc.session import SESSION_SLOTS
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import run_farm
@@ -32,7 +32,7 @@ def fleet(tmp_path_factory):
             lines.append(f'[devices.dev{i:02d}]\nkind = "remote"\nkey = "fleet-{i:02d}"\n'
                          'target = { kind = "llvm", num-cores = 1 }\n')
         (work / "devices.toml").write_text("\n".join(lines))
-        wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120, started=started)
+        wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120, give_up=exited_at_start(started))
         yield work, {"FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": str(work / "results.db"),
                      "FARM_HOME": str(work / "home")}
     finally:
@@ -93,7 +93,7 @@ def test_the_native_server_carries_its_libraries_and_one_without_them_fails_at_o
     try:
         started.append(start_native_server(alone / server.name, tracker, "broken", "fleet-broken", tmp_path))
         with pytest.raises(DeviceError) as exited:
-            wait_for_servers(tracker, {"fleet-broken": 1}, timeout_s=600, started=started)
+            wait_for_servers(tracker, {"fleet-broken": 1}, timeout_s=600, give_up=exited_at_start(started))
     finally:
         for record in reversed(started):
             stop_process(record)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from farm.devices.native import ensure_native_server, start_native_server
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, start_tracker, stop_process
+from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,7 +74,8 @@ def main() -> int:
         for i in range(args.servers):
             started.append(start_native_server(server, tracker, f"dev{i:03d}", f"fleet-{i:03d}", work))
         start = time.perf_counter()
-        wait_for_servers(tracker, {f"fleet-{i:03d}": 1 for i in range(args.servers)}, timeout_s=120, started=started)
+        wait_for_servers(tracker, {f"fleet-{i:03d}": 1 for i in range(args.servers)}, timeout_s=120,
+                         give_up=exited_at_start(started))
         figures["registered_s"] = round(time.perf_counter() - start, 2)
         (work / "devices.toml").write_text(inventory(tracker, args.servers))
         env = {"FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": str(work / "results.db"),

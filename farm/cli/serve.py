@@ -108,7 +108,7 @@ def _bring_up(inventory, names: list[str], tracker, state: Path, wait_s: float) 
     gone = {r for r, s in states.items() if s == "gone"}
     records = processes.update_records(state, lambda current: [r for r in current if r not in gone] + started)
     waiting = {r.key: 1 for r in started if kind_of(inventory.devices[r.name]).registers_at_start}
-    wait_for_servers(tracker, waiting, timeout_s=wait_s, started=started)
+    wait_for_servers(tracker, waiting, timeout_s=wait_s, give_up=processes.exited_at_start(started))
     for r in started:
         if note := kind_of(inventory.devices[r.name]).started_note(r):
             print(note, file=sys.stderr)

@@ -214,6 +214,20 @@ def is_running(record: ManagedProcess) -> bool:
     return process_state(record) == "running"
 
 
+def exited_at_start(started: list[ManagedProcess]) -> Callable[[set[str]], None]:
+    """For ``wait_for_servers``: a DeviceError at once, with its log's last lines (a loader's "cannot open shared
+    object file", a taken port), when a server of ``started`` on this host whose key is still missing has exited,
+    instead of the registration timeout."""
+    servers = [r for r in started if r.role == "server" and not r.remote]
+
+    def check(missing: set[str]) -> None:
+        exited = next((r for r in servers if r.key in missing and not is_running(r)), None)
+        if exited is not None:
+            raise DeviceError(f"the server for {exited.name} ({exited.key}) exited at start: {log_tail(exited.log_path)}",
+                              f"its log: {exited.log_path}")
+    return check
+
+
 def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:
     """Kill the process group farm started; returns False when it was already gone.
 
@@ -428,7 +442,7 @@ def private_farm(state_dir: Path, servers: dict[str, str], timeout_s: float = 60
         counts: dict[str, int] = {}
         for key in servers.values():  # several servers may share a key (a fleet of one kind of device)
             counts[key] = counts.get(key, 0) + 1
-        wait_for_servers(tracker, counts, timeout_s=timeout_s, started=started)
+        wait_for_servers(tracker, counts, timeout_s=timeout_s, give_up=exited_at_start(started))
         yield tracker
     finally:
         for record in reversed(started):

@@ -14,11 +14,10 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable
 
 from farm.errors import DeviceError, TrackerError
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, is_running, log_tail
 
 
 RPC_TRACKER_MAGIC = 0x2F271  # tvm.rpc.RPC_TRACKER_MAGIC
@@ -154,21 +153,18 @@ def wait_for_tracker(tracker: TrackerAddress, timeout_s: float) -> TrackerSummar
 
 
 def wait_for_servers(tracker: TrackerAddress, counts: dict[str, int], timeout_s: float,
-                     started: Sequence[ManagedProcess] = ()) -> TrackerSummary:
-    """Poll the summary until each key has at least ``counts[key]`` free servers. A server of ``started`` (this
-    host's, of a waited key) that exits meanwhile fails the wait at once, with its log's last lines (a loader's
-    "cannot open shared object file", a taken port), not after the timeout."""
+                     give_up: Callable[[set[str]], None] | None = None) -> TrackerSummary:
+    """Poll the summary until each key has at least ``counts[key]`` free servers. ``give_up`` is shown the keys
+    still missing at each poll and raises to end the wait at once (``processes.exited_at_start``: a server that
+    exited will not register, however long the wait)."""
     deadline = time.monotonic() + timeout_s
-    watched = [r for r in started if r.role == "server" and not r.remote and r.key in counts]
     while True:
         summary = query_summary(tracker)
         missing = {k: n for k, n in counts.items() if summary.keys.get(k, KeyStatus(k, 0, 0, 0)).free < n}
         if not missing:
             return summary
-        exited = next((r for r in watched if r.key in missing and not is_running(r)), None)
-        if exited is not None:
-            raise DeviceError(f"the server for {exited.name} ({exited.key}) exited at start: {log_tail(exited.log_path)}",
-                              f"its log: {exited.log_path}")
+        if give_up is not None:
+            give_up(set(missing))
         if time.monotonic() > deadline:
             raise DeviceError(
                 f"servers for {', '.join(sorted(missing))} did not register with {tracker} within {timeout_s:.0f} s",
