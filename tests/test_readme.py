@@ -73,9 +73,10 @@ NOT_RUN = {
 }
 
 # farm commands of the README another test runs, as written, in a newcomer's folder of its own, and checks further
-# (by their arguments after .venv/bin/farm): the walk checks they parse and that the test is there. One run each.
+# (by their arguments after .venv/bin/farm): (that test file, why). The walk checks they parse and that the file is
+# there. One run each.
 RUN_BY = {
-    ("demo",): "tests/test_demo.py runs it as written and checks what it did (a 100-s run: once, not twice)",
+    ("demo",): ("tests/test_demo.py", "runs it as written and checks what it did (a 100-s run: once, not twice)"),
 }
 
 # Files the README has the reader bring: the test writes a small one of each.
@@ -239,7 +240,7 @@ class Newcomer:
         if command.program in NOT_RUN:
             return "not run", NOT_RUN[command.program]
         if command.farm in RUN_BY:
-            return "not run", RUN_BY[command.farm]
+            return "not run", " ".join(RUN_BY[command.farm])
         if command.argv[:3] == ("python", "-m", "tvm.exec.rpc_server"):
             return "ok", "a stock TVM rpc_server; this host plays the remote one"
         if command.farm is None:
@@ -321,7 +322,7 @@ class Newcomer:
                 build_parser().parse_args(list(command.farm))
             except SystemExit:
                 return "its arguments do not parse"
-            runner = RUN_BY[command.farm].split()[0]
+            runner = RUN_BY[command.farm][0]
             return "" if (REPO / runner).exists() else f"{runner} does not exist"
         script = self.work / command.program
         if command.program.startswith("tools/"):

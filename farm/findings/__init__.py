@@ -66,9 +66,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from farm.findings.finding import (KINDS, SLOWER_STATUSES, UNCONFIRMABLE, Finding, noise_floor, percent, resolution,
                                    sentence)
-from farm.records import DEFAULT_BUDGET_MIN
 from farm.findings.group import find_findings, representatives
 from farm.findings.traits import SeriesTraits, series_traits
+from farm.records import DEFAULT_BUDGET_MIN
 from farm.regress import SeriesVerdict, detect, detect_upgrades
 from farm.series import by_sweep
 
