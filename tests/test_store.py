@@ -34,6 +34,29 @@ def test_record_result_keeps_every_raw_sample(db_location):
     assert row["check"] == "passed"
 
 
+def test_a_sweep_s_attempt_delivered_twice_is_stored_once(db_location):
+    """A cell's job run again after its result committed (a worker killed before the queue heard) stores nothing:
+    the same run id, one row, its samples once. Another attempt, another runtime, another sweep or a run outside a
+    sweep is a run of its own; a cell stored offline may be stored again (each resume while it is down)."""
+    from farm.records import OFFLINE_ATTEMPT
+
+    mlp = load_model("mlp")
+    with Store(db_location) as store:
+        sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+        first = store.record_result(_result(), DEVICE, mlp, None, sweep, 1)
+        again = store.record_result(_result(samples=(9.0,)), DEVICE, mlp, None, sweep, 1)
+        assert again == first and store.samples(first) == [0.002, 0.001, 0.003]
+        others = [store.record_result(_result(), DEVICE, mlp, None, sweep, 2),
+                  store.record_result(dataclasses.replace(_result(), runtime="onnxruntime"), DEVICE, mlp, None, sweep, 1),
+                  store.record_result(_result(), DEVICE, mlp, None, store.start_sweep({}), 1),
+                  store.record_result(_result(), DEVICE, mlp, None),
+                  store.record_result(_result(), DEVICE, mlp, None),
+                  store.record_result(_result("failed", ()), DEVICE, mlp, None, sweep, OFFLINE_ATTEMPT),
+                  store.record_result(_result("failed", ()), DEVICE, mlp, None, sweep, OFFLINE_ATTEMPT)]
+        assert len({first, *others}) == 8
+        assert store.sweep_attempts(sweep) == {("cpu", "mlp"): [(1, "ok"), (2, "ok"), (0, "failed"), (0, "failed")]}
+
+
 def test_store_uses_wal_and_schema_version(tmp_path):
     Store(tmp_path / "r.db").close()
     db = sqlite3.connect(tmp_path / "r.db")
@@ -129,6 +152,8 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP INDEX runs_cell_key")  # schema 16
+    db.execute("ALTER TABLE runs DROP COLUMN cell_key")
     db.execute("ALTER TABLE models DROP COLUMN ops")  # schema 15
     db.execute("ALTER TABLE runs DROP COLUMN threads")  # schema 14
     db.execute("DROP TABLE reviewed_sweeps")  # schema 13
@@ -164,6 +189,8 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX runs_cell_key")  # schema 16
+    db.execute("ALTER TABLE runs DROP COLUMN cell_key")
     db.execute("ALTER TABLE models DROP COLUMN ops")  # schema 15
     db.execute("ALTER TABLE runs DROP COLUMN threads")  # schema 14
     db.execute("DROP TABLE reviewed_sweeps")
@@ -187,6 +214,8 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX runs_cell_key")  # schema 16
+    db.execute("ALTER TABLE runs DROP COLUMN cell_key")
     db.execute("ALTER TABLE models DROP COLUMN ops")  # schema 15
     db.execute("ALTER TABLE runs DROP COLUMN threads")
     db.execute("UPDATE meta SET value='13' WHERE key='schema_version'")

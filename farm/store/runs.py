@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, fields
 from typing import Any, Sequence
 
-from farm.records import Artifact, BenchResult, CopyCurve, Device, ModelSource
+from farm.records import OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, ModelSource
 from farm.stats import Summary, summarize_groups
 from farm.store.backends import Backend, now
 
@@ -67,6 +67,14 @@ def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_i
     return sql, params
 
 
+def cell_key(result: BenchResult, sweep_id: int | None, attempt: int) -> str | None:
+    """What makes a sweep's stored attempt unique (schema 16): its sweep, device, model, runtime and attempt. None
+    outside a sweep, and for a cell stored offline (``OFFLINE_ATTEMPT``: stored again at each resume while down)."""
+    if sweep_id is None or attempt == OFFLINE_ATTEMPT:
+        return None
+    return f"{sweep_id}/{result.device}/{result.model}/{result.runtime}/{attempt}"
+
+
 class RunsMixin:
     """The ``Store``'s runs, samples, summaries, copies and copy curves."""
 
@@ -76,7 +84,8 @@ class RunsMixin:
 
     def record_result(self, result: BenchResult, device: Device, model: ModelSource, artifact: Artifact | None,
                       sweep_id: int | None = None, attempt: int = 1) -> int:
-        """Store one bench result with its samples, copies and check, atomically. Returns the run id."""
+        """Store one bench result with its samples, copies and check, atomically. Returns the run id: of the run
+        already stored when this sweep's cell has this attempt stored (``cell_key``), which then stores nothing."""
         stamp = now()
         with self._db.transaction() as db:
             db.execute(
@@ -105,14 +114,16 @@ class RunsMixin:
                      artifact.params_bytes, artifact.planned_host_bytes, artifact.planned_device_bytes,
                      artifact.planned_dynamic))
             config = result.config
-            run_id = db.insert_id(
+            key = cell_key(result, sweep_id, attempt)
+            inserted = db.execute(
                 """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                    failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
                    min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
                    load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of, runtime,
                    runtime_version, params_bytes, planned_host_bytes, planned_device_bytes, rss_before_load_bytes,
-                   rss_after_load_bytes, rss_peak_bytes, threads)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   rss_after_load_bytes, rss_peak_bytes, threads, cell_key)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   ON CONFLICT DO NOTHING RETURNING id""",
                 (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
                  result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
                  result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
@@ -122,7 +133,10 @@ class RunsMixin:
                  result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of,
                  result.runtime, result.runtime_version, result.params_bytes, result.planned_host_bytes,
                  result.planned_device_bytes, result.rss_before_load_bytes, result.rss_after_load_bytes,
-                 result.rss_peak_bytes, result.threads))
+                 result.rss_peak_bytes, result.threads, key)).fetchall()
+            if not inserted:  # this attempt of this cell is stored already (its job was delivered again)
+                return int(db.execute("SELECT id FROM runs WHERE cell_key = ?", (key,)).fetchone()[0])
+            run_id = int(inserted[0][0])
             db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
                            [(run_id, "steady", 0, i, v, result.steady_number or 0)
                             for i, v in enumerate(result.steady_samples_s)]

@@ -36,13 +36,15 @@ SCHEMA_VERSION history:
      series' context holds the count (series.context_of), so a change of threads starts a new series
  15  models.ops (#32): the operator types a model's graph contains (``ModelSource.ops``; '[]': not known), so a
      finding can name the models it concerns by an op they share ("models with depthwise convolution")
+ 16  runs.cell_key (#30): 'SWEEP/DEVICE/MODEL/RUNTIME/ATTEMPT' for a sweep's measured attempt (NULL for runs outside a
+     sweep, for offline cells and for runs stored before), unique: a cell's job delivered twice stores its result once
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -207,6 +209,10 @@ MIGRATIONS: dict[int, str] = {
     """,
     15: """
     ALTER TABLE models ADD COLUMN ops TEXT NOT NULL DEFAULT '[]';
+    """,
+    16: """
+    ALTER TABLE runs ADD COLUMN cell_key TEXT;
+    CREATE UNIQUE INDEX runs_cell_key ON runs (cell_key);
     """,
 }
 

@@ -58,17 +58,18 @@ def measure_cell(
 
 
 def reference_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
-                   prepared: CellInputs | None = None, tvm_threads: int | None = None) -> CellResult | None:
+                   prepared: CellInputs | None = None, tvm_threads: int | None = None,
+                   attempt: int = 1) -> CellResult | None:
     """The cell's model in its reference runtime (onnxruntime, LiteRT, torch) where the device's kind runs one
     (this host's CPU), with the cell's inputs, reference and statistics; stored as that runtime's run. None where
     no reference runtime runs: farm never passes a host figure off as a device's. Its threads are those TVM's run
-    reported (``tvm_threads``; ``reference_threads``)."""
+    reported (``tvm_threads``; ``reference_threads``). Stored as the ``attempt`` of TVM's run it stands beside."""
     if reference_unavailable(device):
         return None
     inputs, reference, reference_name, config = prepared or cell_inputs(model, ctx.config, ctx.reference_file)
     result = bench_reference(device, model, inputs, reference, config, reference_name,
                              reference_threads(tvm_threads, device), ctx.say(device, model))
-    return CellResult(store.record_result(result, device, model, None, ctx.sweep_id), result, None)
+    return CellResult(store.record_result(result, device, model, None, ctx.sweep_id, attempt), result, None)
 
 
 @dataclass(frozen=True)
@@ -158,13 +159,13 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         if ctx.progress:
             ctx.progress(device.name, model.name, "retry", result.reason)
     if needs_fallback(device, result) and not no_fallback:
-        fallback = fallback_cell(ctx, store, device, model, cell.run_id)
+        fallback = fallback_cell(ctx, store, device, model, cell.run_id, attempt)
         cell = dataclasses.replace(cell, fallback=fallback)
         if stored:
             stored(fallback)
     if ctx.reference_runtime:
         cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model, prepared,
-                                                                  cell.result.threads))
+                                                                  cell.result.threads, attempt))
     return cell
 
 
@@ -181,7 +182,8 @@ def fallback_blocked(device: Device, result: BenchResult) -> str:
     return ""
 
 
-def fallback_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource, gpu_run_id: int) -> CellResult:
+def fallback_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource, gpu_run_id: int,
+                  attempt: int = 1) -> CellResult:
     """The model on the device's CPU (``NAME@cpu``) after its GPU failed run ``gpu_run_id``: compiled (one compile
     at a time: sweep workers call this too), cooled down like any next cell, measured, stored as that run's fallback."""
     cpu = fallback_device(device)
@@ -197,7 +199,8 @@ def fallback_cell(ctx: CellContext, store: Store, device: Device, model: ModelSo
                                           ctx.progress), waited, cpu)
         stored_artifact = artifact
     result = dataclasses.replace(result, fallback_of=gpu_run_id)
-    return CellResult(store.record_result(result, cpu, model, stored_artifact, ctx.sweep_id), result, stored_artifact)
+    return CellResult(store.record_result(result, cpu, model, stored_artifact, ctx.sweep_id, attempt), result,
+                      stored_artifact)
 
 
 def _say(progress: Progress | None, device: Device, model: ModelSource):
