@@ -23,6 +23,7 @@ DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
     "emulated", "tags", "cc", "runner_timeout_s", "max_temp_c", "min_battery_pct", "max_cooldown_s", "fallback",
+    "lab_host",
     *KIND_COMMON,
 }
 FALLBACKS = ("cpu",)
@@ -193,11 +194,17 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
                        'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
         if target_kind(target) in CPU_TARGETS:
             raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
+    lab_host = raw.get("lab_host")
+    if lab_host is not None and (not isinstance(lab_host, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", lab_host)):
+        raise fail("lab_host", f"{lab_host!r} is not a lab host name",
+                   'write lab_host = "lab2" (letters, digits, \'-\', \'_\' or \'.\'): `farm worker --lab-host lab2` '
+                   "on that host serves it")
     options = {k: raw[k] for k in raw if k in plugin.fields or k in OPTION_FIELDS}
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
         tags=tuple(tags), options=options, threads=threads, weight_prepack=raw.get("weight_prepack"),
+        lab_host=lab_host,
     )
 
 

@@ -145,6 +145,7 @@ class Device:
     threads: int | None = None  # devices.toml's ``threads``: TVM's CPU threads on the device (``threads_setting``)
     # devices.toml's ``weight_prepack``; None: the default for the target (``weight_prepack_setting``)
     weight_prepack: bool | None = None
+    lab_host: str | None = None  # devices.toml's ``lab_host``: the host it is attached to, whose ``farm worker`` serves it
 
 
 THREADS_RULE = ("TVM's CPU threads on a device: devices.toml's threads, else the target's num-cores (its host's for a "

@@ -28,7 +28,8 @@ ALLOWED = {
     "measure": {"errors", "records", "rpc", "devices", "stats", "__init__"},  # stats: a round's median
     "results": {"records", "runs", "series", "stats", "store"},
     "reference": {"errors", "records", "devices", "measure", "models", "__init__"},  # runtimes timed beside TVM
-    "sweep": {"errors", "records", "compile", "devices", "measure", "models", "reference", "rpc", "store"},  # rpc: tracker
+    "queue": {"errors", "store"},  # procrastinate on the results' PostgreSQL; store: a URL's redaction
+    "sweep": {"errors", "records", "compile", "devices", "measure", "models", "queue", "reference", "rpc", "store"},  # tracker
     "figures": set(),
     "findings": {"records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
     "review": {"drift", "figures", "findings", "records", "regress", "results", "runs", "series", "stats", "store"},
@@ -152,9 +153,17 @@ def test_only_owners_import_tvm():
 
 
 def test_only_store_writes_sqlite():
+    """The results are the store's; the queue's tables (on the same PostgreSQL) are the queue's."""
     offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                 if {"sqlite3", "psycopg"} & _imports(p) and _layer(p) != "store"]
+                 if {"sqlite3", "psycopg"} & _imports(p) and _layer(p) not in ("store", "queue")]
     assert offenders == []
+
+
+def test_only_the_queue_imports_procrastinate():
+    """The lab's job queue is behind one module: another engine would change farm/queue.py only."""
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if any(n.split(".")[0] == "procrastinate" for n in _imports(p)) and _layer(p) != "queue"]
+    assert offenders == [] and "procrastinate" in _imports(PACKAGE / "queue.py")
 
 
 READ_SIDE = ("report", "review", "figures", "dashboard", "results", "runs", "series", "regress", "drift", "stats", "store")

@@ -20,7 +20,7 @@ from farm.errors import FarmError, message_line
 from farm.tvm_private import import_tvm_without_torch
 
 from farm.cli import (bench, compare, compile, copies, dashboard, demo, devices, down, drift, models, phones,
-                      regressions, report, results, serve, sweep, tracker, tune)
+                      regressions, report, results, serve, sweep, tracker, tune, worker)
 from farm.cli.common import Parser, default_db, print_error
 
 EPILOG = """\
@@ -41,8 +41,8 @@ environment: FARM_DEVICES (inventory), FARM_DB (results database: a file or post
 """
 
 # the verbs in the order `farm --help` lists them
-VERBS = (tracker, serve, phones, down, devices, models, compile, bench, copies, tune, sweep, regressions, drift, compare,
-         dashboard, results, report, demo)
+VERBS = (tracker, serve, phones, down, devices, models, compile, bench, copies, tune, sweep, worker, regressions, drift,
+         compare, dashboard, results, report, demo)
 
 
 def _common_options() -> argparse.ArgumentParser:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         tracker = TrackerAddress(*given)
     query_summary(tracker)  # fail early and clearly when there is no tracker
     names = args.device or [n for n, d in inventory.devices.items() if can_bring_up(d)]
-    started, records, failures = _bring_up(inventory, names, tracker, home_dir(), args.wait)
+    started, records, failures = bring_up_devices(inventory, names, tracker, home_dir(), args.wait)
     rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
             for r in records if r.role == "server"]
     if args.json:
@@ -78,7 +78,7 @@ def _stop(as_json: bool) -> int:
     return 0
 
 
-def _bring_up(inventory, names: list[str], tracker, state: Path, wait_s: float) -> tuple[list, list, list]:
+def bring_up_devices(inventory, names: list[str], tracker, state: Path, wait_s: float) -> tuple[list, list, list]:
     """Start each named device that has no server yet; wait for those that register at start. Returns (the records
     started, every record now kept, [(device name, FarmError)] of the devices that could not be brought up)."""
     from farm.devices import bring_up, kind_of

@@ -37,7 +37,9 @@ DESCRIPTION = (
     "  farm sweep --resume                          # the latest sweep (or --resume ID)\n"
     "  farm sweep --resume --if-incomplete          # only if it never finished (cron: after a reboot)\n\n"
     "A device with no server on the tracker when the sweep starts has its cells stored 'offline' at\n"
-    "once (no wait, no retry spent); farm sweep --resume ID measures them once it is up.")
+    "once (no wait, no retry spent); farm sweep --resume ID measures them once it is up.\n\n"
+    "Over lab hosts (devices with lab_host, a postgresql:// --db): the cells are queued for each host's\n"
+    "farm worker, and the sweep follows them; --detach leaves them to run, --status ID shows where they are.")
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
@@ -65,6 +67,9 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--confirm", action="store_true",
                    help=f"confirm regression candidates by interleaved reruns ({rounds_text()})")
+    p.add_argument("--detach", action="store_true",
+                   help="over lab hosts: queue the cells and return (farm sweep --status ID follows them)")
+    p.add_argument("--status", type=int, metavar="ID", help="over lab hosts: the queued sweep's progress, by host")
     add_budget_option(p)
     add_progress(p)
     add_bench_options(p)
@@ -72,7 +77,10 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from farm.sweep import run_sweep
+    from farm.sweep.lab import queued_devices
 
+    if args.status is not None:
+        return _status(args)
     inventory = load_inventory_of(args)
     if args.if_incomplete and args.resume is None:
         raise FarmError("--if-incomplete goes with --resume", "farm sweep --resume --if-incomplete")
@@ -84,19 +92,87 @@ def run(args: argparse.Namespace) -> int:
         spec, sweep_id = resumed
     else:
         (spec, budget), sweep_id = _fresh_spec(args, inventory), None
-    outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
-                        progress=progress_printer(args.progress), sweep_id=sweep_id)
+    if queued_devices(inventory.devices, spec.devices):
+        queued = _queued_sweep(args, inventory, spec, sweep_id)
+        if queued is None:
+            return 0
+        outcome = queued
+    else:
+        outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
+                            progress=progress_printer(args.progress), sweep_id=sweep_id)
     reviewed, tuning, report = _review(args, inventory, spec, outcome, budget)
     final = {(c.result.device, c.result.model): c for c in outcome.cells}  # the last attempt of each cell
     if args.json:
-        emit_json(_sweep_json(outcome, final, reviewed, tuning, report))
+        emit_json(_sweep_json(outcome, final, reviewed, tuning, report) | (_stored_cells(args.db, outcome)
+                                                                             if not final else {}))
     else:
         _print_sweep(outcome, final, reviewed, tuning, report)
+        if not final:
+            for cell in _stored_cells(args.db, outcome)["cells"]:
+                print(f"  {cell['device']:16s} {cell['model']:14s} {cell['status']:6s} (attempts: {cell['attempts']})")
     if outcome.missing:
         cells = ", ".join(f"{d} × {m}" for d, m in outcome.missing[:5]) + (" …" if len(outcome.missing) > 5 else "")
         raise FarmError(f"sweep {outcome.sweep_id} is incomplete: {len(outcome.missing)} cell(s) never measured ({cells})",
                         f"the log above says why; farm sweep --resume {outcome.sweep_id} measures what is missing")
     return 0
+
+
+def _queued_sweep(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec,
+                  sweep_id: int | None) -> SweepOutcome | None:
+    """A sweep over lab hosts: queued for their workers (``farm.sweep.lab``), then followed until every job ended;
+    None with --detach, once queued."""
+    import time
+
+    from farm.models import load_model_variant
+    from farm.models.variants import split_variant
+    from farm.sweep.lab import enqueue_sweep, follow_sweep
+
+    start = time.monotonic()
+    if unknown := [d for d in spec.devices if d not in inventory.devices]:
+        raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
+    models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0])) for name in spec.cell_models()}
+    spec = dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()})
+    sweep_id = enqueue_sweep(args.db, inventory.devices, spec, sweep_id)
+    print(f"sweep {sweep_id}: queued for the workers of lab host(s) "
+          f"{', '.join(sorted({str(inventory.devices[d].lab_host) for d in spec.devices}))}", file=sys.stderr, flush=True)
+    if args.detach:
+        if args.json:
+            emit_json({"sweep_id": sweep_id, "status": "queued"})
+        else:
+            print(f"sweep {sweep_id} queued; farm sweep --status {sweep_id} shows its progress")
+        return None
+    return follow_sweep(args.db, spec, sweep_id, lambda text: print(text, file=sys.stderr, flush=True), start)
+
+
+def _status(args: argparse.Namespace) -> int:
+    """--status ID: a queued sweep's jobs by lab host, and its stored cells."""
+    from farm.queue import LabQueue
+    from farm.store import Store
+    from farm.store.backends import is_url
+    from farm.sweep.lab import progress_text
+
+    if not is_url(args.db):
+        raise FarmError("--status follows a sweep over lab hosts, kept on PostgreSQL", "pass --db postgresql://...")
+    with Store(args.db) as store:
+        sweep = store.sweep(args.status)
+    if sweep is None:
+        raise FarmError(f"there is no sweep {args.status} in the database", "farm results --json shows the sweeps' ids")
+    jobs = LabQueue(args.db).sweep_jobs(args.status)
+    if args.json:
+        emit_json({"sweep_id": args.status, "status": sweep["status"], "jobs": jobs.by_host})
+    else:
+        print(f"{progress_text(args.status, jobs)} · {sweep['status']}")
+    return 0
+
+
+def _stored_cells(db: str, outcome: SweepOutcome) -> dict[str, Any]:
+    """A queued sweep's cells as its workers stored them: the last attempt's status and the attempts made."""
+    from farm.store import Store
+
+    with Store(db) as store:
+        attempts = store.sweep_attempts(outcome.sweep_id)
+    return {"cells": [{"device": d, "model": m, "status": tried[-1][1], "attempts": len(tried)}
+                      for (d, m), tried in sorted(attempts.items())]}
 
 
 def _resumed_spec(args: argparse.Namespace) -> tuple[SweepSpec, int] | None:

@@ -1,0 +1,95 @@
+"""farm worker: on a lab host, measure the queued sweeps' cells of the devices attached to it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from farm.errors import FarmError
+
+from farm.cli.common import add_progress, add_verb, emit_json, home_dir, load_inventory_of, print_table, progress_printer
+
+DESCRIPTION = (
+    "A lab of several hosts shares one PostgreSQL database (--db postgresql://...). Each device names the host it\n"
+    "is attached to (lab_host = \"lab2\" in devices.toml); a sweep over such devices queues its cells there, and\n"
+    "the farm worker of each host measures its own devices' cells through its own tracker, adb and loopback.\n\n"
+    "  farm worker --lab-host lab2                  # serve lab2's devices (farm serve first, or --serve)\n"
+    "  farm worker --lab-host lab2 --serve          # bring them up as farm serve does, then serve them\n"
+    "  farm worker --status                         # each lab host's queued, running and stalled jobs\n\n"
+    "Several workers on one host share its devices: a device runs one job at a time, whichever worker takes it.\n"
+    "Each worker holds at most --slots sessions at once (default: one per device, at most 24).\n"
+    "A worker that dies has its running cells queued again on its host once it is silent for {stalled:g} s\n"
+    "(they run again within about {within:g} s on another worker of the host); a cell is never stored twice.")
+
+
+def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
+    from farm.queue import RETRY_WITHIN_S, STALLED_S
+
+    p = add_verb(subparsers, common, "worker", run,
+                 "on a lab host: measure the queued cells of the devices attached to it (PostgreSQL)",
+                 DESCRIPTION.format(stalled=STALLED_S, within=RETRY_WITHIN_S))
+    p.add_argument("--lab-host", help="this host's name, as the inventory's lab_host says it")
+    p.add_argument("--slots", type=int, default=None, help="cells measured at once (default: its devices, at most 24)")
+    p.add_argument("--serve", action="store_true", help="bring the host's devices up first, as farm serve does")
+    p.add_argument("--until-empty", action="store_true",
+                   help="stop when the host's queue is empty instead of waiting for more (scripts, tests)")
+    p.add_argument("--status", action="store_true", help="show each lab host's jobs instead of working")
+    add_progress(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from farm.queue import LabQueue
+    from farm.rpc.session import SESSION_SLOTS
+    from farm.store.backends import is_url
+
+    if not is_url(args.db):
+        raise FarmError(f"farm worker needs the lab's PostgreSQL database, not {args.db}",
+                        "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
+    if args.status:
+        return _status(LabQueue(args.db), args.json)
+    if not args.lab_host:
+        raise FarmError("farm worker needs --lab-host NAME", "name this host as the inventory's lab_host does")
+    inventory = load_inventory_of(args)
+    devices = {n: d for n, d in inventory.devices.items() if d.lab_host == args.lab_host}
+    if not devices:
+        hosts = sorted({d.lab_host for d in inventory.devices.values() if d.lab_host})
+        raise FarmError(f"no device of {args.devices} names lab_host = {args.lab_host!r}",
+                        f"the inventory's lab hosts: {', '.join(hosts) or 'none'}; write lab_host on each device")
+    slots = args.slots or min(len(devices), SESSION_SLOTS)
+    if not 1 <= slots <= SESSION_SLOTS:
+        raise FarmError(f"--slots {slots} is not between 1 and {SESSION_SLOTS}",
+                        f"one process holds at most {SESSION_SLOTS} sessions: start another worker for more")
+    if args.serve:
+        _serve(inventory, sorted(devices))
+    from farm.sweep.lab import LabWorker, serve_lab_host
+
+    name = f"{args.lab_host}:{socket.gethostname()}:{os.getpid()}"
+    print(f"worker {name}: {len(devices)} device(s) of lab host {args.lab_host}, {slots} slot(s), "
+          f"tracker {inventory.tracker}", file=sys.stderr, flush=True)
+    worker = LabWorker(args.db, devices, inventory.tracker, home_dir() / "cache", progress_printer(args.progress))
+    serve_lab_host(args.db, args.lab_host, worker, slots, name, wait=not args.until_empty)
+    return 0
+
+
+def _serve(inventory, names: list[str]) -> None:
+    from farm.cli.serve import bring_up_devices
+    from farm.devices import can_bring_up
+
+    started, _, failures = bring_up_devices(inventory, [n for n in names if can_bring_up(inventory.devices[n])],
+                                     inventory.tracker, home_dir(), 60.0)
+    print(f"{len(started)} server(s) started", file=sys.stderr)
+    for name, error in failures:  # its cells are stored offline: the other devices go on
+        print(f"could not bring up {name}: {error.message}", file=sys.stderr)
+
+
+def _status(lab, as_json: bool) -> int:
+    hosts = lab.hosts()
+    if as_json:
+        emit_json({"hosts": hosts})
+        return 0
+    print_table([{"lab host": h["lab_host"], "waiting": h.get("todo", 0), "running": h.get("doing", 0),
+                  "stalled": h["stalled"], "done": h.get("succeeded", 0), "failed": h.get("failed", 0)}
+                 for h in hosts], ["lab host", "waiting", "running", "stalled", "done", "failed"])
+    return 0

@@ -1,0 +1,243 @@
+"""The lab's job queue: procrastinate on the results database's PostgreSQL. The one module that imports it (#30).
+
+A lab of several hosts shares one PostgreSQL already (the results). procrastinate keeps its jobs there and gives
+what a device farm needs without a scheduler of farm's own (docs/ARCHITECTURE.md says why this engine):
+
+- **a queue per lab host** (``queue_of``): a device's jobs wait for a worker on the host its phone is plugged into;
+- **a lock per device** (``device_lock``): no two jobs of one device run at once, on any worker of its host, and one
+  device's jobs run in the order they were deferred (procrastinate starts a lock's jobs oldest first), so a device's
+  first cell comes first and its copy curve after its cells;
+- **a queueing lock per cell** (``cell_lock``): one waiting job per cell, however often a sweep is resumed;
+- **worker heartbeats** (``HEARTBEAT_S``): a job whose worker stopped beating for ``STALLED_S`` is stalled, and every
+  worker puts its own host's stalled jobs back in the queue every ``STALL_CHECK_S`` (``_retry_stalled``): a killed
+  worker's cell runs again on its host within ``RETRY_WITHIN_S``.
+
+A job's body is farm's (``farm.sweep.lab``): the worker passes its handlers in by task name (``CELL``, ``CURVE``);
+this module knows no cell. What a job does must be safe to do twice (at least once: a worker killed after its
+result committed and before its job was marked done runs again), which the store's unique cell key ensures.
+
+Sync tasks run in threads of the worker's event loop (asgiref's ``sync_to_async``): the loop's executor is sized to
+the worker's slots, so a worker holds as many sessions as it has slots (``farm.rpc.session.SESSION_SLOTS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from farm.errors import FarmError, StoreError, message_line
+
+log = logging.getLogger(__name__)
+
+CELL = "farm.cell"  # (sweep_id, device, model, first): one sweep cell, measured and stored
+CURVE = "farm.curve"  # (sweep_id, device): a GPU device's copy curve, after its cells
+HEARTBEAT_S = 5.0  # a worker's heartbeat (procrastinate's default is 10 s)
+STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stalled
+STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
+POLL_S = 2.0  # a worker's poll for new jobs when no notification came (LISTEN/NOTIFY wakes it at once)
+RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed worker's job is running again by then
+INSTALL_LOCK = 0x66726D71  # "frmq": one process installs the queue's tables on a new database
+ACTIVE = ("todo", "doing")
+
+
+def queue_of(lab_host: str) -> str:
+    return f"farm-host-{lab_host}"
+
+
+def device_lock(device: str) -> str:
+    return f"device:{device}"
+
+
+def cell_lock(sweep_id: int, device: str, model: str) -> str:
+    return f"cell:{sweep_id}:{device}:{model}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job to defer: its task, its lab host's queue, its device's lock, its queueing lock and its arguments."""
+
+    task: str
+    lab_host: str
+    device: str
+    args: dict[str, Any]
+    queueing_lock: str | None = None
+
+
+@dataclass
+class SweepJobs:
+    """A sweep's jobs by lab host and status (procrastinate's todo, doing, succeeded, failed, cancelled, aborted)."""
+
+    by_host: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count(self, *statuses: str) -> int:
+        return sum(n for counts in self.by_host.values() for s, n in counts.items() if s in statuses)
+
+    @property
+    def active(self) -> int:
+        return self.count(*ACTIVE)
+
+
+class LabQueue:
+    """The queue on one PostgreSQL database: defer jobs, follow a sweep's, run a worker."""
+
+    def __init__(self, url: str) -> None:
+        import procrastinate
+
+        self.url = url
+        self._procrastinate = procrastinate
+        self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+        self._handlers: dict[str, Callable[..., Any]] = {}
+        for name in (CELL, CURVE):
+            self.app.task(name=name, pass_context=False)(self._dispatcher(name))
+
+    def _dispatcher(self, name: str) -> Callable[..., Any]:
+        def run(**kwargs: Any) -> Any:
+            return self._handlers[name](**kwargs)
+
+        run.__name__ = name.replace(".", "_")
+        return run
+
+    # -- the database -------------------------------------------------------------------
+
+    def _connect(self):
+        import psycopg
+
+        try:
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect to the lab's queue at {redacted(self.url)}: {message_line(exc)}",
+                             "check that the PostgreSQL server runs (the lab's queue is on the results database)") from exc
+
+    def install(self) -> None:
+        """procrastinate's tables on this database, once (its own schema file; one installer at a time)."""
+        import psycopg
+
+        with self._connect() as db:
+            try:
+                db.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK,))
+                if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+                    db.execute(self.app.schema_manager.get_schema())
+            except psycopg.Error as exc:
+                raise StoreError(f"could not install the lab's queue in {redacted(self.url)}: {message_line(exc)}",
+                                 "the database user must be able to create tables and types") from exc
+            finally:
+                db.execute("SELECT pg_advisory_unlock(%s)", (INSTALL_LOCK,))
+
+    def defer(self, jobs: list[Job]) -> int:
+        """Defer ``jobs`` in order; a job whose queueing lock has one waiting or running already is not deferred
+        again. Returns how many were deferred."""
+        self.install()
+        deferred = 0
+        active = {self.sweep_of(job) for job in jobs} - {None}
+        busy = set().union(*(self.waiting_or_running(sweep_id) for sweep_id in active if sweep_id is not None))
+        with self.app.open():
+            for job in jobs:
+                if job.queueing_lock in busy:
+                    continue
+                deferrer = self.app.configure_task(job.task, queue=queue_of(job.lab_host),
+                                                   lock=device_lock(job.device), queueing_lock=job.queueing_lock)
+                try:
+                    deferrer.defer(**job.args)
+                    deferred += 1
+                except self._procrastinate.exceptions.AlreadyEnqueued:
+                    pass
+        return deferred
+
+    @staticmethod
+    def sweep_of(job: Job) -> int | None:
+        return job.args.get("sweep_id")
+
+    def waiting_or_running(self, sweep_id: int) -> set[str]:
+        """The queueing locks of the sweep's jobs that wait or run: a resume defers none of them again (a stalled
+        one is put back by its host's workers)."""
+        with self._connect() as db:
+            if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+                return set()
+            rows = db.execute("SELECT queueing_lock FROM procrastinate_jobs WHERE args->>'sweep_id' = %s "
+                              "AND status IN ('todo', 'doing')", (str(sweep_id),)).fetchall()
+        return {lock for (lock,) in rows if lock}
+
+    def sweep_jobs(self, sweep_id: int) -> SweepJobs:
+        """The sweep's jobs, counted by lab host and status."""
+        jobs = SweepJobs()
+        with self._connect() as db:
+            if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+                return jobs
+            rows = db.execute("SELECT queue_name, status::text, COUNT(*) FROM procrastinate_jobs "
+                              "WHERE args->>'sweep_id' = %s GROUP BY 1, 2", (str(sweep_id),)).fetchall()
+        prefix = queue_of("")
+        for queue, status, n in rows:
+            jobs.by_host.setdefault(queue.removeprefix(prefix), {})[status] = n
+        return jobs
+
+    def hosts(self) -> list[dict[str, Any]]:
+        """Each lab host's jobs by status, and the stalled ones (running on a worker silent for ``STALLED_S``):
+        for the dashboard and ``farm worker --status``."""
+        with self._connect() as db:
+            if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+                return []
+            rows = db.execute(
+                """SELECT j.queue_name, j.status::text, COUNT(*),
+                          COUNT(*) FILTER (WHERE j.status = 'doing' AND (w.id IS NULL
+                                           OR w.last_heartbeat < NOW() - make_interval(secs => %s)))
+                   FROM procrastinate_jobs j LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
+                   WHERE j.queue_name LIKE %s GROUP BY 1, 2 ORDER BY 1, 2""",
+                (STALLED_S, queue_of("") + "%")).fetchall()
+        hosts: dict[str, dict[str, Any]] = {}
+        for queue, status, n, stalled in rows:
+            host = hosts.setdefault(queue, {"lab_host": queue.removeprefix(queue_of("")), "stalled": 0})
+            host[status] = n
+            host["stalled"] += stalled
+        return list(hosts.values())
+
+    # -- a worker -----------------------------------------------------------------------
+
+    def serve(self, lab_host: str, handlers: dict[str, Callable[..., Any]], slots: int, name: str,
+              wait: bool = True) -> None:
+        """Run a worker for ``lab_host``'s queue until SIGINT/SIGTERM (or, with ``wait`` False, until the queue is
+        empty): ``slots`` jobs at once, each in a thread, each through ``handlers[task]``; and every
+        ``STALL_CHECK_S`` the host's stalled jobs put back in the queue."""
+        self.install()
+        self._handlers = handlers
+        queue = queue_of(lab_host)
+
+        async def main() -> None:
+            asyncio.get_running_loop().set_default_executor(
+                ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"farm-{lab_host}"))
+            async with self.app.open_async():
+                stalled = asyncio.create_task(self._retry_stalled(queue))
+                try:
+                    await self.app.run_worker_async(
+                        queues=[queue], concurrency=slots, name=name, wait=wait, listen_notify=True,
+                        fetch_job_polling_interval=POLL_S, update_heartbeat_interval=HEARTBEAT_S,
+                        stalled_worker_timeout=STALLED_S, delete_jobs="never")
+                finally:
+                    stalled.cancel()
+
+        try:
+            asyncio.run(main())
+        except self._procrastinate.exceptions.ConnectorException as exc:
+            raise FarmError(f"the lab's queue at {redacted(self.url)} failed: {message_line(exc)}",
+                            "check the PostgreSQL server, then start the worker again: its jobs wait") from exc
+
+    async def _retry_stalled(self, queue: str) -> None:
+        """Put back in the queue the jobs of ``queue`` whose worker stopped beating (killed, or its host rebooted)."""
+        manager = self.app.job_manager
+        while True:
+            await asyncio.sleep(STALL_CHECK_S)
+            try:
+                for job in await manager.get_stalled_jobs(queue=queue, seconds_since_heartbeat=STALLED_S):
+                    log.warning("job %s (%s %s) stalled on a silent worker: queued again", job.id, job.task_name,
+                                job.task_kwargs)
+                    await manager.retry_job(job)
+            except self._procrastinate.exceptions.ConnectorException as exc:
+                log.warning("could not look for stalled jobs: %s", message_line(exc))
+
+
+def redacted(url: str) -> str:
+    from farm.store.backends import redact
+
+    return redact(url)

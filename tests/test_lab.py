@@ -1,0 +1,167 @@
+"""A sweep over a lab host's devices through the lab's queue (procrastinate on a real PostgreSQL): `farm worker`
+processes measure the cells, `farm sweep` queues and follows them; a killed worker's cell runs again on another
+worker of its host, and a job delivered again stores nothing new. Real tracker, real native RPC servers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from farm.devices.native import ensure_native_server, start_native_server
+from farm.queue import RETRY_WITHIN_S
+from farm.records import TrackerAddress
+from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, start_tracker, stop_process
+from farm.rpc.tracker import wait_for_servers
+from tests.conftest import run_farm
+
+DEVICES = 3
+
+
+@pytest.fixture(scope="module")
+def lab_host(tmp_path_factory):
+    """A tracker and DEVICES native servers, each a device of lab host "lab1"; (folder, inventory path)."""
+    work = tmp_path_factory.mktemp("lab")
+    server = ensure_native_server()
+    port = free_port()
+    started: list[ManagedProcess] = [start_tracker("127.0.0.1", port, work)]
+    tracker = TrackerAddress("127.0.0.1", port)
+    try:
+        lines = [f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n']
+        for i in range(DEVICES):
+            started.append(start_native_server(server, tracker, f"dev{i}", f"lab1-{i}", work))
+            lines.append(f'[devices.dev{i}]\nkind = "remote"\nkey = "lab1-{i}"\nlab_host = "lab1"\n'
+                         'target = { kind = "llvm", num-cores = 1 }\n')
+        (work / "devices.toml").write_text("\n".join(lines))
+        wait_for_servers(tracker, {f"lab1-{i}": 1 for i in range(DEVICES)}, timeout_s=120,
+                         give_up=exited_at_start(started))
+        yield work, work / "devices.toml"
+    finally:
+        for record in reversed(started):
+            stop_process(record)
+
+
+class Workers:
+    """`farm worker` processes, each in its own process group, logging to a file; stopped in `finally`."""
+
+    def __init__(self, folder: Path, env: dict[str, str]) -> None:
+        self.folder, self.env, self.procs = folder, env, []
+
+    def start(self, *args: str) -> subprocess.Popen:
+        log = open(self.folder / f"worker-{len(self.procs)}.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "worker", "--lab-host", "lab1", "--progress", *args],
+                                env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def log(self, index: int) -> str:
+        return (self.folder / f"worker-{index}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def workers(lab_host, postgres_db, tmp_path):
+    work, inventory = lab_host
+    env = {"FARM_DEVICES": str(inventory), "FARM_DB": postgres_db, "FARM_HOME": str(work / "home")}
+    pool = Workers(tmp_path, env)
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+def _runs(env: dict[str, str], sweep_id: int) -> list[dict]:
+    from farm.store import Store
+
+    with Store(env["FARM_DB"]) as store:
+        return [{k: r[k] for k in ("id", "device", "model", "runtime", "status", "attempt")}
+                for r in store.runs(sweep_id=sweep_id)]
+
+
+def _cells(runs: list[dict]) -> dict[tuple[str, str, str], int]:
+    counts: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        key = (run["device"], run["model"], run["runtime"])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
+def test_a_sweep_over_a_lab_host_is_measured_by_its_workers_each_cell_once(workers):
+    for _ in range(2):
+        workers.start("--slots", "1")
+    proc = run_farm("sweep", "--model", "mlp", "--model", "convnet", "--reference", "none", "--repeat", "3",
+                    "--no-report", "--json", env=workers.env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "done"
+    assert sorted((c["device"], c["model"], c["status"], c["attempts"]) for c in out["cells"]) == sorted(
+        (f"dev{i}", model, "ok", 1) for i in range(DEVICES) for model in ("mlp", "convnet"))
+    runs = _runs(workers.env, out["sweep_id"])
+    # one run per cell, nothing twice (a remote server's host runs no reference runtime: TVM's runs only)
+    assert _cells(runs) == {(f"dev{i}", model, "tvm"): 1 for i in range(DEVICES) for model in ("mlp", "convnet")}
+    assert all("· steady" in workers.log(i) for i in range(2)), "both workers measured cells"
+    status = json.loads(run_farm("sweep", "--status", str(out["sweep_id"]), "--json", env=workers.env).stdout)
+    assert status["status"] == "done" and status["jobs"] == {"lab1": {"succeeded": 2 * DEVICES}}
+
+
+def test_a_killed_worker_s_cell_runs_again_on_its_host_and_a_redelivered_job_stores_nothing(workers):
+    """kill -9 of a worker while it measures: its cell is queued again once the worker is silent, and another worker
+    of the host measures it; the sweep ends done with one run per cell. Then a job put back as a worker killed
+    after its result committed (and before the queue heard of it) leaves it: running again stores nothing."""
+    first = workers.start("--slots", "1")
+    queued = run_farm("sweep", "--model", "mlp", "--reference", "none", "--tvm-only", "--repeat", "20",
+                      "--min-repeat-ms", "100", "--no-report", "--detach", "--json", env=workers.env)
+    assert queued.returncode == 0, queued.stderr
+    sweep_id = json.loads(queued.stdout)["sweep_id"]
+    _wait_for(lambda: "· steady" in workers.log(0), 120, "the first worker did not start measuring")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    workers.start("--slots", "1")
+    followed = run_farm("sweep", "--resume", str(sweep_id), "--no-report", "--json", env=workers.env, timeout=600)
+    assert followed.returncode == 0, followed.stderr[-3000:]
+    assert json.loads(followed.stdout)["status"] == "done"
+    runs = _runs(workers.env, sweep_id)
+    assert _cells(runs) == {(f"dev{i}", "mlp", "tvm"): 1 for i in range(DEVICES)}
+    assert {r["status"] for r in runs} == {"ok"}
+    assert "stalled on a silent worker: queued again" in workers.log(1)
+
+    import psycopg
+
+    with psycopg.connect(workers.env["FARM_DB"], autocommit=True) as db:  # what a worker killed after commit leaves
+        job = db.execute("SELECT id FROM procrastinate_jobs WHERE task_name = 'farm.cell' ORDER BY id LIMIT 1"
+                         ).fetchone()[0]
+        db.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = NULL WHERE id = %s", (job,))
+    _wait_for(lambda: _job_status(workers.env["FARM_DB"], job) == "succeeded", RETRY_WITHIN_S + 60,
+              "the stalled job did not run again")
+    assert _runs(workers.env, sweep_id) == runs
+    assert "dev0 · mlp · done before: stored already, nothing measured" in workers.log(1)
+
+
+def _job_status(url: str, job: int) -> str:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        return db.execute("SELECT status::text FROM procrastinate_jobs WHERE id = %s", (job,)).fetchone()[0]
