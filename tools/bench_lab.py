@@ -1,0 +1,196 @@
+"""A lab host's sweep through the lab's queue (#30), counted: N native RPC servers of one lab host, W `farm worker`
+processes, one real PostgreSQL, and a queued `farm sweep` over every device.
+
+Starts a private PostgreSQL (Debian's, in a temporary folder, on a free loopback port), a private tracker and N
+copies of farm's native RPC server (each a `remote` device with lab_host = "lab1"), then W workers (`farm worker
+--lab-host lab1 --slots S`), each in its own process group with its log in the work folder. While `farm sweep`
+queues one cell per device and follows them, the tracker's summary is read every 0.2 s: the sessions open at once
+are the registered servers that are not free (counted from the tracker, not inferred from wall time: N servers
+on 2 cores compete for the CPU). Then, from the queue's own events, each job's wait from being queued to starting.
+
+    .venv/bin/python tools/bench_lab.py                  # N = 100, W = 4, S = 24: goal a peak >= 96 sessions
+    .venv/bin/python tools/bench_lab.py -n 20 -w 2 --json
+
+Goals (exit 1 when missed): every cell ok and stored once; a peak of at least min(N, W × S) - 4 sessions at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from farm.devices.native import ensure_native_server, start_native_server
+from farm.records import TrackerAddress
+from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, start_tracker, stop_process
+from farm.rpc.tracker import query_summary, wait_for_servers
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def postgres(work: Path) -> Iterator[str]:
+    """Debian's PostgreSQL in ``work``, on a free loopback port, as the postgres user when run as root; its URL."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    if not found:
+        raise SystemExit("needs PostgreSQL: apt-get install postgresql (bash tools/setup.sh --test)")
+    bin_dir = found[-1].parent
+    base = Path(tempfile.mkdtemp(prefix="farm-lab-pg-"))  # not under a root-only folder: the server runs as postgres
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(base, "postgres")
+    subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(base / "data"), "-A", "trust", "-U", "farm"],
+                   check=True, capture_output=True)
+    port = free_port()
+    with open(work / "postgres.log", "wb") as log:
+        proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(base / "data"), "-p", str(port),
+                                 "-k", str(base), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                                 "-c", "max_connections=400"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                             capture_output=True).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"PostgreSQL did not start: {(work / 'postgres.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "farm", "farm"], check=True)
+        yield f"postgresql://farm@127.0.0.1:{port}/farm"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def inventory(tracker: TrackerAddress, n: int) -> str:
+    lines = [f'[tracker]\nhost = "{tracker.host}"\nport = {tracker.port}\n']
+    for i in range(n):
+        lines.append(f'[devices.dev{i:03d}]\nkind = "remote"\nkey = "lab1-{i:03d}"\nlab_host = "lab1"\n'
+                     'target = { kind = "llvm", num-cores = 1 }\n')
+    return "\n".join(lines)
+
+
+def count_sessions(tracker: TrackerAddress, stop: threading.Event, peak: list[int]) -> None:
+    """Every 0.2 s: the registered servers that are not free (in a session), over all keys; the peak in ``peak``."""
+    while not stop.wait(0.2):
+        try:
+            summary = query_summary(tracker)
+        except Exception:  # a busy tracker: the next reading counts
+            continue
+        peak[0] = max(peak[0], sum(s.servers - s.free for s in summary.keys.values()))
+
+
+def job_waits(url: str) -> list[float]:
+    """Each cell job's seconds from being queued to starting, from procrastinate's events."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        rows = db.execute("""SELECT EXTRACT(EPOCH FROM s.at - d.at) FROM procrastinate_events d
+                             JOIN procrastinate_events s ON s.job_id = d.job_id AND s.type = 'started'
+                             WHERE d.type = 'deferred' ORDER BY 1""").fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--servers", type=int, default=100, help="devices of the lab host (default 100)")
+    parser.add_argument("-w", "--workers", type=int, default=4, help="farm worker processes (default 4)")
+    parser.add_argument("--slots", type=int, default=24, help="sessions each worker holds at once (default 24)")
+    parser.add_argument("--repeat", type=int, default=20, help="repeats of each cell (default 20)")
+    parser.add_argument("--min-repeat-ms", type=int, default=100, help="each repeat's length (default 100)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--keep", help="work folder to keep (default: a temporary one)")
+    args = parser.parse_args()
+    work = Path(args.keep or tempfile.mkdtemp(prefix="farm-lab-"))
+    work.mkdir(parents=True, exist_ok=True)
+    server = ensure_native_server()
+    started: list[ManagedProcess] = []
+    workers: list[subprocess.Popen] = []
+    figures: dict = {"servers": args.servers, "workers": args.workers, "slots": args.slots}
+    with postgres(work) as url:
+        try:
+            port = free_port()
+            started.append(start_tracker("127.0.0.1", port, work))
+            tracker = TrackerAddress("127.0.0.1", port)
+            say(f"PostgreSQL at {url}; tracker at {tracker}; starting {args.servers} native servers")
+            for i in range(args.servers):
+                started.append(start_native_server(server, tracker, f"dev{i:03d}", f"lab1-{i:03d}", work))
+            wait_for_servers(tracker, {f"lab1-{i:03d}": 1 for i in range(args.servers)}, timeout_s=180,
+                             give_up=exited_at_start(started))
+            (work / "devices.toml").write_text(inventory(tracker, args.servers))
+            env = {**os.environ, "FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": url,
+                   "FARM_HOME": str(work / "home")}
+            for w in range(args.workers):
+                with open(work / f"worker-{w}.log", "wb") as log:
+                    workers.append(subprocess.Popen(
+                        [sys.executable, "-m", "farm.cli", "worker", "--lab-host", "lab1", "--slots", str(args.slots)],
+                        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True))
+            stop, peak = threading.Event(), [0]
+            counter = threading.Thread(target=count_sessions, args=(tracker, stop, peak), daemon=True)
+            counter.start()
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "farm.cli", "sweep", "--model", "mlp", "--reference", "none",
+                                   "--repeat", str(args.repeat), "--min-repeat-ms", str(args.min_repeat_ms),
+                                   "--no-report", "--json"], cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=3600)
+            seconds = time.perf_counter() - start
+            stop.set()
+            counter.join()
+            out = json.loads(proc.stdout) if proc.returncode == 0 else {}
+            cells = out.get("cells", [])
+            waits = job_waits(url)
+            figures.update({
+                "sweep_s": round(seconds, 1), "exit": proc.returncode, "status": out.get("status"),
+                "cells": len(cells), "ok": sum(c["status"] == "ok" for c in cells),
+                "stored_once": all(c["attempts"] == 1 for c in cells), "peak_sessions": peak[0],
+                "wait_s_median": round(waits[len(waits) // 2], 2) if waits else None,
+                "wait_s_max": round(waits[-1], 2) if waits else None})
+            if proc.returncode != 0:
+                say(proc.stderr[-3000:])
+        finally:
+            for p in workers:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in workers:
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            for record in reversed(started):
+                stop_process(record)
+    want = min(args.servers, args.workers * args.slots) - 4
+    goals = {"every cell ok, stored once": figures.get("ok") == args.servers and figures.get("stored_once", False),
+             f"peak sessions >= {want}": figures.get("peak_sessions", 0) >= want}
+    figures["goals_met"] = goals
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(f"{args.servers} devices of one lab host, {args.workers} workers × {args.slots} slots: sweep "
+              f"{figures.get('sweep_s')} s, {figures.get('ok')}/{figures.get('cells')} cells ok, status "
+              f"{figures.get('status')}")
+        print(f"  peak sessions at once (tracker): {figures.get('peak_sessions')}")
+        print(f"  a job's wait from queued to started: median {figures.get('wait_s_median')} s, "
+              f"max {figures.get('wait_s_max')} s")
+        for goal, met in goals.items():
+            print(f"  goal {goal}: {'ok' if met else 'MISSED'}")
+    return 0 if all(goals.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
