@@ -199,7 +199,15 @@ def postgres_bin() -> Path | None:
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """``postgresql://farm@127.0.0.1:PORT``: Debian's PostgreSQL started for this test session, stopped after.
+    """``postgresql://farm@127.0.0.1:PORT``: Debian's PostgreSQL started for this test session, stopped after."""
+    with running_postgres() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_postgres(listen: str = "127.0.0.1", clients: str = ""):
+    """Debian's PostgreSQL on a free port of ``listen`` (addresses, comma-separated; the first is in the URL),
+    trusting ``clients`` (a CIDR; loopback always); its ``postgresql://farm@ADDRESS:PORT`` URL, stopped after.
 
     As root the server runs as the ``postgres`` user (it refuses root); data, socket and log are in a temp dir."""
     import shutil
@@ -223,19 +231,23 @@ def postgres_server():
     init = subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "farm", "-E", "UTF8"],
                           capture_output=True, text=True)
     assert init.returncode == 0, init.stderr
-    port = free_port()
+    if clients:
+        with open(data / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {clients} trust\n")
+    address = listen.split(",")[0]
+    port = free_port(address)
     with open(base / "server.log", "wb") as log:
         proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
-                                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=100"],
+                                 "-c", f"listen_addresses={listen}", "-c", "fsync=off", "-c", "max_connections=100"],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+        while subprocess.run([str(bin_dir / "pg_isready"), "-h", address, "-p", str(port)],
                              capture_output=True).returncode != 0:
             assert proc.poll() is None, (base / "server.log").read_text()
             assert time.monotonic() < deadline, "PostgreSQL did not start within 120 s"
             time.sleep(0.2)
-        yield f"postgresql://farm@127.0.0.1:{port}"
+        yield f"postgresql://farm@{address}:{port}"
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # fast shutdown
         try:
