@@ -172,6 +172,34 @@ target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
     return inventory, json.dumps([sys.executable, "-m", "farm.devices.adb_shell", "127.0.0.1", str(adb_port), "stand-in:5555"])
 
 
+@contextlib.contextmanager
+def native_fleet(work: Path, devices: dict[str, str], lab_host: str | None = None):
+    """A private tracker and one of farm's native RPC servers per device (name -> key), each a ``remote`` device of
+    ``work/devices.toml`` (of ``lab_host`` when given), registered before it yields the tracker; stopped after."""
+    from farm.devices.native import ensure_native_server, start_native_server
+    from farm.records import TrackerAddress
+    from farm.rpc.processes import exited_at_start, start_tracker, stop_process
+    from farm.rpc.tracker import wait_for_servers
+
+    server = ensure_native_server()
+    port = free_port()
+    started = [start_tracker("127.0.0.1", port, work)]
+    tracker = TrackerAddress("127.0.0.1", port)
+    try:
+        lines = [f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n']
+        for name, key in devices.items():
+            started.append(start_native_server(server, tracker, name, key, work))
+            lines.append(f'[devices.{name}]\nkind = "remote"\nkey = "{key}"\n'
+                         + (f'lab_host = "{lab_host}"\n' if lab_host else "")
+                         + 'target = { kind = "llvm", num-cores = 1 }\n')
+        (work / "devices.toml").write_text("\n".join(lines))
+        wait_for_servers(tracker, {key: 1 for key in devices.values()}, timeout_s=120, give_up=exited_at_start(started))
+        yield tracker, started
+    finally:
+        for record in reversed(started):
+            stop_process(record)
+
+
 def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user or a cron job would."""

@@ -10,10 +10,10 @@ import pytest
 from farm.devices.native import check_native_server, ensure_native_server, start_native_server
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, is_running, start_tracker, stop_process
+from farm.rpc.processes import exited_at_start, free_port, is_running, start_tracker, stop_process
 from farm.rpc.session import SESSION_SLOTS
 from farm.rpc.tracker import wait_for_servers
-from tests.conftest import run_farm
+from tests.conftest import native_fleet, run_farm
 
 FLEET = 36  # > 32: TVM's RPCSessTable holds 32 sessions per process; one worker per device would overflow it
 
@@ -21,25 +21,11 @@ FLEET = 36  # > 32: TVM's RPCSessTable holds 32 sessions per process; one worker
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet")
-    server = ensure_native_server()
-    port = free_port()
-    started: list[ManagedProcess] = [start_tracker("127.0.0.1", port, work)]
-    tracker = TrackerAddress("127.0.0.1", port)
-    try:
-        lines = [f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n']
-        for i in range(FLEET):
-            started.append(start_native_server(server, tracker, f"dev{i:02d}", f"fleet-{i:02d}", work))
-            lines.append(f'[devices.dev{i:02d}]\nkind = "remote"\nkey = "fleet-{i:02d}"\n'
-                         'target = { kind = "llvm", num-cores = 1 }\n')
-        (work / "devices.toml").write_text("\n".join(lines))
-        wait_for_servers(tracker, {f"fleet-{i:02d}": 1 for i in range(FLEET)}, timeout_s=120, give_up=exited_at_start(started))
+    with native_fleet(work, {f"dev{i:02d}": f"fleet-{i:02d}" for i in range(FLEET)}) as (_, started):
         yield work, {"FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": str(work / "results.db"),
                      "FARM_HOME": str(work / "home")}
-    finally:
-        for record in reversed(started):
-            stop_process(record)
-        left = [r.pid for r in started if is_running(r)]
-        assert left == [], f"servers still running after the fleet stopped: {left}"
+    left = [r.pid for r in started if is_running(r)]
+    assert left == [], f"servers still running after the fleet stopped: {left}"
 
 
 def test_a_sweep_over_more_devices_than_tvm_has_session_slots_has_every_cell_ok(fleet):

@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.devices.native import ensure_native_server, start_native_server
 from farm.queue import RETRY_WITHIN_S
-from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, start_tracker, stop_process
-from farm.rpc.tracker import wait_for_servers
-from tests.conftest import run_farm
+from tests.conftest import native_fleet, run_farm
 
 DEVICES = 3
 
@@ -26,23 +22,8 @@ DEVICES = 3
 def lab_host(tmp_path_factory):
     """A tracker and DEVICES native servers, each a device of lab host "lab1"; (folder, inventory path)."""
     work = tmp_path_factory.mktemp("lab")
-    server = ensure_native_server()
-    port = free_port()
-    started: list[ManagedProcess] = [start_tracker("127.0.0.1", port, work)]
-    tracker = TrackerAddress("127.0.0.1", port)
-    try:
-        lines = [f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n']
-        for i in range(DEVICES):
-            started.append(start_native_server(server, tracker, f"dev{i}", f"lab1-{i}", work))
-            lines.append(f'[devices.dev{i}]\nkind = "remote"\nkey = "lab1-{i}"\nlab_host = "lab1"\n'
-                         'target = { kind = "llvm", num-cores = 1 }\n')
-        (work / "devices.toml").write_text("\n".join(lines))
-        wait_for_servers(tracker, {f"lab1-{i}": 1 for i in range(DEVICES)}, timeout_s=120,
-                         give_up=exited_at_start(started))
+    with native_fleet(work, {f"dev{i}": f"lab1-{i}" for i in range(DEVICES)}, lab_host="lab1"):
         yield work, work / "devices.toml"
-    finally:
-        for record in reversed(started):
-            stop_process(record)
 
 
 class Workers:

@@ -26,7 +26,8 @@ from farm.queue import CELL, CURVE, Job, LabQueue, SweepJobs, cell_lock
 from farm.records import Device, ModelSource, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store
 from farm.sweep.cell import CellContext, Progress, compile_or_error, run_cell
-from farm.sweep.run import SweepOutcome, is_gpu, missing_cells, offline_cell, offline_keys, record_copy_curve
+from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys,
+                            record_copy_curve)
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,9 @@ def follow_sweep(db_url: str, spec: SweepSpec, sweep_id: int, say: Callable[[str
         if not jobs.active:
             break
         time.sleep(FOLLOW_S)
+    outcome = SweepOutcome(sweep_id, "running")
     with Store(db_url) as store:
-        attempts = spec.by_cell(store.sweep_attempts(sweep_id))
-        outcome = SweepOutcome(sweep_id, "running", missing=[cell for cell in spec.cells() if not attempts.get(cell)])
-        outcome.status = "incomplete" if outcome.missing else "done"
-        store.finish_sweep(sweep_id, outcome.status)
+        finish(store, spec, outcome, spec.cells())
     outcome.seconds = time.monotonic() - start
     return outcome
 

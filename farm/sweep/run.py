@@ -157,12 +157,18 @@ def run_sweep(
                 worker.join()
         # a worker that ended early (its store unwritable, or a farm bug outside a cell) left cells without any
         # attempt: the sweep is then "incomplete", resumable, never "done"
-        attempts = spec.by_cell(store.sweep_attempts(sweep_id))
-        outcome.missing = [cell for cell in todo if not attempts.get(cell)]
-        outcome.status = "incomplete" if outcome.missing else "done"
-        store.finish_sweep(sweep_id, outcome.status)
+        finish(store, spec, outcome, todo)
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def finish(store: Store, spec: SweepSpec, outcome: SweepOutcome, todo: list[tuple[str, str]]) -> None:
+    """Store the sweep's status: "done" when each of the ``todo`` cells has a stored attempt, else "incomplete"
+    (resumable), with the cells that have none in ``outcome.missing``."""
+    attempts = spec.by_cell(store.sweep_attempts(outcome.sweep_id))
+    outcome.missing = [cell for cell in todo if not attempts.get(cell)]
+    outcome.status = "incomplete" if outcome.missing else "done"
+    store.finish_sweep(outcome.sweep_id, outcome.status)
 
 
 @dataclass
