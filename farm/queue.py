@@ -22,9 +22,7 @@ the worker's slots, so a worker holds as many sessions as it has slots (``farm.r
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -80,6 +78,11 @@ class SweepJobs:
         return self.count(*ACTIVE)
 
 
+def _installed(db) -> bool:
+    """Whether procrastinate's tables are on this database (a queue nothing was deferred to yet has none)."""
+    return db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is not None
+
+
 class LabQueue:
     """The queue on one PostgreSQL database: defer jobs, follow a sweep's, run a worker."""
 
@@ -108,7 +111,7 @@ class LabQueue:
         try:
             return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to the lab's queue at {redacted(self.url)}: {message_line(exc)}",
+            raise StoreError(f"cannot connect to the lab's queue at {_redact(self.url)}: {message_line(exc)}",
                              "check that the PostgreSQL server runs (the lab's queue is on the results database)") from exc
 
     def install(self) -> None:
@@ -118,10 +121,10 @@ class LabQueue:
         with self._connect() as db:
             try:
                 db.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK,))
-                if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+                if not _installed(db):
                     db.execute(self.app.schema_manager.get_schema())
             except psycopg.Error as exc:
-                raise StoreError(f"could not install the lab's queue in {redacted(self.url)}: {message_line(exc)}",
+                raise StoreError(f"could not install the lab's queue in {_redact(self.url)}: {message_line(exc)}",
                                  "the database user must be able to create tables and types") from exc
             finally:
                 db.execute("SELECT pg_advisory_unlock(%s)", (INSTALL_LOCK,))
@@ -131,8 +134,8 @@ class LabQueue:
         again. Returns how many were deferred."""
         self.install()
         deferred = 0
-        active = {self.sweep_of(job) for job in jobs} - {None}
-        busy = set().union(*(self.waiting_or_running(sweep_id) for sweep_id in active if sweep_id is not None))
+        sweeps = {job.args["sweep_id"] for job in jobs}
+        busy = set().union(*(self.waiting_or_running(sweep_id) for sweep_id in sweeps))
         with self.app.open():
             for job in jobs:
                 if job.queueing_lock in busy:
@@ -146,15 +149,11 @@ class LabQueue:
                     pass
         return deferred
 
-    @staticmethod
-    def sweep_of(job: Job) -> int | None:
-        return job.args.get("sweep_id")
-
     def waiting_or_running(self, sweep_id: int) -> set[str]:
         """The queueing locks of the sweep's jobs that wait or run: a resume defers none of them again (a stalled
         one is put back by its host's workers)."""
         with self._connect() as db:
-            if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+            if not _installed(db):
                 return set()
             rows = db.execute("SELECT queueing_lock FROM procrastinate_jobs WHERE args->>'sweep_id' = %s "
                               "AND status IN ('todo', 'doing')", (str(sweep_id),)).fetchall()
@@ -164,7 +163,7 @@ class LabQueue:
         """The sweep's jobs, counted by lab host and status."""
         jobs = SweepJobs()
         with self._connect() as db:
-            if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+            if not _installed(db):
                 return jobs
             rows = db.execute("SELECT queue_name, status::text, COUNT(*) FROM procrastinate_jobs "
                               "WHERE args->>'sweep_id' = %s GROUP BY 1, 2", (str(sweep_id),)).fetchall()
@@ -177,7 +176,7 @@ class LabQueue:
         """Each lab host's jobs by status, and the stalled ones (running on a worker silent for ``STALLED_S``):
         for the dashboard and ``farm worker --status``."""
         with self._connect() as db:
-            if db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None:
+            if not _installed(db):
                 return []
             rows = db.execute(
                 """SELECT j.queue_name, j.status::text, COUNT(*),
@@ -200,6 +199,9 @@ class LabQueue:
         """Run a worker for ``lab_host``'s queue until SIGINT/SIGTERM (or, with ``wait`` False, until the queue is
         empty): ``slots`` jobs at once, each in a thread, each through ``handlers[task]``; and every
         ``STALL_CHECK_S`` the host's stalled jobs put back in the queue."""
+        import asyncio  # here, not at import: every command's parser reads this module's constants
+        from concurrent.futures import ThreadPoolExecutor
+
         self.install()
         self._handlers = handlers
         queue = queue_of(lab_host)
@@ -220,11 +222,13 @@ class LabQueue:
         try:
             asyncio.run(main())
         except self._procrastinate.exceptions.ConnectorException as exc:
-            raise FarmError(f"the lab's queue at {redacted(self.url)} failed: {message_line(exc)}",
+            raise FarmError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
                             "check the PostgreSQL server, then start the worker again: its jobs wait") from exc
 
     async def _retry_stalled(self, queue: str) -> None:
         """Put back in the queue the jobs of ``queue`` whose worker stopped beating (killed, or its host rebooted)."""
+        import asyncio
+
         manager = self.app.job_manager
         while True:
             await asyncio.sleep(STALL_CHECK_S)
@@ -237,7 +241,7 @@ class LabQueue:
                 log.warning("could not look for stalled jobs: %s", message_line(exc))
 
 
-def redacted(url: str) -> str:
-    from farm.store.backends import redact
+def _redact(url: str) -> str:
+    from farm.store.backends import redact  # not at import: every command's parser reads this module's constants
 
     return redact(url)

@@ -123,16 +123,10 @@ def _queued_sweep(args: argparse.Namespace, inventory: Inventory, spec: SweepSpe
     None with --detach, once queued."""
     import time
 
-    from farm.models import load_model_variant
-    from farm.models.variants import split_variant
     from farm.sweep.lab import enqueue_sweep, follow_sweep
 
     start = time.monotonic()
-    if unknown := [d for d in spec.devices if d not in inventory.devices]:
-        raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
-    models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0])) for name in spec.cell_models()}
-    spec = dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()})
-    sweep_id = enqueue_sweep(args.db, inventory.devices, spec, sweep_id)
+    sweep_id, spec = enqueue_sweep(args.db, inventory.devices, spec, sweep_id)
     print(f"sweep {sweep_id}: queued for the workers of lab host(s) "
           f"{', '.join(sorted({str(inventory.devices[d].lab_host) for d in spec.devices}))}", file=sys.stderr, flush=True)
     if args.detach:

@@ -25,8 +25,9 @@ from farm.models import load_model_variant
 from farm.queue import CELL, CURVE, Job, LabQueue, SweepJobs, cell_lock
 from farm.records import Device, ModelSource, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store
+from farm.store.backends import is_url
 from farm.sweep.cell import CellContext, Progress, compile_or_error, run_cell
-from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys,
+from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys, prepare,
                             record_copy_curve)
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,12 @@ def queued_devices(devices: dict[str, Device], names: tuple[str, ...]) -> bool:
     return True
 
 
-def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int | None = None) -> int:
+def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
+                  sweep_id: int | None = None) -> tuple[int, SweepSpec]:
     """Store the sweep (or take ``sweep_id``'s: a resume) and defer its missing cells, then its GPU devices' copy
-    curves. Returns the sweep's id."""
-    if not db_url.startswith(("postgresql://", "postgres://")):
+    curves. Returns the sweep's id and its spec as stored (``run.prepare``: the models' stored names)."""
+    spec, _ = prepare(devices, spec)
+    if not is_url(db_url):
         raise FarmError("a sweep over lab hosts needs the lab's PostgreSQL database, not a file",
                         "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
     with Store(db_url) as store:
@@ -68,7 +71,7 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec, swee
     jobs += [Job(CURVE, str(devices[name].lab_host), name, {"sweep_id": sweep_id, "device": name},
                  f"curve:{sweep_id}:{name}") for name in spec.devices if name in seen and is_gpu(devices[name])]
     LabQueue(db_url).defer(jobs)
-    return sweep_id
+    return sweep_id, spec
 
 
 def progress_text(sweep_id: int, jobs: SweepJobs) -> str:
@@ -161,7 +164,7 @@ class LabWorker:
     def curve(self, sweep_id: int, device: str) -> str:
         """A GPU device's copy curve, after its cells (the same device lock: they ran first)."""
         with Store(self.db_url) as store:
-            spec, ctx = self.context(store, sweep_id)
+            spec, _ = self.context(store, sweep_id)
             target = self.device(device)
             if offline_keys(self.tracker, {target.key}):
                 return "offline"

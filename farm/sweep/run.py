@@ -108,6 +108,16 @@ def offline_cell(ctx: CellContext, store: Store, device: Device, model: ModelSou
     return CellResult(store.record_result(result, device, model, None, ctx.sweep_id, OFFLINE_ATTEMPT), result, None)
 
 
+def prepare(devices: dict[str, Device], spec: SweepSpec) -> tuple[SweepSpec, dict[str, ModelSource]]:
+    """The spec with each cell model's stored name (``SweepSpec.stored_names``), and the models by cell name; an
+    unknown device or model fails here, before any work (a sweep on one host or over lab hosts alike)."""
+    unknown = [d for d in spec.devices if d not in devices]
+    if unknown:
+        raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
+    models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0])) for name in spec.cell_models()}
+    return dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()}), models
+
+
 def run_sweep(
     tracker: TrackerAddress, devices: dict[str, Device], spec: SweepSpec, db_path: str | Path, cache_dir: Path,
     progress: Progress | None = None, sweep_id: int | None = None,
@@ -115,12 +125,7 @@ def run_sweep(
     """Run (or, with ``sweep_id``, resume) a sweep: one worker per device, compile pipelined with measurement.
     A device with no server on the tracker when the sweep starts has its cells stored "offline" at once."""
     start = time.monotonic()
-    unknown = [d for d in spec.devices if d not in devices]
-    if unknown:
-        raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
-    models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
-              for name in spec.cell_models()}  # bad names fail before any work
-    spec = dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()})
+    spec, models = prepare(devices, spec)
     with Store(db_path) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())
