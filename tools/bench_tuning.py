@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """How much does `farm tune` buy on this host, and how does it use a farm's devices? One run, its figures.
 
-Default: starts a private tracker and one local server, then for one conv net:
+Default: starts a private tracker and one local server (TVM on the threads farm sets, given to onnxruntime too),
+then for one conv net, with weight prepacking off and on (two tuning keys, each from no records):
   1. onnxruntime and TVM untuned, both through `farm bench`'s one cell pipeline (the reference runtime
-     is timed beside TVM with the same inputs and statistics),
-  2. tuning sessions that build on each other (records and cost model kept), each --chunk minutes,
-     until --minutes in all; after each, TVM tuned is benched again beside onnxruntime:
-     the budget → ratio curve,
-  3. (P1b) the same model with LeakyRelu for Relu (the same convs, another epilogue: no task of its own has a
-     record) compiled with the farm's records and no session of its own, beside onnxruntime.
+     is timed beside TVM with the same inputs, statistics and threads),
+  2. tuning sessions that build on each other (records and cost model kept), the two pipelines' sessions in
+     turns, until each --points' accumulated minutes; at each point both tuned models are benched again beside
+     onnxruntime: the budget → ratio curve, each row with the threads both runs reported,
+  3. P1, per pipeline: tuned TVM at least as fast as onnxruntime within the last point? If not, the top five
+     tasks by share of the tuned model's time, each with its best time and GFLOP/s (what holds it back),
+  4. P1b: the same model with LeakyRelu for Relu (the same convs, another epilogue: no task of its own has a
+     record) compiled with each pipeline's records and no session of its own, beside onnxruntime.
 
-    .venv/bin/python tools/bench_tuning.py [--model onnx:squeezenet] [--minutes 60] [--chunk 10]
+    .venv/bin/python tools/bench_tuning.py [--model onnx:squeezenet] [--points 10,20,40,60] [--pipelines off,on]
 
 --scaling: trials per minute of search (set-up and profile excluded) with K = 1 and K = 2 servers under
 one key (farm tune --max-runners), builds running ahead of the measurements (farm tune --builds-ahead, as
@@ -43,15 +46,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.compile import device_tuning_key, main_calls
+from farm.compile import (device_tuning_key, effective_target, is_schedule, main_calls, make_target, record_databases,
+                          tuning_module)
 from farm.models import load_model
 from farm.models.zoo import leaky_variant
-from farm.records import BenchConfig, Device
+from farm.records import BenchConfig, Device, weight_prepack_setting
 from farm.rpc.processes import private_farm
 from farm.stats import median, versus_text
 from farm.store import Store
 from farm.sweep import bench_cell
+from farm.sweep.tuning import tuning_set
 from farm.tune import TuneConfig, tune_model
+from farm.tune.metaschedule import extract_tasks
+from farm.tune.records import record_s
+
+PIPELINE = {False: "prepack off", True: "prepack on"}
 
 
 def progress(message: str) -> None:
@@ -94,37 +103,84 @@ def coverage_of(cell) -> str:
 def curve(args) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-tuning-"))
     model = load_model(args.model)
-    device = Device("bench-cpu", "local", "bench-tuning-cpu", {"kind": "llvm"})
+    devices = {on: Device(f"curve-prepack-{'on' if on else 'off'}", "local", "bench-tuning-cpu", {"kind": "llvm"},
+                          weight_prepack=on) for on in args.pipelines}
     config = BenchConfig(repeat=15, min_repeat_ms=100, timeout_s=60)
-    with private_farm(work, {device.name: device.key}) as tracker, Store(work / "results.db") as store:
-        untuned_s, ref_s, _ = bench(tracker, device, model, store, work, config, tuned=False)
-        print(f"model {model.name}: onnxruntime {ref_s * 1e3:.2f} ms · TVM untuned {untuned_s * 1e3:.2f} ms "
-              f"({versus_text(untuned_s, ref_s, 'onnxruntime')})", flush=True)
-        print("minutes  sessions  trials  TVM tuned     onnxruntime  TVM vs onnxruntime   coverage", flush=True)
-        spent_s, trials, sessions = 0.0, 0, 0
-        while spent_s < args.minutes * 60 - 1:
-            chunk = min(args.chunk, args.minutes - spent_s / 60)
-            start = time.monotonic()
-            outcome = tune_model(tracker, device, model, store, work / "tune",
-                                 TuneConfig(trials=100_000, minutes=chunk), progress=progress)
-            spent_s += time.monotonic() - start
-            trials, sessions = trials + outcome.trials_done, sessions + 1
-            tuned_s, ref_s, coverage = bench(tracker, device, model, store, work, config, tuned=True)
-            print(f"{spent_s / 60:7.1f}  {sessions:8d}  {trials:6d}  {tuned_s * 1e3:9.2f} ms  {ref_s * 1e3:9.2f} ms"
-                  f"  {versus_text(tuned_s, ref_s, 'onnxruntime'):19s}  {coverage}", flush=True)
-            if tuned_s <= ref_s:
-                print(f"at least as fast as onnxruntime after {spent_s / 60:.1f} min, {trials} trials, "
-                      f"{sessions} session(s)", flush=True)
-                break
+    with private_farm(work, {"curve": "bench-tuning-cpu"}) as tracker, Store(work / "results.db") as store:
+        first = next(iter(devices.values()))
+        untuned = bench_run(tracker, first, model, store, work, config, tuned=False)
+        print(f"model {model.name}: TVM untuned {median(untuned.result.steady_samples_s) * 1e3:.3g} ms · onnxruntime "
+              f"{reference_s(untuned) * 1e3:.3g} ms ({compared(untuned)}); pipelines in turns: "
+              f"{', '.join(PIPELINE[on] for on in devices)}; benched after {', '.join(f'{p:g}' for p in args.points)} "
+              "accumulated minutes", flush=True)
+        print("pipeline    minutes  sessions  trials  TVM tuned   onnxruntime  TVM vs onnxruntime                 "
+              "coverage", flush=True)
+        spent = {on: [0.0, 0, 0] for on in devices}  # seconds, trials, sessions
+        best: dict[bool, tuple[float, float]] = {}  # the best tuned/reference ratio so far, at which minutes
+        for point in args.points:
+            for on, device in devices.items():  # sessions in turns: the host's load falls on both pipelines
+                start = time.monotonic()
+                outcome = tune_model(tracker, device, model, store, work / "tune",
+                                     TuneConfig(trials=100_000, minutes=point - spent[on][0] / 60), progress=progress)
+                spent[on] = [spent[on][0] + time.monotonic() - start, spent[on][1] + outcome.trials_done,
+                             spent[on][2] + 1]
+            for on, device in devices.items():
+                cell = bench_run(tracker, device, model, store, work, config, tuned=True)
+                tuned_s, ref_s = median(cell.result.steady_samples_s), reference_s(cell)
+                if ref_s and (on not in best or tuned_s / ref_s < best[on][0]):
+                    best[on] = (tuned_s / ref_s, spent[on][0] / 60)
+                print(f"{PIPELINE[on]:10s}  {spent[on][0] / 60:7.1f}  {spent[on][2]:8d}  {spent[on][1]:6d}  "
+                      f"{tuned_s * 1e3:7.3g} ms  {ref_s * 1e3:8.3g} ms  {compared(cell):33s}  {coverage_of(cell)}",
+                      flush=True)
+        for on, device in devices.items():
+            ratio, minutes = best.get(on, (float("inf"), 0.0))
+            verdict = "reached" if ratio <= 1 else "not reached"
+            print(f"P1 ({PIPELINE[on]}): TVM tuned at least as fast as onnxruntime on the same threads: {verdict}; best "
+                  f"TVM / onnxruntime {ratio:.2f} at {minutes:.1f} min", flush=True)
+            if ratio > 1:
+                print_slowest_tasks(store, device, model)
         if args.shared:  # P1b: a model sharing the tuned convs (another epilogue), no session of its own
             other = load_model(str(leaky_variant(args.model, work)))
-            shared_s, ref_s, coverage = bench(tracker, device, other, store, work, config, tuned=True)
-            untuned_other, _, _ = bench(tracker, device, other, store, work, config, tuned=False)
-            print(f"{other.name} ({args.model}'s convs, LeakyRelu epilogues), compiled with the farm's records, no "
-                  f"session of its own: TVM {shared_s * 1e3:.2f} ms · onnxruntime {ref_s * 1e3:.2f} ms "
-                  f"({versus_text(shared_s, ref_s, 'onnxruntime')}); untuned {untuned_other * 1e3:.2f} ms; {coverage}",
-                  flush=True)
+            for on, device in devices.items():
+                cell = bench_run(tracker, device, other, store, work, config, tuned=True)
+                print(f"P1b ({PIPELINE[on]}): {other.name} ({args.model}'s convs, LeakyRelu epilogues), compiled with "
+                      f"the farm's records, no session of its own: TVM {median(cell.result.steady_samples_s) * 1e3:.3g} "
+                      f"ms · onnxruntime {reference_s(cell) * 1e3:.3g} ms ({compared(cell)}); {coverage_of(cell)}",
+                      flush=True)
     return 0
+
+
+def print_slowest_tasks(store, device, model, top: int = 5) -> None:
+    """The tasks that hold the tuned model back: the top ``top`` by share of its time (call sites × the best
+    stored record, the untuned code's where a task has no schedule), each with its best time and its FLOPs as
+    TVM counts them (``estimate_tir_flops``), in GFLOP/s."""
+    import tvm  # after farm's imports, which load TVM without PyTorch
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    target = effective_target(device)
+    tvm_target = make_target(target)
+    tasks = extract_tasks(tuning_module(model, weight_prepack_setting(device, target)), tvm_target, model)
+    tuning = tuning_set(store, device)
+    with tempfile.TemporaryDirectory(prefix="farm-bench-tasks-") as tmp:
+        exact, _ = record_databases(tuning, Path(tmp))
+        normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+        rows = []
+        for task in tasks:
+            record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
+            seconds = record_s(record.run_secs) if record is not None else None
+            scheduled = record is not None and is_schedule(record.trace)
+            flops = float(estimate_tir_flops(task.dispatched[0]))
+            rows.append((task.task_name, task.weight, seconds, scheduled, flops))
+    total = sum(weight * s for _, weight, s, _, _ in rows if s)
+    print(f"  top {top} tasks by share of the tuned model's time (call sites × best record; {len(rows)} tasks):",
+          flush=True)
+    for name, weight, seconds, scheduled, flops in sorted(rows, key=lambda r: -(r[1] * (r[2] or 0)))[:top]:
+        if seconds is None:
+            print(f"    {name}: no record", flush=True)
+            continue
+        print(f"    {name}: {weight * seconds / total:5.1%} of the time, {weight} call(s), best {seconds * 1e6:.1f} µs "
+              f"{'(tuned)' if scheduled else '(untuned code)'}, {flops / 1e6:.1f} MFLOP, "
+              f"{flops / seconds / 1e9:.1f} GFLOP/s", flush=True)
 
 
 def scaling(args) -> int:
@@ -206,11 +262,27 @@ def bench_in_turns(tracker, devices, model, store, work, config, tuned, rounds: 
     return times
 
 
+def minutes_list(text: str) -> list[float]:
+    points = [float(p) for p in text.split(",")]
+    if not points or any(b <= a for a, b in zip([0.0] + points, points)):
+        raise argparse.ArgumentTypeError("give increasing minutes above 0, e.g. 10,20,40,60")
+    return points
+
+
+def pipeline_list(text: str) -> list[bool]:
+    names = {"off": False, "on": True}
+    if not text or any(p not in names for p in text.split(",")):
+        raise argparse.ArgumentTypeError("give off, on or off,on")
+    return list(dict.fromkeys(names[p] for p in text.split(",")))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: onnx:squeezenet (curve), convnet (--scaling)")
-    parser.add_argument("--minutes", type=float, default=60.0, help="curve: tuning minutes in all (default 60)")
-    parser.add_argument("--chunk", type=float, default=10.0, help="curve: minutes a session (default 10)")
+    parser.add_argument("--points", type=minutes_list, default=[10.0, 20.0, 40.0, 60.0],
+                        help="curve: accumulated tuning minutes after which each pipeline is benched (default 10,20,40,60)")
+    parser.add_argument("--pipelines", type=pipeline_list, default=[False, True],
+                        help="curve: weight prepacking off, on, or off,on (default: both, in turns)")
     parser.add_argument("--no-shared", dest="shared", action="store_false",
                         help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")
