@@ -96,12 +96,12 @@ class Verdict:
 
 def baseline_of(history: Sequence[float], method: Method = METHOD) -> Baseline | None:
     """Baseline from accepted nightly values, oldest first; None below ``baseline_min``."""
-    values = np.asarray(list(history)[-method.baseline_n:], dtype=np.float64)
-    if values.size < method.baseline_min:
+    values = [float(v) for v in list(history)[-method.baseline_n:]]  # a list: stats' medians of short lists
+    if len(values) < method.baseline_min:
         return None
     centre = nonempty_median(values)
     spread = max(robust_sd(values), method.spread_floor * centre)
-    return Baseline(int(values.size), centre, spread, tuple(float(v) for v in values))
+    return Baseline(len(values), centre, spread, tuple(values))
 
 
 def judge(value: float, history: Sequence[float], metric: str = "steady", unstable: bool = False,

@@ -1,5 +1,6 @@
 """The real CLI in subprocesses: exit codes, exact error lines, JSON, and the farm lifecycle."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -305,3 +306,25 @@ def test_the_tests_ignore_the_user_s_own_farm_settings(tmp_path):
                           cwd=REPO, env={**os.environ, **user}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_json_output_indents_its_outer_levels_and_keeps_a_record_on_one_line(capsys):
+    """--json: the top-level keys and each list's items a line each (a night's 1,000 alerts are 1,000 lines for
+    grep), written by json's C encoder; it reads back as the same data, records and dataclasses included."""
+    from farm.cli.common import emit_json
+    from farm.stats import Summary
+
+    summary = Summary(3, 1.0, 1.0, 0.9, 1.1, 0.9, 1.1, 0.01, 0.02, 0.95, 1.05, False)
+    data = {"sweep_id": 3, "alerts": [{"id": 1, "baseline": {"values": [1.0, 2.0]}}, {"id": 2, "baseline": None}],
+            "budget": {"spent_s": 0.5, "steady": summary}, "empty": []}
+    emit_json(data)
+    out = capsys.readouterr().out
+    assert json.loads(out) == {**data, "budget": {"spent_s": 0.5, "steady": dataclasses.asdict(summary)}}
+    lines = out.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}" and '  "sweep_id": 3,' in lines
+    assert '    {"id": 1, "baseline": {"values": [1.0, 2.0]}},' in lines and '    {"id": 2, "baseline": null}' in lines
+    assert '    "steady": {"n": 3, "median": 1.0, "mean": 1.0, "p10": 0.9, "p90": 1.1, "min": 0.9, "max": 1.1, ' \
+           '"cv": 0.01, "mad": 0.02, "ci_low": 0.95, "ci_high": 1.05, "unstable": false}' in lines
+    emit_json([summary, summary])
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 4 and json.loads(listed[1].rstrip(",")) == dataclasses.asdict(summary)

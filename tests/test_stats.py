@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from farm.stats import (MAD_TO_SD, SUMMARY_RULE, Summary, TimeUnit, bootstrap_median_ci, format_duration, is_unstable,
-                        median, model_label, robust_sd, summarize, summarize_rows, time_unit)
+                        SHORT, median, model_label, nonempty_median, robust_sd, summarize, summarize_rows, time_unit)
 
 
 def plain_bootstrap_ci(values, confidence: float = 0.95, seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
@@ -102,6 +102,23 @@ def test_median_is_numpys_exactly():
         values = rng.lognormal(-4, 1, n)
         assert median(values) == float(np.median(values))
     assert median([3.0, 1.0, 2.0, 10.0]) == 2.5 and median([]) is None
+
+
+def test_short_lists_take_pythons_median_and_it_is_numpys_to_the_bit():
+    """Lists and tuples up to ``SHORT`` values are sorted in Python (a review takes thousands of short medians);
+    arrays, long lists and NaN take numpy's path. Both give the same float, ties and even counts included."""
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 4, 5, 19, 20, 21, SHORT, SHORT + 1):
+        for values in (rng.lognormal(-6, 1, n), np.round(rng.normal(0, 2, n)), np.full(n, 0.1)):
+            as_list = [float(v) for v in values]
+            assert nonempty_median(as_list) == nonempty_median(tuple(as_list)) == float(np.median(values))
+            assert robust_sd(as_list) == robust_sd(values) == \
+                float(1.4826 * np.median(np.abs(values - np.median(values))))
+    with_nan = [1.0, float("nan"), 2.0]  # numpy's sort puts NaN last: farm's median of these has always been 2.0
+    assert nonempty_median(with_nan) == nonempty_median(np.array(with_nan)) == 2.0
+    assert np.isnan(robust_sd(with_nan)) and np.isnan(robust_sd(np.array(with_nan)))
+    with pytest.raises(ValueError):
+        nonempty_median([])
 
 
 def test_robust_sd_literal_values():

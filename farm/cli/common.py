@@ -60,8 +60,25 @@ def default_db() -> str:
 
 
 def emit_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=_jsonable)
-    sys.stdout.write("\n")
+    """``data`` as JSON on stdout: its outer two levels indented, each record below them on one line (a run, an
+    alert, a finding: one line each, for grep; ``jq .`` indents it all). The lines are json's C encoder's: an
+    indented dump takes its pure-Python one, 0.5 s for a night's 1,000 alerts."""
+    sys.stdout.write(_json_layout(data, 0) + "\n")
+
+
+def _json_layout(value: Any, depth: int) -> str:
+    """A dict in the outer two levels one key a line, a list one item a line; anything else, and every list item, one
+    line of its own."""
+    if depth < 2 and (isinstance(value, Record) or (dataclasses.is_dataclass(value) and not isinstance(value, type))):
+        value = _jsonable(value)
+    pad = "  " * (depth + 1)
+    if depth < 2 and isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        items = ",\n".join(f"{pad}{json.dumps(k)}: {_json_layout(v, depth + 1)}" for k, v in value.items())
+        return f"{{\n{items}\n{pad[:-2]}}}"
+    if depth < 2 and isinstance(value, (list, tuple)) and value:
+        items = ",\n".join(f"{pad}{_json_layout(v, 2)}" for v in value)
+        return f"[\n{items}\n{pad[:-2]}]"
+    return json.dumps(value, default=_jsonable, separators=(", ", ": "))
 
 
 def _jsonable(value: Any) -> Any:
