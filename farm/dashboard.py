@@ -1,7 +1,8 @@
 """``farm dashboard``: a small read-only web view of the farm (tornado, 127.0.0.1 by default).
 
 Devices (tracker state, last probe, temperature of the last local run), the running sweep's
-progress, recent results and open alerts. The page polls ``/api/state`` every 5 s; every
+progress, the lab's queue on a PostgreSQL database (each lab host's workers, waiting, running and stalled jobs:
+``farm.queue``), recent results and open alerts. The page polls ``/api/state`` every 5 s; every
 request opens the store read-only, so the dashboard never blocks or changes a sweep.
 """
 
@@ -16,11 +17,13 @@ import tornado.ioloop
 import tornado.web
 
 from farm.errors import FarmError, StoreError
+from farm.queue import HOST_COLUMNS, LabQueue, host_row
 from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import key_state, query_summary
 from farm.results import run_rows
 from farm.stats import hottest
 from farm.store import Store, exists
+from farm.store.backends import is_url
 
 RUN_FIELDS = ("started_at", "device", "model", "runtime", "threads", "status", "failed_step", "reason", "sweep_id",
               "steady_median_s", "context")
@@ -41,6 +44,7 @@ th { background: #f3f3f3; }
 <p id="updated">loading…</p>
 <h2>Devices</h2><table id="devices"></table>
 <h2>Sweep</h2><div id="sweep"></div>
+<section id="lab" hidden><h2>Lab hosts</h2><table id="hosts"></table><p id="workers"></p></section>
 <h2>Open alerts</h2><table id="alerts"></table>
 <h2>Recent results</h2><table id="runs"></table>
 <script>
@@ -74,6 +78,12 @@ async function refresh() {
     sweep.textContent = s ? `sweep ${s.id}: ${s.status}, ${s.cells_done}/${s.cells_total} cells, started ${s.started_at}`
                           : "no sweep yet";
     sweep.className = state.sweep ? state.sweep.status : "";
+    const lab = document.getElementById("lab");
+    lab.hidden = !state.lab;
+    if (state.lab) {
+      fill("hosts", state.lab.columns, state.lab.hosts);
+      document.getElementById("workers").textContent = `${state.lab.live_workers} live worker(s) in the lab`;
+    }
     fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change"], state.alerts, {status: 1});
     fill("runs", ["id", "started_at", "device", "model", "runtime", "threads", "status", "steady", "reason"],
          state.runs.map(r => Object.assign({}, r, {steady: ms(r.steady_median_s)})), {status: 1});
@@ -92,7 +102,8 @@ setInterval(refresh, 5000);
 
 def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data."""
-    state: dict[str, Any] = {"devices": [], "sweep": None, "alerts": [], "runs": [], "tracker_error": None}
+    state: dict[str, Any] = {"devices": [], "sweep": None, "alerts": [], "runs": [], "tracker_error": None,
+                             "lab": None}
     try:
         summary = query_summary(inventory.tracker, timeout_s=2.0)
     except FarmError as exc:
@@ -114,6 +125,13 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
                     state["alerts"] = [{"sweep_id": a.sweep_id, "device": a.device, "model": a.model,
                                         "metric": a.metric, "status": a.status, "change": f"{a.change:+.1%}"}
                                        for a in store.alerts(sweep["id"]) if a.status in ("candidate", "confirmed", "unknown")]
+        except StoreError as exc:
+            state["tracker_error"] = exc.message
+    if is_url(str(db_path)):  # a lab's PostgreSQL: its queue beside the results (none on a file)
+        try:
+            lab = LabQueue(str(db_path))
+            state["lab"] = {"columns": list(HOST_COLUMNS), "hosts": [host_row(h) for h in lab.hosts()],
+                            "live_workers": lab.live_workers()}
         except StoreError as exc:
             state["tracker_error"] = exc.message
     temperatures: dict[str, float] = {}

@@ -37,6 +37,7 @@ STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stal
 STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
 POLL_S = 2.0  # a worker's poll for new jobs when no notification came (LISTEN/NOTIFY wakes it at once)
 RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed worker's job is running again by then
+HOST_WAIT_S = 600.0  # a lab host that took none of a sweep's waiting jobs this long is gone (farm sweep --host-wait)
 INSTALL_LOCK = 0x66726D71  # "frmq": one process installs the queue's tables on a new database
 ACTIVE = ("todo", "doing")
 
@@ -76,6 +77,17 @@ class SweepJobs:
     @property
     def active(self) -> int:
         return self.count(*ACTIVE)
+
+
+HOST_COLUMNS = ("lab host", "workers", "waiting", "running", "stalled", "done", "failed", "cancelled")
+
+
+def host_row(host: dict[str, Any]) -> dict[str, Any]:
+    """One lab host of ``LabQueue.hosts`` in the words farm shows (``HOST_COLUMNS``): ``farm worker --status``, the
+    dashboard."""
+    return {"lab host": host["lab_host"], "workers": host["workers"], "waiting": host.get("todo", 0),
+            "running": host.get("doing", 0), "stalled": host["stalled"], "done": host.get("succeeded", 0),
+            "failed": host.get("failed", 0) + host.get("aborted", 0), "cancelled": host.get("cancelled", 0)}
 
 
 def _installed(db) -> bool:
@@ -173,24 +185,71 @@ class LabQueue:
         return jobs
 
     def hosts(self) -> list[dict[str, Any]]:
-        """Each lab host's jobs by status, and the stalled ones (running on a worker silent for ``STALLED_S``):
-        for the dashboard and ``farm worker --status``."""
+        """Each lab host's jobs by status (procrastinate's: todo, doing, succeeded, failed, cancelled, aborted), the
+        stalled ones (running on a worker silent for ``STALLED_S``), and ``workers``: the live workers running one of
+        its jobs (procrastinate keeps no worker's queue, so an idle worker is counted by ``live_workers`` alone).
+        For the dashboard and ``farm worker --status`` (``host_row``)."""
         with self._connect() as db:
             if not _installed(db):
                 return []
             rows = db.execute(
                 """SELECT j.queue_name, j.status::text, COUNT(*),
                           COUNT(*) FILTER (WHERE j.status = 'doing' AND (w.id IS NULL
-                                           OR w.last_heartbeat < NOW() - make_interval(secs => %s)))
+                                           OR w.last_heartbeat < NOW() - make_interval(secs => %s))),
+                          ARRAY_AGG(DISTINCT w.id) FILTER (WHERE j.status = 'doing'
+                                           AND w.last_heartbeat >= NOW() - make_interval(secs => %s))
                    FROM procrastinate_jobs j LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
                    WHERE j.queue_name LIKE %s GROUP BY 1, 2 ORDER BY 1, 2""",
-                (STALLED_S, queue_of("") + "%")).fetchall()
+                (STALLED_S, STALLED_S, queue_of("") + "%")).fetchall()
         hosts: dict[str, dict[str, Any]] = {}
-        for queue, status, n, stalled in rows:
-            host = hosts.setdefault(queue, {"lab_host": queue.removeprefix(queue_of("")), "stalled": 0})
+        for queue, status, n, stalled, workers in rows:
+            host = hosts.setdefault(queue, {"lab_host": queue.removeprefix(queue_of("")), "stalled": 0, "workers": 0})
             host[status] = n
             host["stalled"] += stalled
+            host["workers"] += len(workers or [])
         return list(hosts.values())
+
+    def live_workers(self) -> int:
+        """The lab's workers that beat within ``STALLED_S``, on any host."""
+        with self._connect() as db:
+            if not _installed(db):
+                return 0
+            return int(db.execute("SELECT COUNT(*) FROM procrastinate_workers "
+                                  "WHERE last_heartbeat >= NOW() - make_interval(secs => %s)", (STALLED_S,)).fetchone()[0])
+
+    def silent_hosts(self, sweep_id: int, silence_s: float) -> list[str]:
+        """The lab hosts where the sweep's jobs wait and nothing has happened for ``silence_s`` seconds: no job of
+        the host's queue runs on a live worker, and no job of it was deferred, started or ended since (a host with
+        no ``farm worker``, or whose workers all died). A live worker starts a waiting job within ``POLL_S``, or
+        is running one (a device lock holds the rest back), so a host with one is never silent."""
+        with self._connect() as db:
+            if not _installed(db):
+                return []
+            rows = db.execute(
+                """SELECT DISTINCT j.queue_name FROM procrastinate_jobs j
+                   WHERE j.status = 'todo' AND j.args->>'sweep_id' = %s
+                     AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs d JOIN procrastinate_workers w ON w.id = d.worker_id
+                                     WHERE d.queue_name = j.queue_name AND d.status = 'doing'
+                                       AND w.last_heartbeat > NOW() - make_interval(secs => %s))
+                     AND NOT EXISTS (SELECT 1 FROM procrastinate_events e JOIN procrastinate_jobs q ON q.id = e.job_id
+                                     WHERE q.queue_name = j.queue_name AND e.at > NOW() - make_interval(secs => %s))""",
+                (str(sweep_id), STALLED_S, silence_s)).fetchall()
+        return sorted(queue.removeprefix(queue_of("")) for (queue,) in rows)
+
+    def cancel_waiting(self, sweep_id: int, lab_host: str) -> list[tuple[str, dict[str, Any]]]:
+        """Cancel the sweep's jobs that still wait in ``lab_host``'s queue; the (task, arguments) of each one
+        cancelled. A job a worker took meanwhile is not cancelled (procrastinate cancels only a waiting job), so
+        a cell is either measured on its host or returned here, never both."""
+        with self._connect() as db:
+            rows = db.execute("SELECT id, task_name, args FROM procrastinate_jobs WHERE status = 'todo' "
+                              "AND queue_name = %s AND args->>'sweep_id' = %s ORDER BY id",
+                              (queue_of(lab_host), str(sweep_id))).fetchall()
+        cancelled = []
+        with self.app.open():
+            for job_id, task, args in rows:
+                if self.app.job_manager.cancel_job_by_id(job_id):
+                    cancelled.append((task, args))
+        return cancelled
 
     # -- a worker -----------------------------------------------------------------------
 

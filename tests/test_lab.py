@@ -148,3 +148,47 @@ def _job_status(url: str, job: int) -> str:
 
     with psycopg.connect(url, autocommit=True) as db:
         return db.execute("SELECT status::text FROM procrastinate_jobs WHERE id = %s", (job,)).fetchone()[0]
+
+
+def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_never_measured_elsewhere(workers,
+                                                                                                       tmp_path):
+    """Host lab2 has a device but no `farm worker`: the sweep measures lab1's device, and after --host-wait the
+    cells waiting for lab2 are cancelled in the queue and stored offline with the reason and what to do; none of
+    them runs on lab1's workers, whose devices are others."""
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(Path(workers.env["FARM_DEVICES"]).read_text() +
+                         '\n[devices.far]\nkind = "remote"\nkey = "lab2-0"\nlab_host = "lab2"\n'
+                         'target = { kind = "llvm", num-cores = 1 }\n')
+    env = {**workers.env, "FARM_DEVICES": str(inventory)}
+    workers.env = env
+    workers.start("--slots", "1")
+    proc = run_farm("sweep", "--device", "dev0", "--device", "far", "--model", "mlp", "--model", "convnet",
+                    "--reference", "none", "--repeat", "3", "--host-wait", "0.1", "--no-report", "--json", env=env,
+                    timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "done"
+    assert sorted((c["device"], c["model"], c["status"]) for c in out["cells"]) == [
+        ("dev0", "convnet", "ok"), ("dev0", "mlp", "ok"), ("far", "convnet", "failed"), ("far", "mlp", "failed")]
+    assert "lab host lab2: no farm worker took its jobs for 0.1 min; 2 cell(s) stored offline" in proc.stderr
+    from farm.store import Store
+
+    with Store(env["FARM_DB"]) as store:
+        far = [r for r in store.runs(sweep_id=out["sweep_id"]) if r["device"] == "far"]
+    assert sorted((r["model"], r["status"], r["failed_step"], r["attempt"]) for r in far) == [
+        ("convnet", "failed", "offline", 0), ("mlp", "failed", "offline", 0)]
+    assert all(r["reason"] == "lab host lab2 did not take its jobs for 0.1 min: no farm worker runs there, or every "
+                              "one stopped" for r in far)
+    assert "far" not in workers.log(0)
+    status = json.loads(run_farm("sweep", "--status", str(out["sweep_id"]), "--json", env=env).stdout)
+    assert status["jobs"]["lab2"] == {"cancelled": 2} and status["jobs"]["lab1"] == {"succeeded": 2}
+    # the lab's view, as `farm worker --status` and the dashboard show it: lab1's worker is alive, lab2 has none
+    from farm.dashboard import collect_state
+    from farm.inventory import load_inventory
+
+    shown = collect_state(load_inventory(inventory), env["FARM_DB"])["lab"]
+    rows = {row["lab host"]: row for row in shown["hosts"]}
+    assert rows["lab2"]["cancelled"] == 2 and rows["lab2"]["waiting"] == rows["lab2"]["workers"] == 0
+    assert rows["lab1"]["done"] >= 2 and shown["live_workers"] >= 1
+    worker_status = json.loads(run_farm("worker", "--status", "--json", env=env).stdout)
+    assert worker_status["live_workers"] >= 1 and {h["lab_host"] for h in worker_status["hosts"]} >= {"lab1", "lab2"}

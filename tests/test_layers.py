@@ -42,7 +42,7 @@ ALLOWED = {
     "nightly": {"compile", "errors", "measure", "records", "regress", "results", "runs", "stats", "store", "sweep", "tune"},
     "confirmation": {"errors", "findings", "measure", "models", "records", "regress", "results", "series", "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
-    "dashboard": {"errors", "records", "results", "rpc", "stats", "store"},
+    "dashboard": {"errors", "records", "queue", "results", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
 }

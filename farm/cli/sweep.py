@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import FarmError
+from farm.queue import HOST_WAIT_S
 from farm.records import Inventory, SweepSpec
 from farm.stats import median
 
 from farm.cli.common import (REPORT_DIR, VARIANTS, add_bench_options, add_budget_option, add_progress, add_verb,
-                             bench_config, count, duration, emit_json, home_dir, load_inventory_of, progress_printer,
-                             record_default, reference_text, require_db, sweep_or_latest)
+                             bench_config, count, duration, emit_json, home_dir, load_inventory_of, positive_float,
+                             progress_printer, record_default, reference_text, require_db, sweep_or_latest)
 from farm.cli.regressions import alert_change, detect_and_confirm, rounds_text
 from farm.cli.sweep_file import SweepFile, load_sweep_file
 
@@ -70,6 +71,9 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true",
                    help="over lab hosts: queue the cells and return (farm sweep --status ID follows them)")
     p.add_argument("--status", type=int, metavar="ID", help="over lab hosts: the queued sweep's progress, by host")
+    p.add_argument("--host-wait", type=positive_float, default=HOST_WAIT_S / 60, metavar="MINUTES",
+                   help="over lab hosts: a host whose farm worker took none of the sweep's waiting cells for MINUTES has "
+                        f"them stored offline, with the reason (default {HOST_WAIT_S / 60:g}; --resume measures them later)")
     add_budget_option(p)
     add_progress(p)
     add_bench_options(p)
@@ -135,7 +139,8 @@ def _queued_sweep(args: argparse.Namespace, inventory: Inventory, spec: SweepSpe
         else:
             print(f"sweep {sweep_id} queued; farm sweep --status {sweep_id} shows its progress")
         return None
-    return follow_sweep(args.db, spec, sweep_id, lambda text: print(text, file=sys.stderr, flush=True), start)
+    return follow_sweep(args.db, inventory.devices, spec, sweep_id, lambda text: print(text, file=sys.stderr, flush=True),
+                        start, args.host_wait * 60)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -85,11 +85,12 @@ def _serve(inventory, names: list[str]) -> None:
 
 
 def _status(lab, as_json: bool) -> int:
-    hosts = lab.hosts()
+    from farm.queue import HOST_COLUMNS, host_row
+
+    hosts, live = lab.hosts(), lab.live_workers()
     if as_json:
-        emit_json({"hosts": hosts})
+        emit_json({"hosts": hosts, "live_workers": live})
         return 0
-    print_table([{"lab host": h["lab_host"], "waiting": h.get("todo", 0), "running": h.get("doing", 0),
-                  "stalled": h["stalled"], "done": h.get("succeeded", 0), "failed": h.get("failed", 0)}
-                 for h in hosts], ["lab host", "waiting", "running", "stalled", "done", "failed"])
+    print_table([host_row(h) for h in hosts], list(HOST_COLUMNS))
+    print(f"{live} live worker(s) in the lab")
     return 0

@@ -22,13 +22,13 @@ from typing import Callable
 
 from farm.errors import FarmError, StoreError
 from farm.models import load_model_variant
-from farm.queue import CELL, CURVE, Job, LabQueue, SweepJobs, cell_lock
+from farm.queue import CELL, CURVE, HOST_WAIT_S, Job, LabQueue, SweepJobs, cell_lock
 from farm.records import Device, ModelSource, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store
 from farm.store.backends import is_url
 from farm.sweep.cell import CellContext, Progress, compile_or_error, run_cell
 from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys, prepare,
-                            record_copy_curve)
+                            record_copy_curve, store_offline)
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +83,21 @@ def progress_text(sweep_id: int, jobs: SweepJobs) -> str:
             f"{jobs.count('todo')} waiting" + (f", {failed} failed" if failed else "") + f" · {hosts}")
 
 
-def follow_sweep(db_url: str, spec: SweepSpec, sweep_id: int, say: Callable[[str], None] | None = None,
-                 started: float | None = None) -> SweepOutcome:
+def follow_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int,
+                 say: Callable[[str], None] | None = None, started: float | None = None,
+                 host_wait_s: float = HOST_WAIT_S) -> SweepOutcome:
     """Follow a queued sweep until none of its jobs waits or runs; then store its status, "done" when every cell
-    has a stored attempt, else "incomplete" (resumable). Progress goes to ``say`` when it changes."""
+    has a stored attempt, else "incomplete" (resumable). Progress goes to ``say`` when it changes. A lab host silent
+    for ``host_wait_s`` (``LabQueue.silent_hosts``: no worker took or ran a job of it) has its waiting cells
+    stored "offline" with the reason (``host_gone``): they never move to another host's devices."""
     start = started if started is not None else time.monotonic()
     lab, last = LabQueue(db_url), ""
     while True:
+        for host in lab.silent_hosts(sweep_id, host_wait_s):
+            gone = host_gone(db_url, devices, spec, sweep_id, host, lab.cancel_waiting(sweep_id, host), host_wait_s)
+            if say and gone:
+                say(f"lab host {host}: no farm worker took its jobs for {host_wait_s / 60:g} min; {gone} cell(s) "
+                    "stored offline")
         jobs = lab.sweep_jobs(sweep_id)
         if say and (text := progress_text(sweep_id, jobs)) != last:
             say(text)
@@ -102,6 +110,25 @@ def follow_sweep(db_url: str, spec: SweepSpec, sweep_id: int, say: Callable[[str
         finish(store, spec, outcome, spec.cells())
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def host_gone(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int, lab_host: str,
+              cancelled: list[tuple[str, dict]], waited_s: float) -> int:
+    """Store each cancelled cell job of a silent lab host ``offline`` (attempt 0: a resume measures it), with why
+    and what to do; a copy curve's job is dropped (a curve is measured when its device is). Returns the cells."""
+    cells = [args for task, args in cancelled if task == CELL]
+    models: dict[str, ModelSource] = {}
+    with Store(db_url) as store:
+        for args in cells:
+            name = args["model"]
+            if name not in models:
+                models[name] = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+            store_offline(store, devices[args["device"]], models[name], spec.config, sweep_id,
+                          f"lab host {lab_host} did not take its jobs for {waited_s / 60:g} min: no farm worker runs "
+                          "there, or every one stopped",
+                          f"start one there (farm worker --lab-host {lab_host} --serve), then farm sweep --resume "
+                          f"{sweep_id}")
+    return len(cells)
 
 
 @dataclass
