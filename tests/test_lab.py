@@ -192,3 +192,10 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
     assert rows["lab1"]["done"] >= 2 and shown["live_workers"] >= 1
     worker_status = json.loads(run_farm("worker", "--status", "--json", env=env).stdout)
     assert worker_status["live_workers"] >= 1 and {h["lab_host"] for h in worker_status["hosts"]} >= {"lab1", "lab2"}
+    # a resume queues the offline cells again; lab2 is still gone, so they are stored offline again (attempt 0),
+    # and the summary counts the cells the workers stored
+    resumed = run_farm("sweep", "--resume", str(out["sweep_id"]), "--host-wait", "0.1", "--no-report", env=env,
+                       timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"sweep {out['sweep_id']}: 4 cell(s) measured, 2 failed" in resumed.stdout, resumed.stdout
+    assert "lab host lab2: no farm worker took its jobs for 0.1 min; 2 cell(s) stored offline" in resumed.stderr

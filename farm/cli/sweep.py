@@ -106,14 +106,11 @@ def run(args: argparse.Namespace) -> int:
                             progress=progress_printer(args.progress), sweep_id=sweep_id)
     reviewed, tuning, report = _review(args, inventory, spec, outcome, budget)
     final = {(c.result.device, c.result.model): c for c in outcome.cells}  # the last attempt of each cell
+    stored = _stored_cells(args.db, outcome) if not final else {}  # a queued sweep's cells: its workers measured them
     if args.json:
-        emit_json(_sweep_json(outcome, final, reviewed, tuning, report) | (_stored_cells(args.db, outcome)
-                                                                             if not final else {}))
+        emit_json(_sweep_json(outcome, final, reviewed, tuning, report) | stored)
     else:
-        _print_sweep(outcome, final, reviewed, tuning, report)
-        if not final:
-            for cell in _stored_cells(args.db, outcome)["cells"]:
-                print(f"  {cell['device']:16s} {cell['model']:14s} {cell['status']:6s} (attempts: {cell['attempts']})")
+        _print_sweep(outcome, final, reviewed, tuning, report, stored.get("cells", []))
     if outcome.missing:
         cells = ", ".join(f"{d} × {m}" for d, m in outcome.missing[:5]) + (" …" if len(outcome.missing) > 5 else "")
         raise FarmError(f"sweep {outcome.sweep_id} is incomplete: {len(outcome.missing)} cell(s) never measured ({cells})",
@@ -277,10 +274,14 @@ def _sweep_json(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, 
 
 
 def _print_sweep(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, tuning: list,
-                 report: Path | None) -> None:
-    failed = [c for c in final.values() if c.result.status != "ok"]
-    print(f"sweep {outcome.sweep_id}: {len(final)} cell(s) measured, {len(failed)} failed, "
+                 report: Path | None, stored: list[dict[str, Any]]) -> None:
+    """The sweep's summary: its cells as this process measured them (``final``), or as the lab's workers stored
+    them (``stored``: a queued sweep's last attempt of each cell)."""
+    failed = sum(c.result.status != "ok" for c in final.values()) + sum(c["status"] != "ok" for c in stored)
+    print(f"sweep {outcome.sweep_id}: {len(final) + len(stored)} cell(s) measured, {failed} failed, "
           f"{outcome.skipped} already done, {outcome.seconds:.0f} s")
+    for cell in stored:
+        print(f"  {cell['device']:16s} {cell['model']:14s} {cell['status']:6s} (attempts: {cell['attempts']})")
     for (device, model), c in sorted(final.items()):
         print(f"  {device:16s} {model:14s} {c.result.status:6s} {duration(median(c.result.steady_samples_s)):>10s}"
               + (f"  {c.result.failed_step}: {c.result.reason}" if c.result.status != "ok"
