@@ -32,20 +32,23 @@ from __future__ import annotations
 
 import logging
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from farm.compile import TVM_VERSION, compile_model, device_tuning_key, effective_target
 from farm.errors import FarmError
-from farm.records import Artifact, BenchConfig, Device, ModelSource, TrackerAddress, TuningSet
+from farm.records import Artifact, BenchConfig, Device, ModelSource, SweepSpec, TrackerAddress, TuningSet
 from farm.results import run_rows, versus_reference
 from farm.runs import Run
 from farm.store import Store
 from farm.stats import median, nonempty_median
 from farm.measure import interleaved_rounds
 from farm.regress import not_slower
+from farm.queue import HOST_WAIT_S, TUNE, Job, LabQueue
 from farm.sweep import cell_inputs, measure_cell, tuning_set
+from farm.sweep.lab import LabWorker, follow_jobs
 from farm.tune import DEFAULT_TRIALS, TuneConfig, TuneStatus, tune_model
 
 log = logging.getLogger(__name__)
@@ -122,9 +125,22 @@ def tune_after_sweep(tracker: TrackerAddress, devices: dict[str, Device], sweep_
                      sweep_id: int, models: dict[str, ModelSource], config: BenchConfig, budget: TuneBudget,
                      db_path: str | Path, cache_dir: Path, work_root: Path, say: Say | None = None) -> list[NightTuning]:
     """Spend ``budget`` on each device key of the sweep (one device per key: its servers are alike), after its
-    measurements. ``models``: the sweep's models by stored name (variant and shapes included). Never raises for a
-    device: a failure is a line of the outcome."""
+    measurements, one key after another (a sweep over lab hosts gives each key a job on its host instead:
+    ``tuning_jobs``). ``models``: the sweep's models by stored name (variant and shapes included). Never raises
+    for a device: a failure is a line of the outcome."""
     tell = say or (lambda message: None)
+    done: list[NightTuning] = []
+    with Store(db_path) as store:
+        runs = run_rows(store, sweep_id=sweep_id)
+        for device in tuning_devices(devices, sweep_devices, budget, tell).values():
+            done += tune_key(tracker, device, runs, models, config, budget, store, cache_dir, work_root, tell)
+    return done
+
+
+def tuning_devices(devices: dict[str, Device], sweep_devices: tuple[str, ...], budget: TuneBudget,
+                   tell: Say) -> dict[str, Device]:
+    """The device that tunes each key: the first of the budget's devices (or the sweep's) with that key that
+    exports a shared library."""
     chosen: dict[str, Device] = {}
     for name in budget.devices or sweep_devices:
         device = devices[name]
@@ -132,28 +148,86 @@ def tune_after_sweep(tracker: TrackerAddress, devices: dict[str, Device], sweep_
             chosen.setdefault(device.key, device)
         else:
             tell(f"{name}: not tuned (exports {device.export!r}; tuning measures shared libraries)")
+    return chosen
+
+
+def tune_key(tracker: TrackerAddress, device: Device, runs: list[Run], models: dict[str, ModelSource],
+             config: BenchConfig, budget: TuneBudget, store: Store, cache_dir: Path, work_root: Path,
+             tell: Say) -> list[NightTuning]:
+    """One device key's night: ``budget.minutes`` on the sweep's models by need (``rank_models`` over the sweep's
+    ``runs``), an earlier TVM version's records replayed first on a key that has none."""
+    deadline = time.monotonic() + budget.minutes * 60
+    ranked = [(m, why) for m, why in rank_models(runs, device.name) if m in models]
+    if not ranked:
+        tell(f"{device.name}: nothing to tune (no model measured ok tonight)")
+        return []
+    tell(f"{device.name}: tuning for {budget.minutes:g} min, models by need: "
+         + ", ".join(f"{m} ({why})" for m, why in ranked))
     done: list[NightTuning] = []
-    with Store(db_path) as store:
-        runs = run_rows(store, sweep_id=sweep_id)
-        for device in chosen.values():
-            deadline = time.monotonic() + budget.minutes * 60
-            ranked = [(m, why) for m, why in rank_models(runs, device.name) if m in models]
-            if not ranked:
-                tell(f"{device.name}: nothing to tune (no model measured ok tonight)")
-                continue
-            tell(f"{device.name}: tuning for {budget.minutes:g} min, models by need: "
-                 + ", ".join(f"{m} ({why})" for m, why in ranked))
-            replayed = _replay_earlier(tracker, device, models[ranked[0][0]], ranked[0][1], store, cache_dir, config,
-                                       tell)
-            if replayed is not None:
-                done.append(replayed)
-            for name, why in ranked[:budget.models]:
-                left = deadline - time.monotonic()
-                if left < MIN_SESSION_S:
-                    break
-                done.append(_tune_one(tracker, device, models[name], why, store, cache_dir, work_root, config,
-                                      TuneConfig(trials=budget.trials, minutes=left / 60), tell))
+    replayed = _replay_earlier(tracker, device, models[ranked[0][0]], ranked[0][1], store, cache_dir, config, tell)
+    if replayed is not None:
+        done.append(replayed)
+    for name, why in ranked[:budget.models]:
+        left = deadline - time.monotonic()
+        if left < MIN_SESSION_S:
+            break
+        done.append(_tune_one(tracker, device, models[name], why, store, cache_dir, work_root, config,
+                              TuneConfig(trials=budget.trials, minutes=left / 60), tell))
     return done
+
+
+def tuning_jobs(devices: dict[str, Device], sweep_devices: tuple[str, ...], sweep_id: int, budget: TuneBudget,
+                tell: Say) -> list[Job]:
+    """A sweep over lab hosts: one nightly-tuning job per device key (``tuning_devices``), on the queue of its
+    device's host under its device's lock, so keys on different devices tune at the same time (``LabTuning``)."""
+    return [Job(TUNE, str(device.lab_host), device.name,
+                {"sweep_id": sweep_id, "device": device.name, "budget": dataclasses.asdict(budget)},
+                f"tune:{sweep_id}:{key}") for key, device in tuning_devices(devices, sweep_devices, budget, tell).items()]
+
+
+def tune_queued(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int, budget: TuneBudget,
+                say: Say | None = None, host_wait_s: float = HOST_WAIT_S) -> list[NightTuning]:
+    """A sweep over lab hosts: its keys' tuning jobs (``tuning_jobs``) queued on their hosts and followed to the
+    end (``follow_jobs``); what they did, read back from the store's sessions (the worker's log says why each model
+    was picked)."""
+    tell = say or (lambda message: None)
+    jobs = tuning_jobs(devices, spec.devices, sweep_id, budget, tell)
+    with Store(db_url) as store:
+        before = store.last_tune_session_id()
+    LabQueue(db_url).defer(jobs)
+    tell(f"{len(jobs)} key(s) tuning at once on their hosts: " + ", ".join(f"{j.device} ({j.lab_host})" for j in jobs))
+    follow_jobs(db_url, devices, spec, sweep_id, say, host_wait_s)
+    with Store(db_url) as store:
+        sessions = store.tune_sessions_since(before, [job.device for job in jobs])
+    return [NightTuning(s["device"], s["model"], "", _night_status(s), s["id"], s["new_records"], s["trials_done"],
+                        reason=s["reason"]) for s in sessions]
+
+
+def _night_status(session: dict) -> str:
+    """A stored session in ``NightTuning``'s words: rejected, no-new-records, kept, or how it ended (failed …)."""
+    if session["status"] == "rejected" or not session["new_records"]:
+        return "rejected" if session["status"] == "rejected" else "no-new-records"
+    return "kept" if session["status"] in (TuneStatus.DONE, TuneStatus.TIME_BUDGET) else str(session["status"])
+
+
+@dataclass
+class LabTuning:
+    """``farm worker``'s nightly-tuning job (``TUNE``): one key's budget, spent on its host by ``tune_key`` with
+    the worker's tracker, devices, models and caches; what it did goes to the store (its sessions) and the log."""
+
+    worker: LabWorker
+    work_root: Path
+    say: Say
+
+    def __call__(self, sweep_id: int, device: str, budget: dict) -> str:
+        tuner = self.worker.device(device)
+        with Store(self.worker.db_url) as store:
+            spec, _ = self.worker.context(store, sweep_id)
+            models = {m.name: m for m in (self.worker.model(spec, name) for name in spec.cell_models())}
+            done = tune_key(self.worker.tracker, tuner, run_rows(store, sweep_id=sweep_id), models, spec.config,
+                            TuneBudget(**{**budget, "devices": tuple(budget.get("devices", ()))}), store,
+                            self.worker.cache_dir, self.work_root, self.say)
+        return ", ".join(f"{t.model}: {t.status}" for t in done) or "nothing to tune"
 
 
 def _tune_one(tracker: TrackerAddress, device: Device, model: ModelSource, why: str, store: Store, cache_dir: Path,

@@ -12,9 +12,10 @@ what a device farm needs without a scheduler of farm's own (docs/ARCHITECTURE.md
   worker puts its own host's stalled jobs back in the queue every ``STALL_CHECK_S`` (``_retry_stalled``): a killed
   worker's cell runs again on its host within ``RETRY_WITHIN_S``.
 
-A job's body is farm's (``farm.sweep.lab``): the worker passes its handlers in by task name (``CELL``, ``CURVE``);
-this module knows no cell. What a job does must be safe to do twice (at least once: a worker killed after its
-result committed and before its job was marked done runs again), which the store's unique cell key ensures.
+A job's body is farm's (``farm.sweep.lab``, ``farm.nightly``): the worker passes its handlers in by task name
+(``CELL``, ``CURVE``, ``TUNE``); this module knows no cell. What a job does must be safe to do twice (at least once:
+a worker killed after its result committed and before its job was marked done runs again): the store's unique cell
+key ensures it for a cell; a tuning job run again tunes its key again, which only adds records.
 
 Sync tasks run in threads of the worker's event loop (asgiref's ``sync_to_async``): the loop's executor is sized to
 the worker's slots, so a worker holds as many sessions as it has slots (``farm.rpc.session.SESSION_SLOTS``).
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 CELL = "farm.cell"  # (sweep_id, device, model, first): one sweep cell, measured and stored
 CURVE = "farm.curve"  # (sweep_id, device): a GPU device's copy curve, after its cells
+TUNE = "farm.tune"  # (sweep_id, device, budget): a device key's nightly tuning, after the sweep's review
 HEARTBEAT_S = 5.0  # a worker's heartbeat (procrastinate's default is 10 s)
 STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stalled
 STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
@@ -105,7 +107,7 @@ class LabQueue:
         self._procrastinate = procrastinate
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
         self._handlers: dict[str, Callable[..., Any]] = {}
-        for name in (CELL, CURVE):
+        for name in (CELL, CURVE, TUNE):
             self.app.task(name=name, pass_context=False)(self._dispatcher(name))
 
     def _dispatcher(self, name: str) -> Callable[..., Any]:

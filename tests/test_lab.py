@@ -199,3 +199,33 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"sweep {out['sweep_id']}: 4 cell(s) measured, 2 failed" in resumed.stdout, resumed.stdout
     assert "lab host lab2: no farm worker took its jobs for 0.1 min; 2 cell(s) stored offline" in resumed.stderr
+
+
+def test_a_queued_sweep_s_nightly_tuning_is_a_job_per_key_on_its_host_and_keys_tune_at_once(workers, tmp_path):
+    """A sweep file's [tune] over lab hosts: after the cells and the review, each device key's tuning is a job on
+    its host's queue; two workers take one key each, so both keys tune at the same time (both jobs started before
+    either ended, from the queue's events), and the sweep reports each session."""
+    for _ in range(2):
+        workers.start("--slots", "1")
+    night = tmp_path / "night.toml"
+    night.write_text('devices = ["dev0", "dev1"]\nmodels = ["mlp"]\nreference = "none"\n'
+                     "[bench]\nrepeat = 3\nmin_repeat_ms = 5\n[tune]\nminutes = 4\ntrials = 4\nmodels = 1\n")
+    proc = run_farm("sweep", "--file", str(night), "--no-report", "--json", env=workers.env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "done"
+    assert sorted((t["device"], t["model"]) for t in out["tuning"]) == [("dev0", "mlp"), ("dev1", "mlp")], out["tuning"]
+    assert all(t["trials"] >= 1 and t["status"] in ("kept", "rejected", "no-new-records") for t in out["tuning"])
+    assert "tune: 2 key(s) tuning at once on their hosts: dev0 (lab1), dev1 (lab1)" in proc.stderr
+    import psycopg
+
+    with psycopg.connect(workers.env["FARM_DB"], autocommit=True) as db:
+        events = db.execute("SELECT j.args->>'device', e.type::text, e.at FROM procrastinate_events e "
+                            "JOIN procrastinate_jobs j ON j.id = e.job_id WHERE j.task_name = 'farm.tune' "
+                            "AND j.args->>'sweep_id' = %s", (str(out["sweep_id"]),)).fetchall()
+    started = {device: at for device, kind, at in events if kind == "started"}
+    ended = {device: at for device, kind, at in events if kind == "succeeded"}
+    assert set(started) == set(ended) == {"dev0", "dev1"}
+    assert max(started.values()) < min(ended.values()), "the two keys' tuning jobs did not overlap"
+    logs = workers.log(0) + workers.log(1)
+    assert "tune: dev0: tuning for 4 min" in logs and "tune: dev1: tuning for 4 min" in logs

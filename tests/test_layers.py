@@ -39,7 +39,8 @@ ALLOWED = {
     "tvm_private": set(),  # TVM's private names farm relies on, each checked by tests/test_tvm_private.py
     "tune": {"compile", "costmodel", "devices", "errors", "records", "rpc", "store", "sweep", "task_profile",
              "tvm_private"},
-    "nightly": {"compile", "errors", "measure", "records", "regress", "results", "runs", "stats", "store", "sweep", "tune"},
+    "nightly": {"compile", "errors", "measure", "queue", "records", "regress", "results", "runs", "stats", "store", "sweep",
+                "tune"},
     "confirmation": {"errors", "findings", "measure", "models", "records", "regress", "results", "series", "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
     "dashboard": {"errors", "records", "queue", "results", "rpc", "stats", "store"},

@@ -96,15 +96,16 @@ def run(args: argparse.Namespace) -> int:
         spec, sweep_id = resumed
     else:
         (spec, budget), sweep_id = _fresh_spec(args, inventory), None
-    if queued_devices(inventory.devices, spec.devices):
-        queued = _queued_sweep(args, inventory, spec, sweep_id)
-        if queued is None:
+    queued = queued_devices(inventory.devices, spec.devices)
+    if queued:
+        followed = _queued_sweep(args, inventory, spec, sweep_id)
+        if followed is None:
             return 0
-        outcome = queued
+        outcome = followed
     else:
         outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
                             progress=progress_printer(args.progress), sweep_id=sweep_id)
-    reviewed, tuning, report = _review(args, inventory, spec, outcome, budget)
+    reviewed, tuning, report = _review(args, inventory, spec, outcome, budget, queued)
     final = {(c.result.device, c.result.model): c for c in outcome.cells}  # the last attempt of each cell
     stored = _stored_cells(args.db, outcome) if not final else {}  # a queued sweep's cells: its workers measured them
     if args.json:
@@ -226,21 +227,31 @@ def _tune_budget(tune: dict[str, Any], path: str, inventory: Inventory) -> TuneB
 
 
 def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, outcome: SweepOutcome,
-            budget: TuneBudget | None) -> tuple[SweepRegressions, list, Path | None]:
-    """After measuring: the sweep's alerts and findings (confirmed with --confirm), the [tune] budget spent, the report."""
+            budget: TuneBudget | None, queued: bool) -> tuple[SweepRegressions, list, Path | None]:
+    """After measuring: the sweep's alerts and findings (confirmed with --confirm), the [tune] budget spent (over lab
+    hosts: a job per key on its host, ``nightly.tune_queued``), the report."""
     from farm.store import Store
 
     report = None
     with Store(args.db) as store:
         reviewed = detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
                                       progress_printer(args.progress), args.confirm_budget)
-        tuning = _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) if budget else []
+        tuning = [] if not budget else _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) \
+            if not queued else _queued_tuning(args, inventory, spec, outcome.sweep_id, budget)
         if not args.no_report:
             from farm.report import render_report
 
             report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
                                    title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id)
     return reviewed, tuning, report
+
+
+def _queued_tuning(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, sweep_id: int,
+                   budget: TuneBudget) -> list:
+    from farm.nightly import tune_queued
+
+    return tune_queued(args.db, inventory.devices, spec, sweep_id, budget,
+                       lambda message: print(f"tune: {message}", file=sys.stderr, flush=True), args.host_wait * 60)
 
 
 def _nightly_tuning(inventory: Inventory, spec: SweepSpec, sweep_id: int, budget: TuneBudget, db: str) -> list:

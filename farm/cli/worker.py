@@ -14,7 +14,8 @@ from farm.cli.common import add_progress, add_verb, emit_json, home_dir, load_in
 DESCRIPTION = (
     "A lab of several hosts shares one PostgreSQL database (--db postgresql://...). Each device names the host it\n"
     "is attached to (lab_host = \"lab2\" in devices.toml); a sweep over such devices queues its cells there, and\n"
-    "the farm worker of each host measures its own devices' cells through its own tracker, adb and loopback.\n\n"
+    "the farm worker of each host measures its own devices' cells through its own tracker, adb and loopback,\n"
+    "and spends a sweep file's [tune] budget on its own device keys (one job per key: keys tune at once).\n\n"
     "  farm worker --lab-host lab2                  # serve lab2's devices (farm serve first, or --serve)\n"
     "  farm worker --lab-host lab2 --serve          # bring them up as farm serve does, then serve them\n"
     "  farm worker --status                         # each lab host's queued, running and stalled jobs\n\n"
@@ -63,13 +64,15 @@ def run(args: argparse.Namespace) -> int:
                         f"one process holds at most {SESSION_SLOTS} sessions: start another worker for more")
     if args.serve:
         _serve(inventory, sorted(devices))
+    from farm.nightly import LabTuning
     from farm.sweep.lab import LabWorker, serve_lab_host
 
     name = f"{args.lab_host}:{socket.gethostname()}:{os.getpid()}"
     print(f"worker {name}: {len(devices)} device(s) of lab host {args.lab_host}, {slots} slot(s), "
           f"tracker {inventory.tracker}", file=sys.stderr, flush=True)
     worker = LabWorker(args.db, devices, inventory.tracker, home_dir() / "cache", progress_printer(args.progress))
-    serve_lab_host(args.db, args.lab_host, worker, slots, name, wait=not args.until_empty)
+    tuning = LabTuning(worker, home_dir() / "tune", lambda message: print(f"tune: {message}", file=sys.stderr, flush=True))
+    serve_lab_host(args.db, args.lab_host, worker, slots, name, wait=not args.until_empty, tuning=tuning)
     return 0
 
 

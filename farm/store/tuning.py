@@ -98,6 +98,21 @@ class TuningMixin:
         rows = self._db.dicts("SELECT * FROM tune_sessions WHERE id=?", (session_id,))
         return rows[0] if rows else None
 
+    def last_tune_session_id(self) -> int:
+        """The newest tuning session's id (0: none yet): what a later ``tune_sessions_since`` starts after."""
+        rows = self._db.tuples("SELECT COALESCE(MAX(id), 0) FROM tune_sessions")
+        return int(rows[0][0])
+
+    def tune_sessions_since(self, session_id: int, devices: list[str]) -> list[dict]:
+        """The tuning sessions of ``devices`` after ``session_id``, oldest first, each with ``new_records``: the
+        records it added."""
+        if not devices:
+            return []
+        marks = ",".join("?" * len(devices))
+        return self._db.dicts(
+            f"SELECT s.*, (SELECT COUNT(*) FROM tune_records r WHERE r.session_id = s.id) AS new_records "
+            f"FROM tune_sessions s WHERE s.id > ? AND s.device IN ({marks}) ORDER BY s.id", (session_id, *devices))
+
     def ever_had_records(self, tuning_key: str) -> bool:
         """Whether any record was ever stored for the key, rejected ones included."""
         return self._db.execute("SELECT 1 FROM tune_records WHERE tuning_key=? LIMIT 1", (tuning_key,)).fetchone() \

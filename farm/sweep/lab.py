@@ -22,7 +22,7 @@ from typing import Callable
 
 from farm.errors import FarmError, StoreError
 from farm.models import load_model_variant
-from farm.queue import CELL, CURVE, HOST_WAIT_S, Job, LabQueue, SweepJobs, cell_lock
+from farm.queue import CELL, CURVE, HOST_WAIT_S, TUNE, Job, LabQueue, SweepJobs, cell_lock
 from farm.records import Device, ModelSource, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store
 from farm.store.backends import is_url
@@ -86,30 +86,38 @@ def progress_text(sweep_id: int, jobs: SweepJobs) -> str:
 def follow_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int,
                  say: Callable[[str], None] | None = None, started: float | None = None,
                  host_wait_s: float = HOST_WAIT_S) -> SweepOutcome:
-    """Follow a queued sweep until none of its jobs waits or runs; then store its status, "done" when every cell
-    has a stored attempt, else "incomplete" (resumable). Progress goes to ``say`` when it changes. A lab host silent
-    for ``host_wait_s`` (``LabQueue.silent_hosts``: no worker took or ran a job of it) has its waiting cells
-    stored "offline" with the reason (``host_gone``): they never move to another host's devices."""
+    """Follow a queued sweep until none of its jobs waits or runs (``follow_jobs``); then store its status, "done"
+    when every cell has a stored attempt, else "incomplete" (resumable)."""
     start = started if started is not None else time.monotonic()
-    lab, last = LabQueue(db_url), ""
-    while True:
-        for host in lab.silent_hosts(sweep_id, host_wait_s):
-            gone = host_gone(db_url, devices, spec, sweep_id, host, lab.cancel_waiting(sweep_id, host), host_wait_s)
-            if say and gone:
-                say(f"lab host {host}: no farm worker took its jobs for {host_wait_s / 60:g} min; {gone} cell(s) "
-                    "stored offline")
-        jobs = lab.sweep_jobs(sweep_id)
-        if say and (text := progress_text(sweep_id, jobs)) != last:
-            say(text)
-            last = text
-        if not jobs.active:
-            break
-        time.sleep(FOLLOW_S)
+    follow_jobs(db_url, devices, spec, sweep_id, say, host_wait_s)
     outcome = SweepOutcome(sweep_id, "running")
     with Store(db_url) as store:
         finish(store, spec, outcome, spec.cells())
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def follow_jobs(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int,
+                say: Callable[[str], None] | None = None, host_wait_s: float = HOST_WAIT_S) -> None:
+    """Wait until none of the sweep's jobs (cells, curves, tuning) waits or runs; progress goes to ``say`` when it
+    changes. A lab host silent for ``host_wait_s`` (``LabQueue.silent_hosts``: no worker took or ran a job of it)
+    has its waiting jobs cancelled, and its cells stored "offline" with the reason (``host_gone``): they never
+    move to another host's devices."""
+    lab, last = LabQueue(db_url), ""
+    while True:
+        for host in lab.silent_hosts(sweep_id, host_wait_s):
+            cancelled = lab.cancel_waiting(sweep_id, host)
+            gone = host_gone(db_url, devices, spec, sweep_id, host, cancelled, host_wait_s)
+            if say and cancelled:
+                say(f"lab host {host}: no farm worker took its jobs for {host_wait_s / 60:g} min; {gone} cell(s) "
+                    f"stored offline" + (f", {len(cancelled) - gone} other job(s) cancelled" if len(cancelled) > gone else ""))
+        jobs = lab.sweep_jobs(sweep_id)
+        if say and (text := progress_text(sweep_id, jobs)) != last:
+            say(text)
+            last = text
+        if not jobs.active:
+            return
+        time.sleep(FOLLOW_S)
 
 
 def host_gone(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int, lab_host: str,
@@ -199,6 +207,11 @@ class LabWorker:
             return "stored"
 
 
-def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, name: str, wait: bool = True) -> None:
-    """Run ``farm worker``'s queue worker for ``lab_host``: ``slots`` cells at once, over its devices."""
-    LabQueue(db_url).serve(lab_host, {CELL: worker.cell, CURVE: worker.curve}, slots, name, wait)
+def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, name: str, wait: bool = True,
+                   tuning: Callable[..., str] | None = None) -> None:
+    """Run ``farm worker``'s queue worker for ``lab_host``: ``slots`` jobs at once, over its devices: cells, copy
+    curves, and with ``tuning`` (``nightly.LabTuning``) its keys' nightly tuning."""
+    handlers: dict[str, Callable[..., str]] = {CELL: worker.cell, CURVE: worker.curve}
+    if tuning is not None:
+        handlers[TUNE] = tuning
+    LabQueue(db_url).serve(lab_host, handlers, slots, name, wait)
