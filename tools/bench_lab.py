@@ -12,6 +12,14 @@ on 2 cores compete for the CPU). Then, from the queue's own events, each job's w
     .venv/bin/python tools/bench_lab.py -n 20 -w 2 --json
 
 Goals (exit 1 when missed): every cell ok and stored once; a peak of min(N, W × S) sessions at once (#30: >= 96).
+
+--queue-load N: the queue's own overhead per cell at N queued cells (#30), without devices: W worker processes
+serve a lab host's queue through farm's `LabQueue.serve` with a cell handler that returns at once, and N cell jobs
+(one device each, so no device lock holds one back) are deferred by `LabQueue.defer` as `farm sweep` defers them.
+Figures: the deferring's time per job, each job's wait from queued to started (procrastinate's events), and the
+time until all N succeeded. A farm cell job adds its own reads to this (the sweep's spec, its attempts).
+
+    .venv/bin/python tools/bench_lab.py --queue-load 1000 [-w 4 --slots 24]
 """
 
 from __future__ import annotations
@@ -105,6 +113,71 @@ def job_waits(url: str) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
+def noop_worker(url: str, slots: int) -> None:
+    """A worker process of --queue-load: the lab host "load"'s queue, each cell job done at once."""
+    from farm.queue import CELL, LabQueue
+
+    LabQueue(url).serve("load", {CELL: lambda **_: "ok"}, slots, f"load-{os.getpid()}")
+
+
+def queue_load(args: argparse.Namespace, work: Path) -> int:
+    from farm.queue import CELL, Job, LabQueue, cell_lock
+
+    workers: list[subprocess.Popen] = []
+    with postgres(work) as url:
+        lab = LabQueue(url)
+        lab.install()
+        try:
+            for w in range(args.workers):
+                with open(work / f"noop-worker-{w}.log", "wb") as log:
+                    workers.append(subprocess.Popen(
+                        [sys.executable, __file__, "--noop-worker", url, "--slots", str(args.slots)], cwd=REPO,
+                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+            deadline = time.monotonic() + 120
+            while lab.live_workers() < args.workers:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in workers):
+                    raise SystemExit(f"the workers did not start: {(work / 'noop-worker-0.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+            devices = [f"dev{i:04d}" for i in range(args.queue_load)]
+            jobs = [Job(CELL, "load", d, {"sweep_id": 1, "device": d, "model": "noop", "first": True},
+                        cell_lock(1, d, "noop")) for d in devices]
+            start = time.perf_counter()
+            lab.defer(jobs)
+            defer_s = time.perf_counter() - start
+            while (done := lab.sweep_jobs(1).count("succeeded")) < args.queue_load:
+                if time.perf_counter() - start > 1800 or any(p.poll() is not None for p in workers):
+                    raise SystemExit(f"{done}/{args.queue_load} jobs done; worker log: "
+                                     f"{(work / 'noop-worker-0.log').read_text()[-2000:]}")
+                time.sleep(0.1)
+            all_s = time.perf_counter() - start
+            waits = job_waits(url)
+        finally:
+            for p in workers:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in workers:
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+    figures = {"jobs": args.queue_load, "workers": args.workers, "slots": args.slots,
+               "defer_ms_per_job": round(defer_s / args.queue_load * 1e3, 2), "defer_s": round(defer_s, 2),
+               "wait_s_median": round(waits[len(waits) // 2], 3), "wait_s_p95": round(waits[int(len(waits) * 0.95)], 3),
+               "wait_s_max": round(waits[-1], 3), "all_done_s": round(all_s, 1),
+               "jobs_per_s": round(args.queue_load / all_s, 1)}
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(f"{args.queue_load} cell jobs, {args.workers} workers × {args.slots} slots, handlers that return at once:")
+        print(f"  deferring: {figures['defer_ms_per_job']} ms a job ({figures['defer_s']} s in all)")
+        print(f"  a job's wait from queued to started: median {figures['wait_s_median']} s, p95 "
+              f"{figures['wait_s_p95']} s, max {figures['wait_s_max']} s")
+        print(f"  all {args.queue_load} done {figures['all_done_s']} s after the first was queued: "
+              f"{figures['jobs_per_s']} jobs/s")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--servers", type=int, default=100, help="devices of the lab host (default 100)")
@@ -114,9 +187,16 @@ def main() -> int:
     parser.add_argument("--min-repeat-ms", type=int, default=100, help="each repeat's length (default 100)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--keep", help="work folder to keep (default: a temporary one)")
+    parser.add_argument("--queue-load", type=int, metavar="N", help="the queue's overhead at N queued cells, no devices")
+    parser.add_argument("--noop-worker", metavar="URL", help=argparse.SUPPRESS)  # --queue-load's worker processes
     args = parser.parse_args()
+    if args.noop_worker:
+        noop_worker(args.noop_worker, args.slots)
+        return 0
     work = Path(args.keep or tempfile.mkdtemp(prefix="farm-lab-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.queue_load:
+        return queue_load(args, work)
     server = ensure_native_server()
     started: list[ManagedProcess] = []
     workers: list[subprocess.Popen] = []
