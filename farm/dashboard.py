@@ -16,7 +16,7 @@ from typing import Any
 import tornado.ioloop
 import tornado.web
 
-from farm.errors import FarmError, StoreError
+from farm.errors import FarmError, StoreError, message_line
 from farm.queue import HOST_COLUMNS, LabQueue, host_row
 from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import key_state, query_summary
@@ -82,7 +82,8 @@ async function refresh() {
     lab.hidden = !state.lab;
     if (state.lab) {
       fill("hosts", state.lab.columns, state.lab.hosts);
-      document.getElementById("workers").textContent = `${state.lab.live_workers} live worker(s) in the lab`;
+      document.getElementById("workers").textContent = state.lab.error ? "the lab's queue: " + state.lab.error
+        : `${state.lab.live_workers} live worker(s) in the lab`;
     }
     fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change"], state.alerts, {status: 1});
     fill("runs", ["id", "started_at", "device", "model", "runtime", "threads", "status", "steady", "reason"],
@@ -128,12 +129,12 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
         except StoreError as exc:
             state["tracker_error"] = exc.message
     if is_url(str(db_path)):  # a lab's PostgreSQL: its queue beside the results (none on a file)
+        state["lab"] = {"columns": list(HOST_COLUMNS), "hosts": [], "live_workers": 0, "error": None}
         try:
             lab = LabQueue(str(db_path))
-            state["lab"] = {"columns": list(HOST_COLUMNS), "hosts": [host_row(h) for h in lab.hosts()],
-                            "live_workers": lab.live_workers()}
-        except StoreError as exc:
-            state["tracker_error"] = exc.message
+            state["lab"].update(hosts=[host_row(h) for h in lab.hosts()], live_workers=lab.live_workers())
+        except Exception as exc:  # any database error of the queue's: shown, and the page keeps serving
+            state["lab"]["error"] = message_line(exc)
     temperatures: dict[str, float] = {}
     for run in reversed(runs):  # newest last, so it wins
         context = run.pop("context") or {}

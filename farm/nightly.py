@@ -133,7 +133,9 @@ def tune_after_sweep(tracker: TrackerAddress, devices: dict[str, Device], sweep_
     with Store(db_path) as store:
         runs = run_rows(store, sweep_id=sweep_id)
         for device in tuning_devices(devices, sweep_devices, budget, tell).values():
-            done += tune_key(tracker, device, runs, models, config, budget, store, cache_dir, work_root, tell)
+            night = tune_key(tracker, device, runs, models, config, budget, store, cache_dir, work_root, tell)
+            store.save_night_tuning(sweep_id, device.name, [dataclasses.asdict(t) for t in night])
+            done += night
     return done
 
 
@@ -188,26 +190,24 @@ def tuning_jobs(devices: dict[str, Device], sweep_devices: tuple[str, ...], swee
 def tune_queued(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int, budget: TuneBudget,
                 say: Say | None = None, host_wait_s: float = HOST_WAIT_S) -> list[NightTuning]:
     """A sweep over lab hosts: its keys' tuning jobs (``tuning_jobs``) queued on their hosts and followed to the
-    end (``follow_jobs``); what they did, read back from the store's sessions (the worker's log says why each model
-    was picked)."""
+    end (``follow_jobs``); what each did as its worker stored it (``LabTuning``), and a "failed" line for a key
+    whose job failed or was cancelled (its host gone)."""
     tell = say or (lambda message: None)
     jobs = tuning_jobs(devices, spec.devices, sweep_id, budget, tell)
-    with Store(db_url) as store:
-        before = store.last_tune_session_id()
-    LabQueue(db_url).defer(jobs)
+    lab = LabQueue(db_url)
+    lab.defer(jobs)
     tell(f"{len(jobs)} key(s) tuning at once on their hosts: " + ", ".join(f"{j.device} ({j.lab_host})" for j in jobs))
     follow_jobs(db_url, devices, spec, sweep_id, say, host_wait_s)
     with Store(db_url) as store:
-        sessions = store.tune_sessions_since(before, [job.device for job in jobs])
-    return [NightTuning(s["device"], s["model"], "", _night_status(s), s["id"], s["new_records"], s["trials_done"],
-                        reason=s["reason"]) for s in sessions]
-
-
-def _night_status(session: dict) -> str:
-    """A stored session in ``NightTuning``'s words: rejected, no-new-records, kept, or how it ended (failed …)."""
-    if session["status"] == "rejected" or not session["new_records"]:
-        return "rejected" if session["status"] == "rejected" else "no-new-records"
-    return "kept" if session["status"] in (TuneStatus.DONE, TuneStatus.TIME_BUDGET) else str(session["status"])
+        done = [NightTuning(**body) for body in store.night_tunings(sweep_id)]
+        stored = store.night_tuned(sweep_id)
+    ended = lab.task_statuses(sweep_id, TUNE)
+    for job in jobs:
+        if job.device not in stored:
+            status = ended.get(job.device, "not run")
+            done.append(NightTuning(job.device, "", "", "failed", reason=f"its tuning job on lab host {job.lab_host} "
+                                    f"ended {status} (the worker's log says why)"))
+    return done
 
 
 @dataclass
@@ -222,11 +222,14 @@ class LabTuning:
     def __call__(self, sweep_id: int, device: str, budget: dict) -> str:
         tuner = self.worker.device(device)
         with Store(self.worker.db_url) as store:
+            if device in store.night_tuned(sweep_id):  # the job delivered again: its key's night is stored
+                return "done before"
             spec, _ = self.worker.context(store, sweep_id)
             models = {m.name: m for m in (self.worker.model(spec, name) for name in spec.cell_models())}
             done = tune_key(self.worker.tracker, tuner, run_rows(store, sweep_id=sweep_id), models, spec.config,
                             TuneBudget(**{**budget, "devices": tuple(budget.get("devices", ()))}), store,
                             self.worker.cache_dir, self.work_root, self.say)
+            store.save_night_tuning(sweep_id, device, [dataclasses.asdict(t) for t in done])
         return ", ".join(f"{t.model}: {t.status}" for t in done) or "nothing to tune"
 
 

@@ -92,6 +92,10 @@ def host_row(host: dict[str, Any]) -> dict[str, Any]:
             "failed": host.get("failed", 0) + host.get("aborted", 0), "cancelled": host.get("cancelled", 0)}
 
 
+# a running job's worker is gone: none recorded, or silent for STALLED_S (the query's next parameter); k: its worker
+_DEAD_WORKER = "(k.id IS NULL OR k.last_heartbeat < NOW() - make_interval(secs => %s))"
+
+
 def _installed(db) -> bool:
     """Whether procrastinate's tables are on this database (a queue nothing was deferred to yet has none)."""
     return db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is not None
@@ -220,38 +224,60 @@ class LabQueue:
                                   "WHERE last_heartbeat >= NOW() - make_interval(secs => %s)", (STALLED_S,)).fetchone()[0])
 
     def silent_hosts(self, sweep_id: int, silence_s: float) -> list[str]:
-        """The lab hosts where the sweep's jobs wait and nothing has happened for ``silence_s`` seconds: no job of
-        the host's queue runs on a live worker, and no job of it was deferred, started or ended since (a host with
-        no ``farm worker``, or whose workers all died). A live worker starts a waiting job within ``POLL_S``, or
-        is running one (a device lock holds the rest back), so a host with one is never silent."""
+        """The lab hosts where the sweep's jobs wait, or are stuck on a dead worker, and nothing has happened for
+        ``silence_s`` seconds: no job of the host's queue runs on a live worker, and no job of it was deferred,
+        started or ended since (a host with no ``farm worker``, or whose workers all died). A live worker starts a
+        waiting job within ``POLL_S``, or is running one (a device lock holds the rest back), and puts a dead
+        worker's jobs back within ``RETRY_WITHIN_S``, so a host with one is never silent."""
         with self._connect() as db:
             if not _installed(db):
                 return []
             rows = db.execute(
-                """SELECT DISTINCT j.queue_name FROM procrastinate_jobs j
-                   WHERE j.status = 'todo' AND j.args->>'sweep_id' = %s
+                f"""SELECT DISTINCT j.queue_name FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k
+                      ON k.id = j.worker_id
+                   WHERE j.args->>'sweep_id' = %s AND (j.status = 'todo' OR (j.status = 'doing' AND {_DEAD_WORKER}))
                      AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs d JOIN procrastinate_workers w ON w.id = d.worker_id
                                      WHERE d.queue_name = j.queue_name AND d.status = 'doing'
                                        AND w.last_heartbeat > NOW() - make_interval(secs => %s))
                      AND NOT EXISTS (SELECT 1 FROM procrastinate_events e JOIN procrastinate_jobs q ON q.id = e.job_id
                                      WHERE q.queue_name = j.queue_name AND e.at > NOW() - make_interval(secs => %s))""",
-                (str(sweep_id), STALLED_S, silence_s)).fetchall()
+                (str(sweep_id), STALLED_S, STALLED_S, silence_s)).fetchall()
         return sorted(queue.removeprefix(queue_of("")) for (queue,) in rows)
 
     def cancel_waiting(self, sweep_id: int, lab_host: str) -> list[tuple[str, dict[str, Any]]]:
-        """Cancel the sweep's jobs that still wait in ``lab_host``'s queue; the (task, arguments) of each one
-        cancelled. A job a worker took meanwhile is not cancelled (procrastinate cancels only a waiting job), so
-        a cell is either measured on its host or returned here, never both."""
+        """Cancel the sweep's jobs that wait in ``lab_host``'s queue, after putting back those stuck on a dead
+        worker (procrastinate's ``retry_job``, as a live worker of the host would); the (task, arguments) of each
+        one cancelled. A job a worker took meanwhile is not cancelled (procrastinate cancels only a waiting job),
+        so a cell is either measured on its host or returned here, never both."""
+        import datetime
+
+        queue = queue_of(lab_host)
         with self._connect() as db:
-            rows = db.execute("SELECT id, task_name, args FROM procrastinate_jobs WHERE status = 'todo' "
-                              "AND queue_name = %s AND args->>'sweep_id' = %s ORDER BY id",
-                              (queue_of(lab_host), str(sweep_id))).fetchall()
-        cancelled = []
+            stuck = db.execute(
+                f"""SELECT j.id FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k ON k.id = j.worker_id
+                    WHERE j.status = 'doing' AND {_DEAD_WORKER} AND j.queue_name = %s AND j.args->>'sweep_id' = %s""",
+                (STALLED_S, queue, str(sweep_id))).fetchall()
         with self.app.open():
-            for job_id, task, args in rows:
-                if self.app.job_manager.cancel_job_by_id(job_id):
-                    cancelled.append((task, args))
-        return cancelled
+            manager = self.app.job_manager
+            for (job_id,) in stuck:
+                try:
+                    manager.retry_job_by_id(job_id, retry_at=datetime.datetime.now(datetime.timezone.utc))
+                except self._procrastinate.exceptions.ConnectorException as exc:  # taken back meanwhile
+                    log.info("job %s was not put back: %s", job_id, message_line(exc))
+            with self._connect() as db:
+                rows = db.execute("SELECT id, task_name, args FROM procrastinate_jobs WHERE status = 'todo' "
+                                  "AND queue_name = %s AND args->>'sweep_id' = %s ORDER BY id",
+                                  (queue, str(sweep_id))).fetchall()
+            return [(task, args) for job_id, task, args in rows if manager.cancel_job_by_id(job_id)]
+
+    def task_statuses(self, sweep_id: int, task: str) -> dict[str, str]:
+        """The sweep's jobs of ``task`` by device: each one's status (the latest job of a device)."""
+        with self._connect() as db:
+            if not _installed(db):
+                return {}
+            rows = db.execute("SELECT args->>'device', status::text FROM procrastinate_jobs WHERE task_name = %s "
+                              "AND args->>'sweep_id' = %s ORDER BY id", (task, str(sweep_id))).fetchall()
+        return dict(rows)
 
     # -- a worker -----------------------------------------------------------------------
 

@@ -162,6 +162,10 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
     env = {**workers.env, "FARM_DEVICES": str(inventory)}
     workers.env = env
     workers.start("--slots", "1")
+    from farm.queue import LabQueue
+
+    # lab1's worker must be taking jobs before the short --host-wait starts (the bound only ends a failing test)
+    _wait_for(lambda: LabQueue(env["FARM_DB"]).live_workers() >= 1, 300, "lab1's worker did not start")
     proc = run_farm("sweep", "--device", "dev0", "--device", "far", "--model", "mlp", "--model", "convnet",
                     "--reference", "none", "--repeat", "3", "--host-wait", "0.1", "--no-report", "--json", env=env,
                     timeout=600)
@@ -229,3 +233,26 @@ def test_a_queued_sweep_s_nightly_tuning_is_a_job_per_key_on_its_host_and_keys_t
     assert max(started.values()) < min(ended.values()), "the two keys' tuning jobs did not overlap"
     logs = workers.log(0) + workers.log(1)
     assert "tune: dev0: tuning for 4 min" in logs and "tune: dev1: tuning for 4 min" in logs
+    from farm.store import Store
+
+    with Store(workers.env["FARM_DB"]) as store:  # each worker stored its key's night; the sweep reported them
+        night = store.night_tunings(out["sweep_id"])
+    sessions = _tune_sessions(workers.env["FARM_DB"])
+    assert [(t["device"], t["model"], t["status"]) for t in night] == [
+        (t["device"], t["model"], t["status"]) for t in sorted(out["tuning"], key=lambda t: t["device"])]
+    with psycopg.connect(workers.env["FARM_DB"], autocommit=True) as db:  # a tuning job delivered again
+        job = db.execute("SELECT id FROM procrastinate_jobs WHERE task_name = 'farm.tune' ORDER BY id LIMIT 1"
+                         ).fetchone()[0]
+        db.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = NULL WHERE id = %s", (job,))
+    _wait_for(lambda: _job_status(workers.env["FARM_DB"], job) == "succeeded", RETRY_WITHIN_S + 60,
+              "the stalled tuning job did not run again")
+    with Store(workers.env["FARM_DB"]) as store:  # it found its key's night stored: nothing tuned twice
+        assert store.night_tunings(out["sweep_id"]) == night
+    assert _tune_sessions(workers.env["FARM_DB"]) == sessions
+
+
+def _tune_sessions(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        return db.execute("SELECT COUNT(*) FROM tune_sessions").fetchone()[0]

@@ -97,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         (spec, budget), sweep_id = _fresh_spec(args, inventory), None
     queued = queued_devices(inventory.devices, spec.devices)
+    if queued and budget and (unhosted := [d for d in budget.devices if not inventory.devices[d].lab_host]):
+        raise FarmError(f"{args.file}: [tune] devices {', '.join(unhosted)} name no lab_host, but the sweep's devices "
+                        "do: over lab hosts each key tunes on its device's host",
+                        'add lab_host = "NAME" to each, or leave them out of [tune] devices')
     if queued:
         followed = _queued_sweep(args, inventory, spec, sweep_id)
         if followed is None:
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                             progress=progress_printer(args.progress), sweep_id=sweep_id)
     reviewed, tuning, report = _review(args, inventory, spec, outcome, budget, queued)
     final = {(c.result.device, c.result.model): c for c in outcome.cells}  # the last attempt of each cell
-    stored = _stored_cells(args.db, outcome) if not final else {}  # a queued sweep's cells: its workers measured them
+    stored = _stored_cells(args.db, outcome) if queued else {}  # a queued sweep's cells: its workers measured them
     if args.json:
         emit_json(_sweep_json(outcome, final, reviewed, tuning, report) | stored)
     else:

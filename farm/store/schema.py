@@ -38,13 +38,15 @@ SCHEMA_VERSION history:
      finding can name the models it concerns by an op they share ("models with depthwise convolution")
  16  runs.cell_key (#30): 'SWEEP/DEVICE/MODEL/RUNTIME/ATTEMPT' for a sweep's measured attempt (NULL for runs outside a
      sweep, for offline cells and for runs stored before), unique: a cell's job delivered twice stores its result once
+ 17  night_tunings (#30): what a sweep's nightly tuning did for each device key (``nightly.NightTuning`` as JSON, in
+     order), stored by whoever tuned it: the sweep's process on one host, a lab host's worker over several
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -213,6 +215,11 @@ MIGRATIONS: dict[int, str] = {
     16: """
     ALTER TABLE runs ADD COLUMN cell_key TEXT;
     CREATE UNIQUE INDEX runs_cell_key ON runs (cell_key);
+    """,
+    17: """
+    CREATE TABLE night_tunings (
+        sweep_id INTEGER NOT NULL, device TEXT NOT NULL, position INTEGER NOT NULL, body TEXT NOT NULL,
+        stored_at TEXT NOT NULL, PRIMARY KEY (sweep_id, device, position));
     """,
 }
 

@@ -20,6 +20,9 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+NOTHING: dict = {}  # a key's night that tuned nothing (no model measured ok): stored, so a job run again knows it
+
+
 class TuningMixin:
     """The ``Store``'s tuning sessions and tuning records."""
 
@@ -98,20 +101,24 @@ class TuningMixin:
         rows = self._db.dicts("SELECT * FROM tune_sessions WHERE id=?", (session_id,))
         return rows[0] if rows else None
 
-    def last_tune_session_id(self) -> int:
-        """The newest tuning session's id (0: none yet): what a later ``tune_sessions_since`` starts after."""
-        rows = self._db.tuples("SELECT COALESCE(MAX(id), 0) FROM tune_sessions")
-        return int(rows[0][0])
+    def save_night_tuning(self, sweep_id: int, device: str, tunings: list[dict]) -> None:
+        """What a sweep's nightly tuning did for the key ``device`` tuned (``nightly.NightTuning`` as dicts, in
+        order), in place of what was stored for it before."""
+        stamp = now()
+        with self._db.transaction() as db:
+            db.execute("DELETE FROM night_tunings WHERE sweep_id=? AND device=?", (sweep_id, device))
+            db.executemany("INSERT INTO night_tunings (sweep_id, device, position, body, stored_at) VALUES (?,?,?,?,?)",
+                           [(sweep_id, device, i, json.dumps(t), stamp) for i, t in enumerate(tunings or [NOTHING])])
 
-    def tune_sessions_since(self, session_id: int, devices: list[str]) -> list[dict]:
-        """The tuning sessions of ``devices`` after ``session_id``, oldest first, each with ``new_records``: the
-        records it added."""
-        if not devices:
-            return []
-        marks = ",".join("?" * len(devices))
-        return self._db.dicts(
-            f"SELECT s.*, (SELECT COUNT(*) FROM tune_records r WHERE r.session_id = s.id) AS new_records "
-            f"FROM tune_sessions s WHERE s.id > ? AND s.device IN ({marks}) ORDER BY s.id", (session_id, *devices))
+    def night_tuned(self, sweep_id: int) -> set[str]:
+        """The devices whose nightly tuning for the sweep is stored (an empty night counts: nothing to tune)."""
+        return {row[0] for row in self._db.tuples("SELECT device FROM night_tunings WHERE sweep_id=?", (sweep_id,))}
+
+    def night_tunings(self, sweep_id: int) -> list[dict]:
+        """The sweep's nightly tuning (``save_night_tuning``), by device, in order."""
+        bodies = [json.loads(row[0]) for row in self._db.tuples(
+            "SELECT body FROM night_tunings WHERE sweep_id=? ORDER BY device, position", (sweep_id,))]
+        return [body for body in bodies if body != NOTHING]
 
     def ever_had_records(self, tuning_key: str) -> bool:
         """Whether any record was ever stored for the key, rejected ones included."""

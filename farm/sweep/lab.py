@@ -123,10 +123,13 @@ def follow_jobs(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_
 def host_gone(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int, lab_host: str,
               cancelled: list[tuple[str, dict]], waited_s: float) -> int:
     """Store each cancelled cell job of a silent lab host ``offline`` (attempt 0: a resume measures it), with why
-    and what to do; a copy curve's job is dropped (a curve is measured when its device is). Returns the cells."""
+    and what to do, unless the cell is done (its job was put back after its result was stored); a copy curve's or a
+    tuning job is dropped. Returns the cells stored offline."""
     cells = [args for task, args in cancelled if task == CELL]
     models: dict[str, ModelSource] = {}
     with Store(db_url) as store:
+        attempts = spec.by_cell(store.sweep_attempts(sweep_id))
+        cells = [args for args in cells if not spec.cell_done(attempts.get((args["device"], args["model"]), []))]
         for args in cells:
             name = args["model"]
             if name not in models:
