@@ -152,9 +152,9 @@ def _job_status(url: str, job: int) -> str:
 
 def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_never_measured_elsewhere(workers,
                                                                                                        tmp_path):
-    """Host lab2 has a device but no `farm worker`: the sweep measures lab1's device, and after --host-wait the
-    cells waiting for lab2 are cancelled in the queue and stored offline with the reason and what to do; none of
-    them runs on lab1's workers, whose devices are others."""
+    """Host lab2 has a device but no `farm worker` (one of its cells was running on a worker that died with the
+    host): the sweep measures lab1's device, and after --host-wait lab2's cells, the stuck one put back first, are
+    cancelled in the queue and stored offline with the reason; none of them runs on lab1's workers."""
     inventory = tmp_path / "devices.toml"
     inventory.write_text(Path(workers.env["FARM_DEVICES"]).read_text() +
                          '\n[devices.far]\nkind = "remote"\nkey = "lab2-0"\nlab_host = "lab2"\n'
@@ -166,17 +166,27 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
 
     # lab1's worker must be taking jobs before the short --host-wait starts (the bound only ends a failing test)
     _wait_for(lambda: LabQueue(env["FARM_DB"]).live_workers() >= 1, 300, "lab1's worker did not start")
-    proc = run_farm("sweep", "--device", "dev0", "--device", "far", "--model", "mlp", "--model", "convnet",
-                    "--reference", "none", "--repeat", "3", "--host-wait", "0.1", "--no-report", "--json", env=env,
+    queued = run_farm("sweep", "--device", "dev0", "--device", "far", "--model", "mlp", "--model", "convnet",
+                      "--reference", "none", "--repeat", "3", "--no-report", "--detach", "--json", env=env)
+    assert queued.returncode == 0, queued.stderr
+    sweep_id = json.loads(queued.stdout)["sweep_id"]
+    import psycopg
+
+    with psycopg.connect(env["FARM_DB"], autocommit=True) as db:  # lab2's first cell, running when its host died
+        db.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = NULL WHERE id = (SELECT MIN(id) FROM "
+                   "procrastinate_jobs WHERE queue_name = 'farm-host-lab2')")
+    proc = run_farm("sweep", "--resume", str(sweep_id), "--host-wait", "0.1", "--no-report", "--json", env=env,
                     timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert out["status"] == "done"
+    assert out["status"] == "done" and out["sweep_id"] == sweep_id
     assert sorted((c["device"], c["model"], c["status"]) for c in out["cells"]) == [
         ("dev0", "convnet", "ok"), ("dev0", "mlp", "ok"), ("far", "convnet", "failed"), ("far", "mlp", "failed")]
     assert "lab host lab2: no farm worker took its jobs for 0.1 min; 2 cell(s) stored offline" in proc.stderr
     from farm.store import Store
 
+    runs = _runs(env, out["sweep_id"])
+    assert _cells([r for r in runs if r["device"] == "dev0"]) == {("dev0", "mlp", "tvm"): 1, ("dev0", "convnet", "tvm"): 1}
     with Store(env["FARM_DB"]) as store:
         far = [r for r in store.runs(sweep_id=out["sweep_id"]) if r["device"] == "far"]
     assert sorted((r["model"], r["status"], r["failed_step"], r["attempt"]) for r in far) == [
@@ -185,7 +195,9 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
                               "one stopped" for r in far)
     assert "far" not in workers.log(0)
     status = json.loads(run_farm("sweep", "--status", str(out["sweep_id"]), "--json", env=env).stdout)
-    assert status["jobs"]["lab2"] == {"cancelled": 2} and status["jobs"]["lab1"] == {"succeeded": 2}
+    # lab1's jobs all succeeded: two, or three when the resume queued a cell whose job ended meanwhile (it found the
+    # cell done and stored nothing: one run per cell, above)
+    assert status["jobs"]["lab2"] == {"cancelled": 2} and set(status["jobs"]["lab1"]) == {"succeeded"}
     # the lab's view, as `farm worker --status` and the dashboard show it: lab1's worker is alive, lab2 has none
     from farm.dashboard import collect_state
     from farm.inventory import load_inventory
