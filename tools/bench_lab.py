@@ -113,6 +113,19 @@ def job_waits(url: str) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
+def stop_workers(workers: list[subprocess.Popen]) -> None:
+    """SIGTERM to each worker's process group (a worker finishes its jobs), SIGKILL after a minute."""
+    for p in workers:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in workers:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def noop_worker(url: str, slots: int) -> None:
     """A worker process of --queue-load: the lab host "load"'s queue, each cell job done at once."""
     from farm.queue import CELL, LabQueue
@@ -152,15 +165,7 @@ def queue_load(args: argparse.Namespace, work: Path) -> int:
             all_s = time.perf_counter() - start
             waits = job_waits(url)
         finally:
-            for p in workers:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in workers:
-                try:
-                    p.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            stop_workers(workers)
     figures = {"jobs": args.queue_load, "workers": args.workers, "slots": args.slots,
                "defer_ms_per_job": round(defer_s / args.queue_load * 1e3, 2), "defer_s": round(defer_s, 2),
                "wait_s_median": round(waits[len(waits) // 2], 3), "wait_s_p95": round(waits[int(len(waits) * 0.95)], 3),
@@ -243,15 +248,7 @@ def main() -> int:
             if proc.returncode != 0:
                 say(proc.stderr[-3000:])
         finally:
-            for p in workers:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in workers:
-                try:
-                    p.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            stop_workers(workers)
             for record in reversed(started):
                 stop_process(record)
     want = min(args.servers, args.workers * args.slots)
