@@ -140,8 +140,9 @@ def _merged(raw: np.ndarray, ends: list[int], sigma: float, min_change: float) -
 
 def drift_rows(rows: list[Run], metric_value: Callable[[Run], float | None],
                min_nights: int = MIN_NIGHTS) -> list[dict[str, Any]]:
-    """Per series (``series.by_sweep``: device, model, tuned and their target/TVM/pipeline context) with enough
-    sweeps: its segments and total change.
+    """Per series (``series.by_sweep``: device, model, tuned and their context: target, TVM, pipeline, runtime,
+    threads) with enough sweeps: its runtime and threads (the last sweep's run: a change of either is another
+    series), its segments and total change.
 
     ``rows``: results.run_rows; one value per sweep (its last ok, stable run); ``metric_value(row)``."""
     out = []
@@ -152,12 +153,13 @@ def drift_rows(rows: list[Run], metric_value: Callable[[Run], float | None],
         values = [v for v in measured if v is not None]
         if len(values) < min_nights or len(values) < len(measured):  # a sweep without the metric: no series
             continue
-        kept.append((device, model, tuned, sweeps, values))
-    for (device, model, tuned, sweeps, values), drift in zip(kept, find_drifts([k[-1] for k in kept])):
+        kept.append((device, model, tuned, accepted[sweeps[-1]], sweeps, values))
+    for (device, model, tuned, last, sweeps, values), drift in zip(kept, find_drifts([k[-1] for k in kept])):
         if drift is None:
             continue
         out.append({
-            "device": device, "model": model, "tuned": tuned, "sweeps": sweeps, "values": values,
+            "device": device, "model": model, "tuned": tuned, "runtime": last.runtime, "threads": last.threads,
+            "sweeps": sweeps, "values": values,
             "noise": drift.noise, "total_change": drift.total_change,
             "change_points": [sweeps[i] for i in drift.change_points],
             "segments": [{"first_sweep": sweeps[s.start], "last_sweep": sweeps[s.end - 1], "nights": s.end - s.start,

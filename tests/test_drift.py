@@ -41,6 +41,7 @@ def test_drift_rows_use_one_accepted_value_per_sweep():
 
 
 def test_farm_drift_lists_the_step_from_stored_sweeps(tmp_path):
+    import dataclasses
     import json
 
     from farm.models import load_model
@@ -54,12 +55,16 @@ def test_farm_drift_lists_the_step_from_stored_sweeps(tmp_path):
             sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
             level = 0.012 if night >= 6 else 0.010
             samples = tuple(level * (1 + rng.normal(0, 0.01)) for _ in range(5))
-            store.record_result(_result(samples=samples), DEVICE, load_model("mlp"), None, sweep_id=sweep)
+            store.record_result(dataclasses.replace(_result(samples=samples), threads=2), DEVICE, load_model("mlp"),
+                                None, sweep_id=sweep)
             store.finish_sweep(sweep, "done")
     proc = run_farm("--db", str(tmp_path / "r.db"), "drift", "--json")
     assert proc.returncode == 0, proc.stderr
     (series,) = json.loads(proc.stdout)["series"]
     assert series["change_points"] == [7] and 0.15 < series["total_change"] < 0.25  # sweep ids start at 1
+    assert (series["runtime"], series["threads"]) == ("tvm", 2)  # every view of runs names both
+    table = run_farm("--db", str(tmp_path / "r.db"), "drift").stdout
+    assert "runtime" in table and "threads" in table and " tvm " in table, table
 
 
 def test_segmentation_is_the_exact_optimum_of_penalized_l2():

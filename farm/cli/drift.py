@@ -41,10 +41,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     changed = sum(bool(s["change_points"]) for s in series)
     print(f"{args.metric}: {len(series)} series with enough sweeps, {changed} changed level")
-    print_table([{"device": s["device"], "model": model_label(s["model"], s["tuned"]),
+    print_table([{"device": s["device"], "model": model_label(s["model"], s["tuned"]), "runtime": s["runtime"],
+                  "threads": "not known" if s["threads"] is None else s["threads"],
                   "change_points": ",".join(map(str, s["change_points"])) or "-",
                   "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {format_metric(args.metric, g['median'])}"
                                         for g in s["segments"]),
                   "first_to_last": f"{s['total_change']:+.1%}"} for s in shown],
-                ["device", "model", "change_points", "segments", "first_to_last"])
+                ["device", "model", "runtime", "threads", "change_points", "segments", "first_to_last"])
     return 0
