@@ -226,3 +226,50 @@ fallback = "cpu"
     assert code == 1 and nogpu["status"] == "failed" and nogpu["failed_step"] == "load"
     assert "Cannot open libOpenCL" in nogpu["reason"]
     assert nogpu["fallback"]["status"] == "ok" and nogpu["fallback"]["device"] == "phone-nogpu@cpu"
+
+
+def test_a_phone_on_a_host_without_the_tracker_registers_through_a_relay_and_is_measured_from_its_host(phone, tmp_path,
+                                                                                                      farm_env):
+    """The lab's tracker runs on another host (a network namespace); the phone's host has only its adb and the
+    phone. `farm serve` starts a relay on its loopback to the tracker and reverses that port to the phone, whose
+    server registers with the lab's tracker; `farm bench` on the phone's host measures it, and `farm down` stops
+    the server, then the relay."""
+    serial, adb = phone
+    with network_namespace("farmtr", 215) as (ns, host_addr, tracker_addr):
+        tracker_port = free_port()
+        inventory = write_inventory(tmp_path / "devices.toml", f"""
+[devices.phone]
+kind = "android"
+key = "far-phone"
+serial = "{serial}"
+adb = "{adb}"
+server_port = {free_port()}
+device_dir = "{tmp_path / 'phone-data' / 'farm'}"
+launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
+emulated = true
+max_cooldown_s = 5
+""", tracker_port, tracker_addr)
+        here = {**farm_env, "FARM_DEVICES": str(inventory)}
+        there = {**here, "FARM_HOME": str(tmp_path / "home-tracker")}
+        started = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "tracker", "start",
+                                  "--host", tracker_addr], env={**os.environ, **there}, cwd=REPO, capture_output=True,
+                                 text=True, timeout=120)
+        assert started.returncode == 0, started.stderr
+        try:
+            serve = run_farm("serve", "--json", env=here)
+            assert serve.returncode == 0, serve.stderr
+            records = json.loads((tmp_path / "home" / "processes.json").read_text())
+            relay = next(r for r in records if r["role"] == "relay")
+            assert relay["name"] == "phone" and relay["port"] != tracker_port
+            bench = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
+                             "--json", env=here)
+            assert bench.returncode == 0, bench.stderr
+            assert json.loads(bench.stdout)["status"] == "ok" and json.loads(bench.stdout)["check"]["status"] == "passed"
+        finally:
+            down = run_farm("down", "--json", env=here)
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "down"],
+                           env={**os.environ, **there}, cwd=REPO, capture_output=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert [r["role"] for r in json.loads(down.stdout)["stopped"]] == ["server", "relay"]
+        assert not psutil.pid_exists(relay["pid"]) or psutil.Process(relay["pid"]).status() == psutil.STATUS_ZOMBIE

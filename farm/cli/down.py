@@ -19,7 +19,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    stopped, failed = stop_roles(home_dir(), ("watchdog", "server", "tracker"))
+    stopped, failed = stop_roles(home_dir(), ("watchdog", "server", "relay", "tracker"))
     if args.json:
         emit_json({"stopped": [asdict(r) for r in stopped], "failed": failed_json(failed)})
     else:

@@ -69,7 +69,7 @@ def _stop(as_json: bool) -> int:
     """--stop: the watchdog, then the servers farm started (``farm down`` stops the tracker too)."""
     from farm.cli.down import failed_json, raise_if_failed, stop_roles
 
-    stopped, failed = stop_roles(home_dir(), ("watchdog", "server"))
+    stopped, failed = stop_roles(home_dir(), ("watchdog", "server", "relay"))
     if as_json:
         emit_json({"stopped_servers": [r.pid for r in stopped], "failed": failed_json(failed)})
     else:

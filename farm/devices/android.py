@@ -6,9 +6,10 @@
 2. push the RPC server bundle (``farm-rpc-server`` and its libraries) to ``device_dir``,
    skipping files whose size and mtime already match;
 3. ``adb reverse tcp:T tcp:T`` for the tracker port T, so the phone reaches the tracker at its
-   own 127.0.0.1:T, and ``adb forward tcp:P tcp:P`` for the phone's ``server_port`` P, so the
-   address the tracker hands out (127.0.0.1:P on this host) reaches the phone. Each phone
-   needs its own ``server_port``;
+   own 127.0.0.1:T (when the tracker runs on another lab host, T is a relay's on this host's loopback:
+   ``devices/relay.py``, recorded with role "relay"), and ``adb forward tcp:P tcp:P`` for the phone's
+   ``server_port`` P, so the address the tracker hands out (127.0.0.1:P on this host) reaches the phone: the
+   phone is measured from its own host (``farm worker``). Each phone needs its own ``server_port``;
 4. start the server with ``setsid nohup`` on the phone, registered under the device's key, with the
    GPU driver's kernel cache in ``device_dir`` (``--kernel-cache``: cleared for cold first runs),
    and record its PID with a ``python -m farm.devices.adb_shell`` prefix, so ``farm down``, the watchdog
@@ -43,7 +44,9 @@ from farm.devices.kind import DeviceKind, Fail, Field, thread_options
 from farm.devices.opencl_runtime import board_with_opencl
 from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
-from farm.rpc.processes import ManagedProcess
+from farm.devices.relay import MODULE as RELAY_MODULE
+from farm.devices.relay import is_loopback, start_relay
+from farm.rpc.processes import ManagedProcess, free_port, is_running, load_records, local_process
 
 NEEDS_SERIAL = 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001'
 DEFAULT_DIR = "/data/local/tmp/farm"
@@ -205,18 +208,36 @@ def push_bundle(phone, folder: Path, device_dir: str) -> int:
     return sent
 
 
-def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[ManagedProcess]:
+def _tracker_port(device: Device, tracker: TrackerAddress, state_dir: Path) -> tuple[int, list[ManagedProcess]]:
+    """The port on this host's loopback where the phone's ``adb reverse`` reaches the tracker: the tracker's own
+    when it runs here; else a relay's to it (``devices.relay``: the tracker on another lab host; the relay offers
+    the phone's forwarded ``server_port`` on this host's address too, where the tracker sends clients), the
+    device's running one when it has one (a watchdog's restart), else a new one, returned as a record to keep."""
+    if is_loopback(tracker.host):
+        return tracker.port, []
+    for record in load_records(state_dir):
+        if record.role == "relay" and record.name == device.name and is_running(record):
+            return record.port, []
+    port = free_port()
+    log_path = Path(state_dir) / f"relay-{device.key}.log"
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    proc = start_relay(tracker, port, int(device.options["server_port"]), log_path)
+    return port, [local_process("relay", device.name, device.key, proc.pid, port, str(log_path), RELAY_MODULE)]
+
+
+def _bring_up(device: Device, tracker: TrackerAddress, serial: str, state_dir: Path) -> list[ManagedProcess]:
     port = int(device.options["server_port"])
     address = adb_address(device)
     phone = attach(client(address), serial)
     device_dir = str(device.options.get("device_dir", DEFAULT_DIR))
     push_bundle(phone, bundle_folder(device), device_dir)
-    phone.reverse(f"tcp:{tracker.port}", f"tcp:{tracker.port}")
+    tracker_port, relay = _tracker_port(device, tracker, state_dir)
+    phone.reverse(f"tcp:{tracker_port}", f"tcp:{tracker_port}")
     phone.forward(f"tcp:{port}", f"tcp:{port}")
     launcher = " ".join(shlex.quote(str(part)) for part in device.options.get("launcher", []))
     log_path = f"{device_dir}/server-{device.key}.log"
     kernel_cache = f"{device_dir}/kernel-cache-{device.key}"  # the GPU driver's, emptied for a cold first run
-    server = (f"{launcher} ./{SERVER} --tracker 127.0.0.1:{tracker.port} --key {shlex.quote(device.key)}"
+    server = (f"{launcher} ./{SERVER} --tracker 127.0.0.1:{tracker_port} --key {shlex.quote(device.key)}"
               f" --host 127.0.0.1 --port {port} --kernel-cache {shlex.quote(kernel_cache)}"
               f" {' '.join(thread_options(device))}").strip()
     started = shell(phone, f"cd {shlex.quote(device_dir)} && (setsid nohup {server} > {shlex.quote(log_path)} 2>&1"
@@ -233,7 +254,7 @@ def _bring_up(device: Device, tracker: TrackerAddress, serial: str) -> list[Mana
                           "a real phone needs a server built for Android (server_bundle); the stand-in needs launcher = qemu")
     remote = [sys.executable, "-m", "farm.devices.adb_shell", address[0], str(address[1]), serial]
     return [ManagedProcess("server", device.name, device.key, int(pid[0]), port, f"{serial}:{log_path}", time.time(),
-                           SERVER, json.dumps(remote))]
+                           SERVER, json.dumps(remote)), *relay]
 
 
 class Android(DeviceKind):
@@ -299,4 +320,4 @@ class Android(DeviceKind):
                 raise InventoryError(f"device {device.name!r} (kind android) has no {name}", NEEDS_SERIAL)
         serial = str(device.options["serial"])
         with adb_errors(f"bringing up phone {serial}"):
-            return _bring_up(device, tracker, serial)
+            return _bring_up(device, tracker, serial, state_dir)

@@ -39,7 +39,7 @@ TRACKER_MODULE = "farm.rpc.tracker_server"  # TVM's tracker with a backlog for a
 
 @dataclass(frozen=True)
 class ManagedProcess:
-    role: str  # "tracker" | "server" | "watchdog"
+    role: str  # "tracker" | "server" | "watchdog" | "relay" (a phone's way to a tracker on another host)
     name: str  # device name for servers, "tracker" for the tracker
     key: str
     pid: int
