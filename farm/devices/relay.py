@@ -37,7 +37,7 @@ def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     with contextlib.suppress(OSError):
-        return socket.getaddrinfo(host, None)[0][4][0].startswith("127.")
+        return str(socket.getaddrinfo(host, None)[0][4][0]).startswith("127.")
     return False
 
 
