@@ -228,7 +228,8 @@ class LabQueue:
         ``silence_s`` seconds: no job of the host's queue runs on a live worker, and no job of it was deferred,
         started or ended since (a host with no ``farm worker``, or whose workers all died). A live worker starts a
         waiting job within ``POLL_S``, or is running one (a device lock holds the rest back), and puts a dead
-        worker's jobs back within ``RETRY_WITHIN_S``, so a host with one is never silent."""
+        worker's jobs back within ``RETRY_WITHIN_S`` (so a stuck job counts only once its worker has been silent
+        that long), so a host with one is never silent."""
         with self._connect() as db:
             if not _installed(db):
                 return []
@@ -241,7 +242,7 @@ class LabQueue:
                                        AND w.last_heartbeat > NOW() - make_interval(secs => %s))
                      AND NOT EXISTS (SELECT 1 FROM procrastinate_events e JOIN procrastinate_jobs q ON q.id = e.job_id
                                      WHERE q.queue_name = j.queue_name AND e.at > NOW() - make_interval(secs => %s))""",
-                (str(sweep_id), STALLED_S, STALLED_S, silence_s)).fetchall()
+                (str(sweep_id), RETRY_WITHIN_S, STALLED_S, silence_s)).fetchall()
         return sorted(queue.removeprefix(queue_of("")) for (queue,) in rows)
 
     def cancel_waiting(self, sweep_id: int, lab_host: str) -> list[tuple[str, dict[str, Any]]]:

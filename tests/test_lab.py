@@ -173,8 +173,10 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
     import psycopg
 
     with psycopg.connect(env["FARM_DB"], autocommit=True) as db:  # lab2's first cell, running when its host died
-        db.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = NULL WHERE id = (SELECT MIN(id) FROM "
-                   "procrastinate_jobs WHERE queue_name = 'farm-host-lab2')")
+        dead = db.execute("INSERT INTO procrastinate_workers (last_heartbeat) VALUES (NOW() - interval '1 hour') "
+                          "RETURNING id").fetchone()[0]
+        db.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s WHERE id = (SELECT MIN(id) FROM "
+                   "procrastinate_jobs WHERE queue_name = 'farm-host-lab2')", (dead,))
     proc = run_farm("sweep", "--resume", str(sweep_id), "--host-wait", "0.1", "--no-report", "--json", env=env,
                     timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

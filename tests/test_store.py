@@ -353,3 +353,16 @@ def test_readonly_store_cannot_write(db_location):
     with Store(db_location, readonly=True) as store:
         with pytest.raises(StoreError):
             store.record_result(_result(), DEVICE, load_model("mlp"), None)
+
+
+def test_a_sweep_s_night_of_tuning_is_stored_per_key_an_empty_one_too(db_location):
+    """Schema 17: each key's night (nightly.NightTuning as dicts), replaced when stored again; a key that tuned
+    nothing is known as tuned (a tuning job delivered again does nothing) and lists nothing."""
+    kept = {"device": "cpu-a", "model": "mlp", "status": "kept", "trials": 8}
+    with Store(db_location) as store:
+        store.save_night_tuning(4, "cpu-b", [])
+        store.save_night_tuning(4, "cpu-a", [{**kept, "status": "failed"}])
+        store.save_night_tuning(4, "cpu-a", [kept, {**kept, "model": "convnet"}])
+        store.save_night_tuning(5, "cpu-a", [kept])
+        assert store.night_tuned(4) == {"cpu-a", "cpu-b"} and store.night_tuned(6) == set()
+        assert store.night_tunings(4) == [kept, {**kept, "model": "convnet"}]

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         emit_json({"tracker": str(tracker), "servers": rows,
                    "failed": [{"device": n, "error": e.message, "hint": e.hint} for n, e in failures]})
     else:
-        print(f"{len(started)} server(s) started, {len(rows)} running, registered with {tracker}")
+        print(f"{sum(r.role == 'server' for r in started)} server(s) started, {len(rows)} running, registered with "
+              f"{tracker}")
         print_table(rows, ["device", "key", "pid", "port", "log"])
     if failures:
         name, error = failures[0]
@@ -71,9 +72,9 @@ def _stop(as_json: bool) -> int:
 
     stopped, failed = stop_roles(home_dir(), ("watchdog", "server", "relay"))
     if as_json:
-        emit_json({"stopped_servers": [r.pid for r in stopped], "failed": failed_json(failed)})
+        emit_json({"stopped_servers": [r.pid for r in stopped if r.role == "server"], "failed": failed_json(failed)})
     else:
-        print(f"stopped {len(stopped)} server(s)")
+        print(f"stopped {sum(r.role == 'server' for r in stopped)} server(s)")
     raise_if_failed(failed)
     return 0
 

@@ -82,7 +82,7 @@ def _serve(inventory, names: list[str]) -> None:
 
     started, _, failures = bring_up_devices(inventory, [n for n in names if can_bring_up(inventory.devices[n])],
                                      inventory.tracker, home_dir(), 60.0)
-    print(f"{len(started)} server(s) started", file=sys.stderr)
+    print(f"{sum(r.role == 'server' for r in started)} server(s) started", file=sys.stderr)
     for name, error in failures:  # its cells are stored offline: the other devices go on
         print(f"could not bring up {name}: {error.message}", file=sys.stderr)
 

@@ -6,10 +6,10 @@
 2. push the RPC server bundle (``farm-rpc-server`` and its libraries) to ``device_dir``,
    skipping files whose size and mtime already match;
 3. ``adb reverse tcp:T tcp:T`` for the tracker port T, so the phone reaches the tracker at its
-   own 127.0.0.1:T (when the tracker runs on another lab host, T is a relay's on this host's loopback:
-   ``devices/relay.py``, recorded with role "relay"), and ``adb forward tcp:P tcp:P`` for the phone's
-   ``server_port`` P, so the address the tracker hands out (127.0.0.1:P on this host) reaches the phone: the
-   phone is measured from its own host (``farm worker``). Each phone needs its own ``server_port``;
+   own 127.0.0.1:T, and ``adb forward tcp:P tcp:P`` for the phone's ``server_port`` P, so the address the
+   tracker hands out (127.0.0.1:P on this host) reaches the phone. When the tracker runs on another lab host,
+   T is a relay's on this host's loopback (``devices/relay.py``, recorded with role "relay"), and the relay
+   offers P on this host's address, which the tracker then hands out. Each phone needs its own ``server_port``;
 4. start the server with ``setsid nohup`` on the phone, registered under the device's key, with the
    GPU driver's kernel cache in ``device_dir`` (``--kernel-cache``: cleared for cold first runs),
    and record its PID with a ``python -m farm.devices.adb_shell`` prefix, so ``farm down``, the watchdog
@@ -44,9 +44,8 @@ from farm.devices.kind import DeviceKind, Fail, Field, thread_options
 from farm.devices.opencl_runtime import board_with_opencl
 from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
-from farm.devices.relay import MODULE as RELAY_MODULE
-from farm.devices.relay import is_loopback, start_relay
-from farm.rpc.processes import ManagedProcess, free_port, is_running, load_records, local_process
+from farm.devices.relay import is_loopback, relay_marker, start_relay
+from farm.rpc.processes import ManagedProcess, free_port, is_running, load_records, local_process, stop_process
 
 NEEDS_SERIAL = 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001'
 DEFAULT_DIR = "/data/local/tmp/farm"
@@ -215,14 +214,17 @@ def _tracker_port(device: Device, tracker: TrackerAddress, state_dir: Path) -> t
     device's running one when it has one (a watchdog's restart), else a new one, returned as a record to keep."""
     if is_loopback(tracker.host):
         return tracker.port, []
-    for record in load_records(state_dir):
+    server_port = int(device.options["server_port"])
+    for record in load_records(state_dir):  # the device's relay, when it runs, if it relays to where it should
         if record.role == "relay" and record.name == device.name and is_running(record):
-            return record.port, []
+            if record.marker == relay_marker(record.port, tracker, server_port):
+                return record.port, []
     port = free_port()
     log_path = Path(state_dir) / f"relay-{device.key}.log"
     Path(state_dir).mkdir(parents=True, exist_ok=True)
-    proc = start_relay(tracker, port, int(device.options["server_port"]), log_path)
-    return port, [local_process("relay", device.name, device.key, proc.pid, port, str(log_path), RELAY_MODULE)]
+    proc = start_relay(tracker, port, server_port, log_path)
+    return port, [local_process("relay", device.name, device.key, proc.pid, port, str(log_path),
+                                relay_marker(port, tracker, server_port))]
 
 
 def _bring_up(device: Device, tracker: TrackerAddress, serial: str, state_dir: Path) -> list[ManagedProcess]:
@@ -232,6 +234,16 @@ def _bring_up(device: Device, tracker: TrackerAddress, serial: str, state_dir: P
     device_dir = str(device.options.get("device_dir", DEFAULT_DIR))
     push_bundle(phone, bundle_folder(device), device_dir)
     tracker_port, relay = _tracker_port(device, tracker, state_dir)
+    try:
+        return [_start_server(device, phone, address, serial, port, tracker_port, device_dir), *relay]
+    except BaseException:
+        for record in relay:  # a relay started for a server that did not start: not left holding its ports
+            stop_process(record)
+        raise
+
+
+def _start_server(device: Device, phone, address: tuple[str, int], serial: str, port: int, tracker_port: int,
+                  device_dir: str) -> ManagedProcess:
     phone.reverse(f"tcp:{tracker_port}", f"tcp:{tracker_port}")
     phone.forward(f"tcp:{port}", f"tcp:{port}")
     launcher = " ".join(shlex.quote(str(part)) for part in device.options.get("launcher", []))
@@ -253,8 +265,8 @@ def _bring_up(device: Device, tracker: TrackerAddress, serial: str, state_dir: P
         raise DeviceError(f"the RPC server on phone {serial} exited at start: {tail}",
                           "a real phone needs a server built for Android (server_bundle); the stand-in needs launcher = qemu")
     remote = [sys.executable, "-m", "farm.devices.adb_shell", address[0], str(address[1]), serial]
-    return [ManagedProcess("server", device.name, device.key, int(pid[0]), port, f"{serial}:{log_path}", time.time(),
-                           SERVER, json.dumps(remote)), *relay]
+    return ManagedProcess("server", device.name, device.key, int(pid[0]), port, f"{serial}:{log_path}", time.time(),
+                          SERVER, json.dumps(remote))
 
 
 class Android(DeviceKind):
@@ -310,6 +322,13 @@ class Android(DeviceKind):
 
     def unready(self, device: Device) -> str:
         return "" if "serial" in device.options else NEEDS_SERIAL
+
+    def started_note(self, record: ManagedProcess) -> str:
+        if record.role != "relay":
+            return ""
+        return (f"{record.name}: the tracker runs on another host: the phone reaches it through a relay on this host "
+                f"(port {record.port}), and its RPC server is offered on this host's address to the lab's network "
+                "(TVM RPC has no authentication: keep the lab's network private)")
 
     def read_health(self, device: Device) -> dict[str, Any]:
         return read_health(device) if "serial" in device.options else {}

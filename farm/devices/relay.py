@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import socket
 import subprocess
 import sys
@@ -28,48 +29,55 @@ from pathlib import Path
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
 
-MODULE = "farm.devices.relay"  # the marker of its records: a relay's command line holds it
+MODULE = "farm.devices.relay"
 START_S = 10.0  # a relay listens within this or is reported with its log
+
+
+READY = "ready"  # the line a relay logs once both its legs listen
 
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is this host's loopback, where ``adb reverse`` lands (no relay needed)."""
-    if host == "localhost":
-        return True
-    with contextlib.suppress(OSError):
-        return str(socket.getaddrinfo(host, None)[0][4][0]).startswith("127.")
+    with contextlib.suppress(OSError, ValueError):
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
     return False
+
+
+def relay_marker(port: int, tracker: TrackerAddress, expose: int) -> str:
+    """What a relay's command line holds (its record's marker): a relay is reused only if it relays the same way."""
+    return f"{MODULE} --listen {port} --to {tracker} --expose {expose}"
 
 
 def start_relay(tracker: TrackerAddress, port: int, expose: int, log_path: Path) -> subprocess.Popen:
     """A relay process (its own process group, its log in ``log_path``) from 127.0.0.1:``port`` to ``tracker``, and
     from this host's route address to it, ``expose``, to 127.0.0.1:``expose``, once it listens; a DeviceError with
     its log when it does not."""
+    log_path.write_bytes(b"")
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", MODULE, "--listen", str(port), "--to", str(tracker),
-                                 "--expose", str(expose)],
+        proc = subprocess.Popen([sys.executable, "-m", *relay_marker(port, tracker, expose).split()],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + START_S
     while proc.poll() is None and time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        if READY in log_path.read_text(errors="replace").splitlines():
             return proc
         time.sleep(0.1)
     if proc.poll() is None:
         proc.kill()
+        proc.wait()
     raise DeviceError(f"the relay to the tracker at {tracker} did not listen on 127.0.0.1:{port}: "
                       f"{log_path.read_text(errors='replace').strip()[-300:]}",
                       "check that this host reaches the tracker (farm tracker status) and that the port is free")
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One direction until its end: then that end passed on (a half-close), the other direction left to finish."""
     try:
         while data := await reader.read(1 << 16):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
     except (ConnectionError, OSError):
-        pass
-    finally:
         writer.close()
 
 
@@ -89,6 +97,8 @@ async def _relay(listen_host: str, listen_port: int, host: str, port: int) -> as
             writer.close()
             return
         await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        writer.close()
+        upstream_writer.close()
 
     server = await asyncio.start_server(connect, listen_host, listen_port)
     print(f"relaying {listen_host}:{listen_port} to {host}:{port}", file=sys.stderr, flush=True)
@@ -96,9 +106,9 @@ async def _relay(listen_host: str, listen_port: int, host: str, port: int) -> as
 
 
 async def _serve(port: int, host: str, target_port: int, expose: int | None) -> None:
-    servers = [await _relay("127.0.0.1", port, host, target_port)]
-    if expose is not None:
-        servers.append(await _relay(route_address(host, target_port), expose, "127.0.0.1", expose))
+    servers = [] if expose is None else [await _relay(route_address(host, target_port), expose, "127.0.0.1", expose)]
+    servers.append(await _relay("127.0.0.1", port, host, target_port))
+    print(READY, file=sys.stderr, flush=True)  # start_relay waits for this line: both legs listen
     await asyncio.gather(*(server.serve_forever() for server in servers))
 
 
