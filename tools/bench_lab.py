@@ -200,7 +200,9 @@ def main() -> int:
         return 0
     work = Path(args.keep or tempfile.mkdtemp(prefix="farm-lab-"))
     work.mkdir(parents=True, exist_ok=True)
-    if args.queue_load:
+    if args.queue_load is not None:
+        if args.queue_load < 1:
+            parser.error("--queue-load needs at least 1 job")
         return queue_load(args, work)
     server = ensure_native_server()
     started: list[ManagedProcess] = []
