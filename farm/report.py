@@ -195,17 +195,18 @@ TRAJECTORIES = 12  # cells whose per-night tuning trajectory is drawn (those fur
 
 def tuning_trajectories(rows: list[dict[str, Any]], most: int = TRAJECTORIES,
                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Per device × model that was ever tuned, its nights (sweeps): TVM's steady median with the night's coverage
-    (tuned tasks / tasks), TVM untuned where measured, the reference runtime's; the ``most`` furthest from their
-    reference (else slowest) first. And every night whose coverage dropped from the night before (a TVM upgrade
-    that found no records, a rejected record set): (cells, drops), from ``Store.trajectories`` rows."""
-    cells: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    """Per device × model × threads that was ever tuned, its nights (sweeps): TVM's steady median with the night's
+    coverage (tuned tasks / tasks), TVM untuned where measured, the reference runtime's (given TVM's threads); the
+    ``most`` furthest from their reference (else slowest) first. A change of threads starts another trajectory, as
+    it starts another series (``series.context_of``). And every night whose coverage dropped from the night before
+    (a TVM upgrade that found no records, a rejected record set): (cells, drops), from ``Store.trajectories`` rows."""
+    cells: dict[tuple[str, str, int | None], dict[int, dict[str, Any]]] = {}
     for row in rows:  # oldest first: a night's last attempt wins
-        night = cells.setdefault((row["device"], row["model"]), {}).setdefault(row["sweep_id"], {})
+        night = cells.setdefault((row["device"], row["model"], row["threads"]), {}).setdefault(row["sweep_id"], {})
         night["reference" if row["runtime"] != "tvm" else "tuned" if row["tuned"] else "untuned"] = row
     trajectories: list[dict[str, Any]] = []
     drops: list[dict[str, Any]] = []
-    for (device, model), nights in cells.items():
+    for (device, model, threads), nights in cells.items():
         if not any("tuned" in n for n in nights.values()):
             continue
         points, previous = [], None
@@ -214,7 +215,7 @@ def tuning_trajectories(rows: list[dict[str, Any]], most: int = TRAJECTORIES,
             tvm = night.get("tuned") or night.get("untuned")
             coverage = tvm["tuned_tasks"] / tvm["total_tasks"] if tvm and tvm["total_tasks"] else 0.0
             if tvm and previous is not None and coverage < previous[0]:
-                drops.append({"device": device, "model": model, "sweep_id": sweep_id,
+                drops.append({"device": device, "model": model, "threads": threads, "sweep_id": sweep_id,
                               "before": previous[1], "after": f"{tvm['tuned_tasks']}/{tvm['total_tasks']}",
                               "tvm": f"{previous[2]} → {tvm['tvm_version']}" if previous[2] != tvm["tvm_version"]
                               else tvm["tvm_version"]})
@@ -226,7 +227,8 @@ def tuning_trajectories(rows: list[dict[str, Any]], most: int = TRAJECTORIES,
         last = points[-1]
         tvm_last = last["tuned"] or last["untuned"]
         ratio = tvm_last / last["reference"] if tvm_last and last["reference"] else None
-        trajectories.append({"device": device, "model": model, "points": points, "ratio": ratio, "last_s": tvm_last})
+        trajectories.append({"device": device, "model": model, "threads": threads, "points": points, "ratio": ratio,
+                             "last_s": tvm_last})
     trajectories.sort(key=lambda t: (-(t["ratio"] or 0.0), -(t["last_s"] or 0.0)))
     return trajectories[:most], drops
 
@@ -253,7 +255,8 @@ def _trajectories_png(cells: list[dict[str, Any]]) -> str:
         ax.set_yscale("log")
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 3.2, not 3.2×10⁰
             axis(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
-        ax.set_title(f"{cell['device']} · {cell['model']}", fontsize=8)
+        threads = "threads not known" if cell["threads"] is None else f"{cell['threads']} threads"
+        ax.set_title(f"{cell['device']} · {cell['model']} · {threads}", fontsize=8)
         ax.tick_params(labelsize=6)
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[len(cells):]:

@@ -208,6 +208,24 @@ def test_the_report_shows_tuning_per_night_and_the_night_coverage_dropped(tmp_pa
     assert "0.27.0 → 0.28.0" in cells[0] and "|7|" in cells[0]
 
 
+def test_a_change_of_threads_starts_another_tuning_trajectory():
+    """Nights 1-4 on 1 thread (tuned, 6/10 tasks), nights 5-6 on 2 threads (no records yet: 0/10): two trajectories,
+    each named by its threads, and no coverage drop between them (another series, not a lost record set)."""
+    from farm.report import tuning_trajectories
+
+    def row(night: int, threads: int, tuned: bool, runtime: str = "tvm") -> dict:
+        return {"id": night * 10 + tuned, "sweep_id": night, "device": "dev0", "model": "m0", "runtime": runtime,
+                "tuned": tuned, "tvm_version": "0.27.0", "threads": threads, "median": 0.01 / threads,
+                "tuned_tasks": 6 if tuned and threads == 1 else 0, "total_tasks": 10 if runtime == "tvm" else 0}
+
+    rows = [row(n, 1 if n <= 4 else 2, tuned) for n in range(1, 7) for tuned in (False, True)]
+    rows += [row(n, 1 if n <= 4 else 2, False, "onnxruntime") for n in range(1, 7)]
+    cells, drops = tuning_trajectories(rows)
+    assert sorted((c["threads"], [p["sweep_id"] for p in c["points"]]) for c in cells) == [
+        (1, [1, 2, 3, 4]), (2, [5, 6])]
+    assert drops == [] and all(p["reference"] for c in cells for p in c["points"])
+
+
 def test_no_tuning_no_trajectory_section(tmp_path):
     db = tmp_path / "r.db"
     plant(db)
