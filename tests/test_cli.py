@@ -328,3 +328,17 @@ def test_json_output_indents_its_outer_levels_and_keeps_a_record_on_one_line(cap
     emit_json([summary, summary])
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 4 and json.loads(listed[1].rstrip(",")) == dataclasses.asdict(summary)
+
+
+def test_compare_names_each_run_s_runtime_and_threads(populated_db, farm_env):
+    """farm compare reads the two runs it names (not every run), and says what each one is: TVM's run and the
+    reference runtime's beside it, on the threads each reported."""
+    listed = {r["run_id"]: r for r in json.loads(run_farm("results", "--json", env=farm_env).stdout)}
+    tvm = next(i for i, r in listed.items() if r["runtime"] == "tvm")
+    reference = next(i for i, r in listed.items() if r["runtime"] != "tvm")
+    proc = run_farm("compare", str(tvm), str(reference), env=farm_env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert f"run {tvm}: cpu-b · mlp · tvm, {listed[tvm]['threads']} threads" in lines[0], lines
+    assert f"run {reference}: cpu-b · mlp · {listed[reference]['runtime']}, {listed[reference]['threads']} threads" \
+        in lines[1], lines

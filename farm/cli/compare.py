@@ -24,9 +24,9 @@ def run(args: argparse.Namespace) -> int:
 
     require_db(args.db)
     with Store(args.db) as store:
-        runs = {r["id"]: r for r in store.runs()}
-        for run_id in (args.run_a, args.run_b):
-            if run_id not in runs:
+        runs = {run_id: store.run(run_id) for run_id in (args.run_a, args.run_b)}  # two rows, not the store's every run
+        for run_id, found in runs.items():
+            if found is None:
                 raise FarmError(f"no run {run_id} in {args.db}", "see farm results")
         a, b = store.samples(args.run_a), store.samples(args.run_b)
     if len(a) < 3 or len(b) < 3:
@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         for run_id, median_s, n in ((args.run_a, result.median_old, result.n_old),
                                     (args.run_b, result.median_new, result.n_new)):
-            print(f"run {run_id}: {runs[run_id]['device']} · {runs[run_id]['model']}  median {duration(median_s)} ({n} samples)")
+            run = runs[run_id] or {}
+            threads = "threads not known" if run["threads"] is None else f"{run['threads']} threads"
+            print(f"run {run_id}: {run['device']} · {run['model']} · {run['runtime']}, {threads}  median "
+                  f"{duration(median_s)} ({n} samples)")
         print(f"change {result.change:+.2%}; Mann-Whitney U p={result.mann_whitney_p:.3g}, KS p={result.ks_p:.3g}: "
               f"{result.verdict}")
         print("note: the p-values take each run's samples as independent; samples of one load are not, so they "

@@ -204,6 +204,14 @@ class RunsMixin:
                  WHERE r.id IN ({where}) ORDER BY r.id DESC"""
         return self._db.dicts(sql, params)
 
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        """One run as ``runs`` gives it (joined with its check), or None."""
+        rows = self._db.dicts("""SELECT r.*, c.status AS check_status, c.max_abs_err, c.rtol, c.atol, c.reference,
+                                        c.detail AS check_detail, a.tuned_tasks, a.total_tasks
+                 FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key
+                 WHERE r.id = ?""", (run_id,))
+        return rows[0] if rows else None
+
     def run_table(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
                   sweep_id: int | None = None, limit: int | None = None, status: str | None = None) -> list[tuple]:
         """The runs ``runs`` selects, newest first, as plain tuples of ``RUN_TABLE`` (the columns the read model's
