@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import TVM_VERSION, compile_model, device_tuning_key, effective_target
+from farm.compile import TVM_VERSION, compile_model, device_tuning_key, effective_target, tuning_key
 from farm.errors import FarmError
-from farm.records import Artifact, BenchConfig, Device, ModelSource, SweepSpec, TrackerAddress, TuningSet
+from farm.records import (Artifact, BenchConfig, Device, ModelSource, SweepSpec, TrackerAddress, TuningSet,
+                          threads_setting, weight_prepack_setting)
 from farm.results import run_rows, versus_reference
 from farm.runs import Run
 from farm.store import Store
@@ -275,7 +276,8 @@ def _replay_earlier(tracker: TrackerAddress, device: Device, model: ModelSource,
 
 def replay_earlier_records(store: Store, device: Device, model: ModelSource) -> Replay | None:
     """On a tuning key that never had records (the night of a TVM upgrade: keys include the TVM version), the same
-    target's records under the newest older TVM version, copied into this version's key as a session of their own;
+    target's records for the same threads and weight prepacking under the newest older TVM version, copied into this
+    version's key as a session of their own;
     None when the key has records or nothing earlier exists. The caller validates them and rejects the session if
     they make the model slower."""
     from packaging.version import InvalidVersion, Version
@@ -290,7 +292,11 @@ def replay_earlier_records(store: Store, device: Device, model: ModelSource) -> 
     key = device_tuning_key(device, target)
     if store.ever_had_records(key):  # records of its own, or a replay that was rejected: never replayed (again)
         return None
-    earlier = next(((k, v) for k, v in store.other_tunings(target, TVM_VERSION) if older(v)), None)
+    threads, prepack = threads_setting(device, target), weight_prepack_setting(device, target)
+    # only the same settings' records under another version: records measured on other threads, or for other
+    # workloads (prepacking), neither apply nor mix (#33)
+    earlier = next(((k, v) for k, v in store.other_tunings(target, TVM_VERSION)
+                    if older(v) and k == tuning_key(target, threads, prepack, tvm=v)), None)
     if earlier is None:
         return None
     from_key, version = earlier

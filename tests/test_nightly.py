@@ -4,6 +4,7 @@ runtime; a record set kept only if the model is not slower with it; an earlier T
 import json
 import sqlite3
 
+from farm.inventory import load_inventory
 from farm.regress import not_slower
 from farm.store import Store
 from tests.conftest import run_farm
@@ -24,22 +25,35 @@ def test_a_sweep_tunes_the_model_furthest_from_onnxruntime_keeps_what_is_faster_
     assert "onnxruntime" in tuning[0]["why"] and tuning[0]["new_records"] > 0
     assert tuning[0]["status"] == "kept" and tuning[0]["after_s"] <= tuning[0]["before_s"], tuning
     db = sqlite3.connect(farm_env["FARM_DB"])
-    session = db.execute("SELECT status, reason, tuning_key FROM tune_sessions WHERE id=?",
+    session = db.execute("SELECT status, reason, tuning_key, target FROM tune_sessions WHERE id=?",
                          (tuning[0]["session_id"],)).fetchone()
     assert session[0] != "rejected" and session[1].startswith("kept: ")
-    # the night of a TVM upgrade: the records exist only under an earlier version's key
-    key = session[2]
+    # the night of a TVM upgrade: the records exist only under an earlier version's key. First under one for other
+    # threads: measured on another thread count, they are never replayed (#33); then under the same settings' key
+    from farm.compile import tuning_key
+    from farm.records import threads_setting
+
+    target, cpu_a = json.loads(session[3]), load_inventory(inventory_file).devices["cpu-a"]
+    threads = threads_setting(cpu_a, target)
+    other_threads, earlier = (tuning_key(target, threads + 1, True, tvm="0.26.0"),
+                              tuning_key(target, threads, True, tvm="0.26.0"))
     with db:
         for table in ("tune_sessions", "tune_records", "tune_workloads"):
-            db.execute(f"UPDATE {table} SET tuning_key='earlier-key' WHERE tuning_key=?", (key,))
-        db.execute("UPDATE tune_sessions SET tvm_version='0.26.0' WHERE tuning_key='earlier-key'")
+            db.execute(f"UPDATE {table} SET tuning_key=? WHERE tuning_key=?", (other_threads, session[2]))
+        db.execute("UPDATE tune_sessions SET tvm_version='0.26.0' WHERE tuning_key=?", (other_threads,))
     night.write_text(night.read_text().replace("minutes = 4", "minutes = 0.5"))  # no time for a search of its own
+    skipped = run_farm(*sweep, env=farm_env, timeout=900)
+    assert skipped.returncode == 0, skipped.stderr
+    assert json.loads(skipped.stdout)["tuning"] == [] and "replaying" not in skipped.stderr, skipped.stderr
+    with db:
+        for table in ("tune_sessions", "tune_records", "tune_workloads"):
+            db.execute(f"UPDATE {table} SET tuning_key=? WHERE tuning_key=?", (earlier, other_threads))
     second = run_farm(*sweep, env=farm_env, timeout=900)
     assert second.returncode == 0, second.stderr
     replayed = json.loads(second.stdout)["tuning"]
     assert [(t["model"], t["status"]) for t in replayed] == [("convnet", "replayed-kept")], second.stderr
     assert replayed[0]["new_records"] == db.execute(
-        "SELECT COUNT(*) FROM tune_records WHERE tuning_key='earlier-key'").fetchone()[0]
+        "SELECT COUNT(*) FROM tune_records WHERE tuning_key=?", (earlier,)).fetchone()[0]
     assert "TVM 0.26.0 → " in replayed[0]["reason"]
     compiled = json.loads(run_farm("--devices", str(inventory_file), "compile", "--device", "cpu-a", "--model",
                                    "convnet", "--json", env=farm_env).stdout)

@@ -20,14 +20,15 @@ PIPELINE_VERSION = 3
 RECORD_MATCH = "exact, else anchor-block"
 
 
-def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool = False) -> str:
+def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool = False, tvm: str = TVM_VERSION) -> str:
     """Tuning records are valid for one effective target, TVM version and thread count: MetaSchedule ignores the
     target, and a candidate ranked on 1 thread is not the best on 2 (``records.THREADS_RULE``: the runner's sessions
     run on the device's setting). With weight prepacking (``records.PREPACK_RULE``) the tasks are other workloads
     (functions with layout-free weights, renamed), so its records are kept apart; without it the key is the one
-    records had before the setting existed (pipeline 2), and those still apply to a device that turns it off."""
+    records had before the setting existed (pipeline 2), and those still apply to a device that turns it off.
+    ``tvm``: another TVM version's key for the same settings (what a TVM upgrade may replay)."""
     prepack = {"weight_prepack": True} if weight_prepack else {}
-    return _short_hash({"target": target, "tvm": TVM_VERSION, "threads": threads, **prepack})
+    return _short_hash({"target": target, "tvm": tvm, "threads": threads, **prepack})
 
 
 def _short_hash(fields: dict[str, Any]) -> str:
