@@ -87,6 +87,27 @@ def phone(tmp_path):
                 stop_group(proc)
 
 
+CPU_TARGET = 'target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }\n'
+
+
+def standin_phone_table(name: str, key: str, phone: tuple[str, str], device_dir, root: str = "/usr/aarch64-linux-gnu",
+                        rest: str = CPU_TARGET) -> str:
+    """devices.toml's [devices.NAME] for the stand-in phone: its server under qemu with ``root``'s libraries, its
+    data in ``device_dir``; ``rest``: the target and any other fields."""
+    serial, adb = phone
+    return (f'\n[devices.{name}]\nkind = "android"\nkey = "{key}"\nserial = "{serial}"\nadb = "{adb}"\n'
+            f'server_port = {free_port()}\ndevice_dir = "{device_dir}"\nlauncher = ["qemu-aarch64", "-L", "{root}"]\n'
+            f"emulated = true\n{rest}")
+
+
+def standin_inventory(tmp_path, key: str, phone: tuple[str, str], tracker_port: int, tracker_host: str = "127.0.0.1",
+                      extra: str = ""):
+    """devices.toml with the stand-in phone as device "phone" (CPU), tracked at tracker_host:tracker_port."""
+    table = standin_phone_table("phone", key, phone, tmp_path / "phone-data" / "farm",
+                                rest=CPU_TARGET + "max_cooldown_s = 5\n" + extra)
+    return write_inventory(tmp_path / "devices.toml", table, tracker_port, tracker_host)
+
+
 def server_record(home) -> dict | None:
     path = home / "processes.json"
     records = json.loads(path.read_text()) if path.exists() else []
@@ -100,21 +121,7 @@ def probe_state(env) -> str:
 
 def test_standin_phone_brought_up_over_adb_benchmarked_and_restarted(phone, tmp_path, farm_env):
     serial, adb = phone
-    server_port = free_port()
-    inventory = write_inventory(tmp_path / "devices.toml", f"""
-[devices.phone]
-kind = "android"
-key = "test-phone"
-serial = "{serial}"
-adb = "{adb}"
-server_port = {server_port}
-device_dir = "{tmp_path / 'phone-data' / 'farm'}"
-launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
-target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
-emulated = true
-min_battery_pct = 20
-max_cooldown_s = 5
-""", free_port())
+    inventory = standin_inventory(tmp_path, "test-phone", phone, free_port(), extra="min_battery_pct = 20\n")
     env = {**farm_env, "FARM_DEVICES": str(inventory)}
     home = tmp_path / "home"
     watchdog = None
@@ -191,20 +198,10 @@ def test_standin_phone_gpu_runs_opencl_on_arm64_pocl_and_a_phone_without_libopen
     device_dir = tmp_path / "phone-data" / "farm"
     devices = ""
     for name, root in (("phone-gpu", sysroot), ("phone-nogpu", "/usr/aarch64-linux-gnu")):
-        devices += f"""
-[devices.{name}]
-kind = "android"
-key = "test-{name}"
-serial = "{serial}"
-adb = "{adb}"
-server_port = {free_port()}
-device_dir = "{device_dir}"
-launcher = ["qemu-aarch64", "-L", "{root}"]
-target = {{ kind = "opencl", device = "mali" }}
-host = {{ kind = "llvm", mtriple = "aarch64-linux-gnu", mattr = ["+neon"] }}
-emulated = true
-fallback = "cpu"
-"""
+        devices += standin_phone_table(name, f"test-{name}", phone, device_dir, root,
+                                       'target = { kind = "opencl", device = "mali" }\n'
+                                       'host = { kind = "llvm", mtriple = "aarch64-linux-gnu", mattr = ["+neon"] }\n'
+                                       'fallback = "cpu"\n')
     env = {**farm_env, "FARM_DEVICES": str(write_inventory(tmp_path / "devices.toml", devices, free_port()))}
     try:
         assert run_farm("tracker", "start", env=env).returncode == 0
@@ -237,19 +234,7 @@ def test_a_phone_on_a_host_without_the_tracker_registers_through_a_relay_and_is_
     serial, adb = phone
     with network_namespace("farmtr", 215) as (ns, host_addr, tracker_addr):
         tracker_port = free_port()
-        inventory = write_inventory(tmp_path / "devices.toml", f"""
-[devices.phone]
-kind = "android"
-key = "far-phone"
-serial = "{serial}"
-adb = "{adb}"
-server_port = {free_port()}
-device_dir = "{tmp_path / 'phone-data' / 'farm'}"
-launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
-target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}
-emulated = true
-max_cooldown_s = 5
-""", tracker_port, tracker_addr)
+        inventory = standin_inventory(tmp_path, "far-phone", phone, tracker_port, tracker_addr)
         here = {**farm_env, "FARM_DEVICES": str(inventory)}
         there = {**here, "FARM_HOME": str(tmp_path / "home-tracker")}
         started = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "tracker", "start",
