@@ -30,9 +30,9 @@ search.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -134,9 +134,7 @@ def tune_after_sweep(tracker: TrackerAddress, devices: dict[str, Device], sweep_
     with Store(db_path) as store:
         runs = run_rows(store, sweep_id=sweep_id)
         for device in tuning_devices(devices, sweep_devices, budget, tell).values():
-            night = tune_key(tracker, device, runs, models, config, budget, store, cache_dir, work_root, tell)
-            store.save_night_tuning(sweep_id, device.name, [dataclasses.asdict(t) for t in night])
-            done += night
+            done += tune_key(tracker, device, sweep_id, runs, models, config, budget, store, cache_dir, work_root, tell)
     return done
 
 
@@ -154,11 +152,20 @@ def tuning_devices(devices: dict[str, Device], sweep_devices: tuple[str, ...], b
     return chosen
 
 
-def tune_key(tracker: TrackerAddress, device: Device, runs: list[Run], models: dict[str, ModelSource],
+def tune_key(tracker: TrackerAddress, device: Device, sweep_id: int, runs: list[Run], models: dict[str, ModelSource],
              config: BenchConfig, budget: TuneBudget, store: Store, cache_dir: Path, work_root: Path,
              tell: Say) -> list[NightTuning]:
-    """One device key's night: ``budget.minutes`` on the sweep's models by need (``rank_models`` over the sweep's
-    ``runs``), an earlier TVM version's records replayed first on a key that has none."""
+    """One device key's night of sweep ``sweep_id``: ``budget.minutes`` on the sweep's models by need
+    (``rank_models`` over the sweep's ``runs``), an earlier TVM version's records replayed first on a key that has
+    none; what it did stored (``Store.save_night_tuning``), an empty night too."""
+    done = _tune_key(tracker, device, runs, models, config, budget, store, cache_dir, work_root, tell)
+    store.save_night_tuning(sweep_id, device.name, [dataclasses.asdict(t) for t in done])
+    return done
+
+
+def _tune_key(tracker: TrackerAddress, device: Device, runs: list[Run], models: dict[str, ModelSource],
+              config: BenchConfig, budget: TuneBudget, store: Store, cache_dir: Path, work_root: Path,
+              tell: Say) -> list[NightTuning]:
     deadline = time.monotonic() + budget.minutes * 60
     ranked = [(m, why) for m, why in rank_models(runs, device.name) if m in models]
     if not ranked:
@@ -227,10 +234,9 @@ class LabTuning:
                 return "done before"
             spec, _ = self.worker.context(store, sweep_id)
             models = {m.name: m for m in (self.worker.model(spec, name) for name in spec.cell_models())}
-            done = tune_key(self.worker.tracker, tuner, run_rows(store, sweep_id=sweep_id), models, spec.config,
-                            TuneBudget(**{**budget, "devices": tuple(budget.get("devices", ()))}), store,
+            done = tune_key(self.worker.tracker, tuner, sweep_id, run_rows(store, sweep_id=sweep_id), models,
+                            spec.config, TuneBudget(**{**budget, "devices": tuple(budget.get("devices", ()))}), store,
                             self.worker.cache_dir, self.work_root, self.say)
-            store.save_night_tuning(sweep_id, device, [dataclasses.asdict(t) for t in done])
         return ", ".join(f"{t.model}: {t.status}" for t in done) or "nothing to tune"
 
 

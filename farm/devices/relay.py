@@ -30,7 +30,7 @@ from farm.errors import DeviceError
 from farm.records import TrackerAddress
 
 MODULE = "farm.devices.relay"
-START_S = 10.0  # a relay listens within this or is reported with its log
+START_S = 30.0  # a relay listens within this or is reported with its log (a Python start on a loaded machine)
 
 
 READY = "ready"  # the line a relay logs once both its legs listen
