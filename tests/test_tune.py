@@ -301,6 +301,27 @@ def test_minutes_alone_mean_tune_for_the_minutes_and_trials_alone_or_both_bound_
     assert session_trials(100, 8.0) == 100 and session_trials(0, 8.0) == 0  # both: whichever ends first; 0: none
 
 
+def test_a_time_budget_ends_the_session_rather_than_start_a_batch_it_cannot_finish(tmp_path):
+    from farm.tune.config import TuneConfig
+    from farm.tune.session import TuneSession, TuneStatus
+
+    def session(batch_secs: list[float], left_s: float) -> TuneSession:
+        minutes = 10.0
+        return TuneSession(tasks=[], config=TuneConfig(minutes=minutes), say=lambda _: None,
+                           started=time.monotonic() - minutes * 60 + left_s, tracker=None, device_key="cpu",
+                           store=None, key="k", session_id=1, work_dir=tmp_path, weights=None,
+                           batch_secs=batch_secs)
+
+    assert not session([], 60.0).stopping()  # no batch yet: nothing to foresee
+    assert not session([40.0, 50.0], 60.0).stopping()  # half a batch fits in the time left
+    early = session([300.0, 20.0, 20.0], 60.0)  # one search of a big task took 5 minutes: half of it overruns
+    assert early.stopping() and early.status is TuneStatus.TIME_BUDGET
+    assert "before its 10 min" in early.reason and "300 s" in early.reason, early.reason
+    assert not session([300.0, 20.0, 20.0, 20.0, 20.0], 60.0).stopping()  # the estimate follows the recent batches
+    spent = session([], -1.0)
+    assert spent.stopping() and spent.reason == "stopped after 10 min"
+
+
 def test_a_session_given_minutes_alone_runs_for_them_and_says_so(farm_net, inventory_file, farm_env):
     proc = run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "mlp", "--minutes", "0.1",
                     "--json", env=farm_env)

@@ -57,7 +57,7 @@ class Search:
             self._call(list(range(len(self.contexts))), self.config.trials, self.config.per_task)
             return
         for call in self._calls():
-            if not self.session.going:
+            if self.session.stopping():  # a new call starts with a search: none begins once the time is spent
                 break
             self._search(call)
 

@@ -34,6 +34,7 @@ class TuneStatus(StrEnum):
 
 
 INTERRUPTED_BY_THE_USER = "interrupted by the user"
+BATCHES_FOR_ESTIMATE = 4  # a time budget's end is foreseen from the longest of the last few batches
 
 
 class StopTuning(Exception):
@@ -112,6 +113,8 @@ class TuneSession:
     trajectory: list[tuple[int, float]] = field(default_factory=list)
     calling: list[int] = field(default_factory=list)  # the running tune_tasks call's tasks (its task_id indexes them)
     takes_turns: bool = False  # ... and whether they take turns (PassScheduler), or MetaSchedule schedules them
+    last_batch_at: float | None = None  # time.monotonic() at the last measured batch
+    batch_secs: list[float] = field(default_factory=list)  # the time between measured batches, latest last
 
     @property
     def deadline(self) -> float | None:
@@ -128,10 +131,18 @@ class TuneSession:
         self.end(TuneStatus.INTERRUPTED, INTERRUPTED_BY_THE_USER)
 
     def stopping(self) -> bool:
-        """Whether the session must end now (time budget, interrupt, lost device); records why."""
+        """Whether the session must end now (time budget, interrupt, lost device); records why.
+
+        A time budget ends the session once the time left is less than half of a batch (the longest of the last
+        few): one search of a big task can take minutes, and a session given 20 minutes must not take 26."""
         deadline = self.deadline
-        if deadline and time.monotonic() > deadline and self.going:
-            self.end(TuneStatus.TIME_BUDGET, f"stopped after {self.config.minutes:g} min")
+        if deadline and self.going:
+            left, batch = deadline - time.monotonic(), max(self.batch_secs[-BATCHES_FOR_ESTIMATE:], default=0.0)
+            if left <= 0:
+                self.end(TuneStatus.TIME_BUDGET, f"stopped after {self.config.minutes:g} min")
+            elif left < batch / 2:
+                self.end(TuneStatus.TIME_BUDGET, f"stopped {left:.0f} s before its {self.config.minutes:g} min: "
+                                                 f"a batch takes about {batch:.0f} s")
         if self.should_stop is not None and self.should_stop() and self.going:
             self.interrupted()
         return not self.going
@@ -161,7 +172,10 @@ class TuneSession:
         ``StopTuning`` when the session must end (terminating tasks from a callback trips MetaSchedule's checks; an
         exception ends ``tune_tasks`` cleanly instead, after this batch's records were synced). Tasks taking turns
         (``PassScheduler``) are given no new batch instead: the batches in flight are measured and kept."""
-        index = self.calling[task_id]
+        index, now = self.calling[task_id], time.monotonic()
+        if self.last_batch_at is not None:
+            self.batch_secs.append(now - self.last_batch_at)
+        self.last_batch_at = now
         for result in runner_results:
             self.tasks[index].measured(record_s(result.run_secs) if result.error_msg is None else None)
         self.trials += len(runner_results)
