@@ -8,12 +8,17 @@ what a device farm needs without a scheduler of farm's own (docs/ARCHITECTURE.md
   device's jobs run in the order they were deferred (procrastinate starts a lock's jobs oldest first), so a device's
   first cell comes first and its copy curve after its cells;
 - **a queueing lock per cell** (``cell_lock``): one waiting job per cell, however often a sweep is resumed;
+- **a build queue per device** (``build_queue``): a cell's compile is a job of its own (``BUILD``), taken by a build
+  worker on any host whose toolchain builds for the device (``farm worker --builds`` listens to those devices'
+  queues only); no device lock, so builds run beside the measurements. A cell whose build still waits when it
+  starts takes it over (``settle_build``: cancelled, built by the cell's own worker), so a lab with no build
+  worker runs as before;
 - **worker heartbeats** (``HEARTBEAT_S``): a job whose worker stopped beating for ``STALLED_S`` is stalled, and every
   worker puts its own host's stalled jobs back in the queue every ``STALL_CHECK_S`` (``_retry_stalled``): a killed
   worker's cell runs again on its host within ``RETRY_WITHIN_S``.
 
 A job's body is farm's (``farm.sweep.lab``, ``farm.nightly``): the worker passes its handlers in by task name
-(``CELL``, ``CURVE``, ``TUNE``); this module knows no cell. What a job does must be safe to do twice (at least once:
+(``CELL``, ``CURVE``, ``TUNE``, ``BUILD``); this module knows no cell. What a job does must be safe to do twice (at least once:
 a worker killed after its result committed and before its job was marked done runs again): the store's unique cell
 key ensures it for a cell; a tuning job run again tunes its key again, which only adds records.
 
@@ -34,6 +39,7 @@ log = logging.getLogger(__name__)
 CELL = "farm.cell"  # (sweep_id, device, model, first): one sweep cell, measured and stored
 CURVE = "farm.curve"  # (sweep_id, device): a GPU device's copy curve, after its cells
 TUNE = "farm.tune"  # (sweep_id, device, budget): a device key's nightly tuning, after the sweep's review
+BUILD = "farm.build"  # (sweep_id, device, model): a cell's compile, on a build worker (sweep_builds holds what it made)
 HEARTBEAT_S = 5.0  # a worker's heartbeat (procrastinate's default is 10 s)
 STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stalled
 STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
@@ -48,6 +54,18 @@ def queue_of(lab_host: str) -> str:
     return f"farm-host-{lab_host}"
 
 
+def build_queue(device: str) -> str:
+    return f"farm-build-{device}"
+
+
+BUILD_QUEUES = build_queue("")  # the prefix of every build queue
+BUILDS = "(builds)"  # the build queues' row among the lab hosts (``LabQueue.hosts``)
+
+
+def build_lock(sweep_id: int, device: str, model: str) -> str:
+    return f"build:{sweep_id}:{device}:{model}"
+
+
 def device_lock(device: str) -> str:
     return f"device:{device}"
 
@@ -58,7 +76,8 @@ def cell_lock(sweep_id: int, device: str, model: str) -> str:
 
 @dataclass(frozen=True)
 class Job:
-    """A job to defer: its task, its lab host's queue, its device's lock, its queueing lock and its arguments."""
+    """A job to defer: its task, its lab host's queue, its device's lock, its queueing lock and its arguments. A
+    build job goes to its device's build queue and takes no device lock (``lab_host`` is not used)."""
 
     task: str
     lab_host: str
@@ -66,18 +85,29 @@ class Job:
     args: dict[str, Any]
     queueing_lock: str | None = None
 
+    @property
+    def queue(self) -> str:
+        return build_queue(self.device) if self.task == BUILD else queue_of(self.lab_host)
+
+    @property
+    def lock(self) -> str | None:
+        return None if self.task == BUILD else device_lock(self.device)
+
 
 @dataclass
 class SweepJobs:
-    """A sweep's jobs by lab host and status (procrastinate's todo, doing, succeeded, failed, cancelled, aborted)."""
+    """A sweep's jobs by lab host and status (procrastinate's todo, doing, succeeded, failed, cancelled, aborted),
+    and its build jobs by status (a cancelled build is one its cell took over)."""
 
     by_host: dict[str, dict[str, int]] = field(default_factory=dict)
+    builds: dict[str, int] = field(default_factory=dict)
 
     def count(self, *statuses: str) -> int:
         return sum(n for counts in self.by_host.values() for s, n in counts.items() if s in statuses)
 
     @property
     def active(self) -> int:
+        """The jobs a sweep waits for: its cells, curves and tuning (a build serves a cell, which waits for it)."""
         return self.count(*ACTIVE)
 
 
@@ -111,7 +141,7 @@ class LabQueue:
         self._procrastinate = procrastinate
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
         self._handlers: dict[str, Callable[..., Any]] = {}
-        for name in (CELL, CURVE, TUNE):
+        for name in (CELL, CURVE, TUNE, BUILD):
             self.app.task(name=name, pass_context=False)(self._dispatcher(name))
 
     def _dispatcher(self, name: str) -> Callable[..., Any]:
@@ -158,8 +188,8 @@ class LabQueue:
             for job in jobs:
                 if job.queueing_lock in busy:
                     continue
-                deferrer = self.app.configure_task(job.task, queue=queue_of(job.lab_host),
-                                                   lock=device_lock(job.device), queueing_lock=job.queueing_lock)
+                deferrer = self.app.configure_task(job.task, queue=job.queue, lock=job.lock,
+                                                   queueing_lock=job.queueing_lock)
                 try:
                     deferrer.defer(**job.args)
                     deferred += 1
@@ -187,7 +217,10 @@ class LabQueue:
                               "WHERE args->>'sweep_id' = %s GROUP BY 1, 2", (str(sweep_id),)).fetchall()
         prefix = queue_of("")
         for queue, status, n in rows:
-            jobs.by_host.setdefault(queue.removeprefix(prefix), {})[status] = n
+            if queue.startswith(BUILD_QUEUES):
+                jobs.builds[status] = jobs.builds.get(status, 0) + n
+            else:
+                jobs.by_host.setdefault(queue.removeprefix(prefix), {})[status] = n
         return jobs
 
     def hosts(self) -> list[dict[str, Any]]:
@@ -205,14 +238,17 @@ class LabQueue:
                           ARRAY_AGG(DISTINCT w.id) FILTER (WHERE j.status = 'doing'
                                            AND w.last_heartbeat >= NOW() - make_interval(secs => %s))
                    FROM procrastinate_jobs j LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
-                   WHERE j.queue_name LIKE %s GROUP BY 1, 2 ORDER BY 1, 2""",
-                (STALLED_S, STALLED_S, queue_of("") + "%")).fetchall()
+                   WHERE j.queue_name LIKE %s OR j.queue_name LIKE %s GROUP BY 1, 2 ORDER BY 1, 2""",
+                (STALLED_S, STALLED_S, queue_of("") + "%", BUILD_QUEUES + "%")).fetchall()
         hosts: dict[str, dict[str, Any]] = {}
         for queue, status, n, stalled, workers in rows:
-            host = hosts.setdefault(queue, {"lab_host": queue.removeprefix(queue_of("")), "stalled": 0, "workers": 0})
-            host[status] = n
+            name = BUILDS if queue.startswith(BUILD_QUEUES) else queue.removeprefix(queue_of(""))
+            host = hosts.setdefault(name, {"lab_host": name, "stalled": 0, "workers": 0, "worker_ids": set()})
+            host[status] = host.get(status, 0) + n
             host["stalled"] += stalled
-            host["workers"] += len(workers or [])
+            host["worker_ids"].update(workers or [])
+        for host in hosts.values():
+            host["workers"] = len(host.pop("worker_ids"))
         return list(hosts.values())
 
     def live_workers(self) -> int:
@@ -237,12 +273,13 @@ class LabQueue:
                 f"""SELECT DISTINCT j.queue_name FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k
                       ON k.id = j.worker_id
                    WHERE j.args->>'sweep_id' = %s AND (j.status = 'todo' OR (j.status = 'doing' AND {_DEAD_WORKER}))
+                     AND j.queue_name LIKE %s
                      AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs d JOIN procrastinate_workers w ON w.id = d.worker_id
                                      WHERE d.queue_name = j.queue_name AND d.status = 'doing'
                                        AND w.last_heartbeat > NOW() - make_interval(secs => %s))
                      AND NOT EXISTS (SELECT 1 FROM procrastinate_events e JOIN procrastinate_jobs q ON q.id = e.job_id
                                      WHERE q.queue_name = j.queue_name AND e.at > NOW() - make_interval(secs => %s))""",
-                (str(sweep_id), RETRY_WITHIN_S, STALLED_S, silence_s)).fetchall()
+                (str(sweep_id), RETRY_WITHIN_S, queue_of("") + "%", STALLED_S, silence_s)).fetchall()
         return sorted(queue.removeprefix(queue_of("")) for (queue,) in rows)
 
     def cancel_waiting(self, sweep_id: int, lab_host: str) -> list[tuple[str, dict[str, Any]]]:
@@ -271,6 +308,53 @@ class LabQueue:
                                   (queue, str(sweep_id))).fetchall()
             return [(task, args) for job_id, task, args in rows if manager.cancel_job_by_id(job_id)]
 
+    def settle_build(self, sweep_id: int, device: str, model: str) -> str:
+        """Where the cell's build job stands, after cancelling it if it still waits (procrastinate cancels only a
+        waiting job, so a build worker either took it first or never will) or if its worker is dead (put back,
+        then cancelled): "taken" (the caller builds), "doing" (a live build worker builds it), "succeeded",
+        "failed" (its worker raised, or it was aborted), or "none" (no build job was deferred, or it was cancelled
+        before)."""
+        import datetime
+
+        for _ in range(3):  # a build worker may take the job between the read and the cancel: read again
+            with self._connect() as db:
+                if not _installed(db):
+                    return "none"
+                row = db.execute(
+                    f"""SELECT j.id, j.status::text, j.status = 'doing' AND {_DEAD_WORKER}
+                        FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k ON k.id = j.worker_id
+                        WHERE j.task_name = %s AND j.args->>'sweep_id' = %s AND j.args->>'device' = %s
+                          AND j.args->>'model' = %s ORDER BY j.id DESC LIMIT 1""",
+                    (STALLED_S, BUILD, str(sweep_id), device, model)).fetchone()
+                if row is None:
+                    return "none"
+                job_id, status, dead = row
+                if status == "todo" and self.app.job_manager.cancel_job_by_id(job_id, connection=db):
+                    return "taken"
+            if dead:  # its build worker died: no build worker of that queue may be left to put it back
+                with self.app.open():
+                    try:
+                        self.app.job_manager.retry_job_by_id(job_id, retry_at=datetime.datetime.now(datetime.timezone.utc))
+                    except self._procrastinate.exceptions.ConnectorException as exc:  # put back meanwhile
+                        log.info("build job %s was not put back: %s", job_id, message_line(exc))
+                continue
+            if status != "todo":
+                return {"doing": "doing", "succeeded": "succeeded", "cancelled": "none"}.get(status, "failed")
+        return "doing"
+
+    def cancel_waiting_builds(self, sweep_id: int) -> int:
+        """Cancel the sweep's build jobs that still wait once none of its cells does: they serve no cell (a resume
+        deferred them while their cells ran). Returns how many."""
+        with self._connect() as db:
+            if not _installed(db):
+                return 0
+            rows = db.execute("SELECT id FROM procrastinate_jobs WHERE task_name = %s AND status = 'todo' AND "
+                              "args->>'sweep_id' = %s", (BUILD, str(sweep_id))).fetchall()
+        if not rows:
+            return 0
+        with self.app.open():
+            return sum(bool(self.app.job_manager.cancel_job_by_id(job_id)) for (job_id,) in rows)
+
     def task_statuses(self, sweep_id: int, task: str) -> dict[str, str]:
         """The sweep's jobs of ``task`` by device: each one's status (the latest job of a device)."""
         with self._connect() as db:
@@ -282,26 +366,25 @@ class LabQueue:
 
     # -- a worker -----------------------------------------------------------------------
 
-    def serve(self, lab_host: str, handlers: dict[str, Callable[..., Any]], slots: int, name: str,
+    def serve(self, queues: list[str], handlers: dict[str, Callable[..., Any]], slots: int, name: str,
               wait: bool = True) -> None:
-        """Run a worker for ``lab_host``'s queue until SIGINT/SIGTERM (or, with ``wait`` False, until the queue is
-        empty): ``slots`` jobs at once, each in a thread, each through ``handlers[task]``; and every
-        ``STALL_CHECK_S`` the host's stalled jobs put back in the queue."""
+        """Run a worker for ``queues`` (a lab host's ``queue_of``, or devices' ``build_queue``) until SIGINT/SIGTERM
+        (or, with ``wait`` False, until they are empty): ``slots`` jobs at once, each in a thread, each through
+        ``handlers[task]``; and every ``STALL_CHECK_S`` their stalled jobs put back in the queue."""
         import asyncio  # here, not at import: every command's parser reads this module's constants
         from concurrent.futures import ThreadPoolExecutor
 
         self.install()
         self._handlers = handlers
-        queue = queue_of(lab_host)
 
         async def main() -> None:
             asyncio.get_running_loop().set_default_executor(
-                ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"farm-{lab_host}"))
+                ThreadPoolExecutor(max_workers=slots, thread_name_prefix="farm-job"))
             async with self.app.open_async():
-                stalled = asyncio.create_task(self._retry_stalled(queue))
+                stalled = asyncio.create_task(self._retry_stalled(set(queues)))
                 try:
                     await self.app.run_worker_async(
-                        queues=[queue], concurrency=slots, name=name, wait=wait, listen_notify=True,
+                        queues=queues, concurrency=slots, name=name, wait=wait, listen_notify=True,
                         fetch_job_polling_interval=POLL_S, update_heartbeat_interval=HEARTBEAT_S,
                         stalled_worker_timeout=STALLED_S, delete_jobs="never")
                 finally:
@@ -313,15 +396,18 @@ class LabQueue:
             raise FarmError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
                             "check the PostgreSQL server, then start the worker again: its jobs wait") from exc
 
-    async def _retry_stalled(self, queue: str) -> None:
-        """Put back in the queue the jobs of ``queue`` whose worker stopped beating (killed, or its host rebooted)."""
+    async def _retry_stalled(self, queues: set[str]) -> None:
+        """Put back in their queue the jobs of ``queues`` whose worker stopped beating (killed, or host rebooted)."""
         import asyncio
 
         manager = self.app.job_manager
         while True:
             await asyncio.sleep(STALL_CHECK_S)
             try:
-                for job in await manager.get_stalled_jobs(queue=queue, seconds_since_heartbeat=STALLED_S):
+                one = next(iter(queues)) if len(queues) == 1 else None  # else all queues' stalled jobs, filtered
+                for job in await manager.get_stalled_jobs(queue=one, seconds_since_heartbeat=STALLED_S):
+                    if job.queue not in queues:
+                        continue
                     log.warning("job %s (%s %s) stalled on a silent worker: queued again", job.id, job.task_name,
                                 job.task_kwargs)
                     await manager.retry_job(job)

@@ -28,6 +28,23 @@ def test_compile_exports_x86_shared_library_and_caches(tmp_path):
     assert again.cached is True and again.path == first.path and again.file_digest == first.file_digest
 
 
+def test_an_artifact_from_another_host_is_installed_only_with_the_sha256_its_builder_recorded(tmp_path):
+    """The lab's store carries an artifact's bytes and metadata (``artifact_file``) to another host's cache
+    (``install_artifact``): installed under its key, loadable from its new path; damaged bytes never are."""
+    from farm.compile import artifact_file, install_artifact
+
+    built = compile_model(load_model("mlp"), LOCAL, tmp_path / "builder")
+    meta, data = artifact_file(built)
+    with pytest.raises(BuildError, match="sha256"):
+        install_artifact(tmp_path / "measurer", built.file_digest, meta, data[:-1] + bytes([data[-1] ^ 1]))
+    assert not (tmp_path / "measurer").exists() or not any((tmp_path / "measurer").iterdir())
+    installed = install_artifact(tmp_path / "measurer", built.file_digest, meta, data)
+    assert installed.path.startswith(str(tmp_path / "measurer" / built.cache_key[:24]))
+    assert (installed.cache_key, installed.file_digest, Path(installed.path).read_bytes()) == (
+        built.cache_key, built.file_digest, data)
+    assert install_artifact(tmp_path / "measurer", built.file_digest, meta, data).path == installed.path  # cached
+
+
 def test_cache_key_follows_target(tmp_path):
     model = load_model("mlp")
     generic = dataclasses.replace(LOCAL, target={"kind": "llvm", "mcpu": "x86-64"})

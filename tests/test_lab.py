@@ -32,10 +32,12 @@ class Workers:
     def __init__(self, folder: Path, env: dict[str, str]) -> None:
         self.folder, self.env, self.procs = folder, env, []
 
-    def start(self, *args: str) -> subprocess.Popen:
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """A worker of lab host lab1 (or, with ``--builds`` in ``args``, a build worker)."""
         log = open(self.folder / f"worker-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "worker", "--lab-host", "lab1", "--progress", *args],
-                                env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+        host = [] if "--builds" in args else ["--lab-host", "lab1"]
+        proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "worker", *host, "--progress", *args],
+                                env={**os.environ, **self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self.procs.append(proc)
@@ -106,6 +108,43 @@ def test_a_sweep_over_a_lab_host_is_measured_by_its_workers_each_cell_once(worke
     assert all("· steady" in workers.log(i) for i in range(2)), "both workers measured cells"
     status = json.loads(run_farm("sweep", "--status", str(out["sweep_id"]), "--json", env=workers.env).stdout)
     assert status["status"] == "done" and status["jobs"] == {"lab1": {"succeeded": 2 * DEVICES}}
+    # no build worker: each cell took its waiting build job over and compiled on its own host
+    assert status["builds"] == {"cancelled": 2 * DEVICES}, status
+    assert all("· compile:" in workers.log(i) for i in range(2))
+
+
+def test_a_sweep_s_compiles_are_jobs_of_a_build_worker_read_by_the_measuring_host_from_the_lab_s_store(workers,
+                                                                                                         tmp_path):
+    """A build worker (its own cache, as on another host) compiles every cell's artifact and puts it in the lab's
+    store; the host's worker compiles nothing: it reads each artifact by its key, checks its sha256 and measures."""
+    from farm.store import Store
+
+    queued = run_farm("sweep", "--model", "mlp", "--model", "convnet", "--reference", "none", "--tvm-only",
+                      "--repeat", "3", "--no-report", "--detach", "--json", env=workers.env)
+    assert queued.returncode == 0, queued.stderr
+    sweep_id = json.loads(queued.stdout)["sweep_id"]
+    builder = workers.start("--builds", "--until-empty", env={"FARM_HOME": str(tmp_path / "build-host")})
+    assert builder.wait(timeout=600) == 0, workers.log(0)
+    workers.start("--slots", "2", env={"FARM_HOME": str(tmp_path / "measuring-host")})
+    followed = run_farm("sweep", "--resume", str(sweep_id), "--no-report", "--json", env=workers.env, timeout=600)
+    assert followed.returncode == 0, followed.stderr[-3000:]
+    assert json.loads(followed.stdout)["status"] == "done"
+    with Store(workers.env["FARM_DB"]) as store:
+        builds = store.sweep_builds(sweep_id)
+        runs = {(r["device"], r["model"]): r for r in store.runs(sweep_id=sweep_id)}
+        files = {key: store.artifact_file(key) for key in {b["cache_key"] for b in builds.values()}}
+    cells = {(f"dev{i}", model) for i in range(DEVICES) for model in ("mlp", "convnet")}
+    assert set(builds) == cells and all(b["error"] is None and b["builder"].startswith("builds:") for b in builds.values())
+    assert len(files) == 2 and all(f is not None for f in files.values()), "one artifact a model: the devices share a target"
+    assert {cell: runs[cell]["artifact_key"] for cell in cells} == {cell: builds[cell]["cache_key"] for cell in cells}
+    assert {r["status"] for r in runs.values()} == {"ok"}
+    measured = workers.log(1)
+    assert "· compile:" not in measured, measured[-3000:]
+    assert measured.count("· artifact: built by builds:") == len(cells), measured[-3000:]
+    assert sorted(p.name for p in (tmp_path / "measuring-host" / "cache").iterdir()) == sorted(
+        key[:24] for key in files), "each artifact installed once in the measuring host's cache, by its key"
+    status = json.loads(run_farm("sweep", "--status", str(sweep_id), "--json", env=workers.env).stdout)
+    assert status["builds"] == {"succeeded": len(cells)}, status
 
 
 def test_a_killed_worker_s_cell_runs_again_on_its_host_and_a_redelivered_job_stores_nothing(workers):

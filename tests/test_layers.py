@@ -233,6 +233,8 @@ CATCHERS = {
     "farm.rpc.tracker": "wait_for_tracker polls until its deadline, then re-raises",
     "farm.sweep.cell": "a cell's failure is a stored failed cell (its compile's error, a CPU fallback refused, with why)",
     "farm.sweep.inputs": "a reference that cannot be read or computed: the output check skipped",
+    "farm.sweep.lab": "a build job's failure is recorded for its cell, which compiles on its own host; so is an "
+                      "artifact from the lab's store whose sha256 fails its check, or a host without the toolchain",
     "farm.sweep.run": "a write that fails loses one cell (or copy curve), not the sweep; a tracker that does not answer "
                       "says nothing offline",
     "farm.tune.metaschedule": "a candidate whose key's servers are all busy asks again (BUSY_RETRIES), then raises",

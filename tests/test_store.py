@@ -152,6 +152,8 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP TABLE artifact_files")  # schema 18
+    db.execute("DROP TABLE sweep_builds")
     db.execute("DROP TABLE night_tunings")  # schema 17
     db.execute("DROP INDEX runs_cell_key")  # schema 16
     db.execute("ALTER TABLE runs DROP COLUMN cell_key")
@@ -190,6 +192,8 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE artifact_files")  # schema 18
+    db.execute("DROP TABLE sweep_builds")
     db.execute("DROP TABLE night_tunings")  # schema 17
     db.execute("DROP INDEX runs_cell_key")  # schema 16
     db.execute("ALTER TABLE runs DROP COLUMN cell_key")
@@ -216,6 +220,8 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE artifact_files")  # schema 18
+    db.execute("DROP TABLE sweep_builds")
     db.execute("DROP TABLE night_tunings")  # schema 17
     db.execute("DROP INDEX runs_cell_key")  # schema 16
     db.execute("ALTER TABLE runs DROP COLUMN cell_key")

@@ -20,6 +20,17 @@ Figures: the deferring's time per job, each job's wait from queued to started (p
 time until all N succeeded. A farm cell job adds its own reads to this (the sweep's spec, its attempts).
 
     .venv/bin/python tools/bench_lab.py --queue-load 1000 [-w 4 --slots 24]
+
+--builds N: compiles as jobs (#30), N cold compiles (default 8: onnx:squeezenet for N x86 devices whose targets
+differ in mcpu only, so every artifact key differs and nothing is cached), two ways from the same start:
+  1. today's single compile loop: one process compiles the N artifacts one after another (``compile_cell``, as a
+     sweep on one host does), from a fresh cache;
+  2. a queued sweep's build jobs (``farm sweep --detach``) taken by W ``farm worker --builds`` processes (default
+     2), each with a fresh cache of its own, timed from the workers' start until every build is recorded.
+Both as processes, TVM's import included. Goal (exit 1 when missed): 2 build workers >= 1.6x the loop's rate on 2
+cores. No device is measured: the sweep's cells wait for a lab host that has no worker.
+
+    .venv/bin/python tools/bench_lab.py --builds 8 [-w 2]
 """
 
 from __future__ import annotations
@@ -128,9 +139,9 @@ def stop_workers(workers: list[subprocess.Popen]) -> None:
 
 def noop_worker(url: str, slots: int) -> None:
     """A worker process of --queue-load: the lab host "load"'s queue, each cell job done at once."""
-    from farm.queue import CELL, LabQueue
+    from farm.queue import CELL, LabQueue, queue_of
 
-    LabQueue(url).serve("load", {CELL: lambda **_: "ok"}, slots, f"load-{os.getpid()}")
+    LabQueue(url).serve([queue_of("load")], {CELL: lambda **_: "ok"}, slots, f"load-{os.getpid()}")
 
 
 def queue_load(args: argparse.Namespace, work: Path) -> int:
@@ -183,20 +194,117 @@ def queue_load(args: argparse.Namespace, work: Path) -> int:
     return 0
 
 
+BUILD_MCPUS = ("x86-64", "x86-64-v2", "x86-64-v3", "haswell", "broadwell", "skylake", "znver1", "znver2", "znver3",
+               "icelake-server", "cascadelake", "nehalem")
+
+
+def build_inventory(n: int) -> str:
+    """N x86 devices of lab host "nobody" (no worker measures them), each its own mcpu: N artifact keys."""
+    if n > len(BUILD_MCPUS):
+        raise SystemExit(f"--builds takes at most {len(BUILD_MCPUS)} compiles (one per mcpu)")
+    return "\n".join(f'[devices.build{i}]\nkind = "remote"\nkey = "build-{i}"\nlab_host = "nobody"\n'
+                     f'target = {{ kind = "llvm", mcpu = "{mcpu}", num-cores = 2 }}\n'
+                     for i, mcpu in enumerate(BUILD_MCPUS[:n]))
+
+
+def compile_loop(inventory_path: str, model: str, cache: str) -> None:
+    """--builds' single loop (its own process): the inventory's artifacts compiled one after another."""
+    from farm.inventory import load_inventory
+    from farm.models import load_model_variant
+    from farm.store import Store
+    from farm.sweep.tuning import compile_cell
+
+    devices = load_inventory(inventory_path).devices
+    source = load_model_variant(model, None)
+    with Store(Path(cache) / "results.db") as store:
+        for name in sorted(devices):
+            start = time.perf_counter()
+            artifact = compile_cell(devices[name], source, store, Path(cache) / "cache")
+            say(f"  {name}: {artifact.cache_key[:12]} built in {time.perf_counter() - start:.1f} s")
+
+
+def builds(args: argparse.Namespace, work: Path) -> int:
+    from farm.store import Store
+
+    n, model = args.builds, "onnx:squeezenet"
+    (work / "devices.toml").write_text(build_inventory(n))
+    env = {**os.environ, "FARM_DEVICES": str(work / "devices.toml"), "PYTHONPATH": str(REPO)}
+    say(f"1. the single compile loop: {n} cold compiles of {model}, one process")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, __file__, "--compile-loop", str(work / "devices.toml"), model, str(work / "loop")],
+                   cwd=REPO, env=env, check=True, timeout=3600)
+    loop_s = time.perf_counter() - start
+    workers: list[subprocess.Popen] = []
+    with postgres(work) as url:
+        env = {**env, "FARM_DB": url}
+        queued = subprocess.run([sys.executable, "-m", "farm.cli", "sweep", "--model", model, "--tvm-only",
+                                 "--reference", "none", "--no-report", "--detach", "--json"], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=600)
+        if queued.returncode != 0:
+            raise SystemExit(queued.stderr[-3000:])
+        sweep_id = json.loads(queued.stdout)["sweep_id"]
+        say(f"2. {args.workers} build worker(s), each its own cache: sweep {sweep_id}'s {n} build jobs")
+        try:
+            start = time.perf_counter()
+            for w in range(args.workers):
+                with open(work / f"build-worker-{w}.log", "wb") as log:
+                    workers.append(subprocess.Popen(
+                        [sys.executable, "-m", "farm.cli", "worker", "--builds", "--until-empty", "--progress"],
+                        cwd=REPO, env={**env, "FARM_HOME": str(work / f"builder-{w}")}, stdout=log,
+                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+            with Store(url) as store:
+                while len(made := store.sweep_builds(sweep_id)) < n:
+                    if time.perf_counter() - start > 3600 or all(p.poll() is not None for p in workers):
+                        raise SystemExit(f"{len(made)}/{n} builds recorded; worker log: "
+                                         f"{(work / 'build-worker-0.log').read_text()[-2000:]}")
+                    time.sleep(0.2)
+            jobs_s = time.perf_counter() - start
+        finally:
+            stop_workers(workers)
+    errors = [f"{d}: {b['error']}" for (d, _), b in made.items() if b["error"]]
+    by_worker: dict[str, int] = {}
+    for b in made.values():
+        by_worker[b["builder"]] = by_worker.get(b["builder"], 0) + 1
+    speedup = loop_s / jobs_s
+    figures = {"compiles": n, "model": model, "build_workers": args.workers, "loop_s": round(loop_s, 1),
+               "jobs_s": round(jobs_s, 1), "speedup": round(speedup, 2), "builds_per_worker": sorted(by_worker.values()),
+               "errors": errors, "cpus": os.cpu_count(), "goals_met": {"build jobs >= 1.6x the loop": speedup >= 1.6
+                                                                       and not errors}}
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(f"{n} cold compiles of {model} on {os.cpu_count()} CPUs, each figure from process start (TVM's import "
+              f"included):")
+        print(f"  single compile loop: {loop_s:.1f} s ({n / loop_s * 60:.1f} builds/min)")
+        print(f"  {args.workers} build workers: {jobs_s:.1f} s ({n / jobs_s * 60:.1f} builds/min), builds per worker "
+              f"{sorted(by_worker.values())}" + (f"; errors: {errors}" if errors else ""))
+        print(f"  {speedup:.2f}x the loop's rate (goal >= 1.6x): {'met' if speedup >= 1.6 and not errors else 'MISSED'}")
+    return 0 if speedup >= 1.6 and not errors else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--servers", type=int, default=100, help="devices of the lab host (default 100)")
-    parser.add_argument("-w", "--workers", type=int, default=4, help="farm worker processes (default 4)")
+    parser.add_argument("-w", "--workers", type=int, default=None,
+                        help="farm worker processes (default 4; with --builds, build workers: default 2)")
     parser.add_argument("--slots", type=int, default=24, help="sessions each worker holds at once (default 24)")
     parser.add_argument("--repeat", type=int, default=20, help="repeats of each cell (default 20)")
     parser.add_argument("--min-repeat-ms", type=int, default=100, help="each repeat's length (default 100)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--keep", help="work folder to keep (default: a temporary one)")
     parser.add_argument("--queue-load", type=int, metavar="N", help="the queue's overhead at N queued cells, no devices")
+    parser.add_argument("--builds", type=int, metavar="N", nargs="?", const=8,
+                        help="N cold compiles: the single loop against -w build workers (default 8; use -w 2)")
     parser.add_argument("--noop-worker", metavar="URL", help=argparse.SUPPRESS)  # --queue-load's worker processes
+    parser.add_argument("--compile-loop", nargs=3, help=argparse.SUPPRESS)  # --builds' single loop
     args = parser.parse_args()
+    if args.builds is None:
+        args.workers = args.workers or 4
     if args.noop_worker:
         noop_worker(args.noop_worker, args.slots)
+        return 0
+    if args.compile_loop:
+        compile_loop(*args.compile_loop)
         return 0
     work = Path(args.keep or tempfile.mkdtemp(prefix="farm-lab-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -204,6 +312,9 @@ def main() -> int:
         if args.queue_load < 1:
             parser.error("--queue-load needs at least 1 job")
         return queue_load(args, work)
+    if args.builds is not None:
+        args.workers = args.workers or 2
+        return builds(args, work)
     server = ensure_native_server()
     started: list[ManagedProcess] = []
     workers: list[subprocess.Popen] = []

@@ -160,7 +160,7 @@ def _status(args: argparse.Namespace) -> int:
         raise FarmError(f"there is no sweep {args.status} in the database", "farm results --json shows the sweeps' ids")
     jobs = LabQueue(args.db).sweep_jobs(args.status)
     if args.json:
-        emit_json({"sweep_id": args.status, "status": sweep["status"], "jobs": jobs.by_host})
+        emit_json({"sweep_id": args.status, "status": sweep["status"], "jobs": jobs.by_host, "builds": jobs.builds})
     else:
         print(f"{progress_text(args.status, jobs)} · {sweep['status']}")
     return 0

@@ -18,7 +18,12 @@ DESCRIPTION = (
     "and spends a sweep file's [tune] budget on its own device keys (one job per key: keys tune at once).\n\n"
     "  farm worker --lab-host lab2                  # serve lab2's devices (farm serve first, or --serve)\n"
     "  farm worker --lab-host lab2 --serve          # bring them up as farm serve does, then serve them\n"
+    "  farm worker --builds                         # compile queued sweeps' artifacts (any host with the toolchain)\n"
     "  farm worker --status                         # each lab host's queued, running and stalled jobs\n\n"
+    "A sweep's compiles are jobs of their own. A build worker takes those of every device whose toolchain is on\n"
+    "its host, one at a time (start one per core), and puts each artifact in the lab's store on the database;\n"
+    "the measuring host reads it there and checks its sha256. With no build worker, each cell compiles on its\n"
+    "own host, as before.\n\n"
     "Several workers on one host share its devices: a device runs one job at a time, whichever worker takes it.\n"
     "Each worker holds at most --slots sessions at once (default: one per device, at most 24).\n"
     "A worker that dies has its running cells queued again on its host once it is silent for {stalled:g} s\n"
@@ -36,6 +41,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--serve", action="store_true", help="bring the host's devices up first, as farm serve does")
     p.add_argument("--until-empty", action="store_true",
                    help="stop when the host's queue is empty instead of waiting for more (scripts, tests)")
+    p.add_argument("--builds", action="store_true",
+                   help="compile the queued sweeps' artifacts instead of measuring cells (no --lab-host)")
     p.add_argument("--status", action="store_true", help="show each lab host's jobs instead of working")
     add_progress(p)
 
@@ -50,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
                         "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
     if args.status:
         return _status(LabQueue(args.db), args.json)
+    if args.builds:
+        return _builds(args)
     if not args.lab_host:
         raise FarmError("farm worker needs --lab-host NAME", "name this host as the inventory's lab_host does")
     inventory = load_inventory_of(args)
@@ -73,6 +82,26 @@ def run(args: argparse.Namespace) -> int:
     worker = LabWorker(args.db, devices, inventory.tracker, home_dir() / "cache", progress_printer(args.progress))
     tuning = LabTuning(worker, home_dir() / "tune", lambda message: print(f"tune: {message}", file=sys.stderr, flush=True))
     serve_lab_host(args.db, args.lab_host, worker, slots, name, wait=not args.until_empty, tuning=tuning)
+    return 0
+
+
+def _builds(args: argparse.Namespace) -> int:
+    if args.lab_host or args.serve:
+        raise FarmError("farm worker --builds takes no --lab-host or --serve: it builds for every host",
+                        "start a build worker and a lab host's worker as two processes")
+    from farm.sweep.lab import LabWorker, buildable, serve_builds
+
+    inventory = load_inventory_of(args)
+    names, not_here = buildable(inventory.devices)
+    if not names:
+        raise FarmError(f"this host has the toolchain of no device in {args.devices}",
+                        "; ".join(f"{n}: {why}" for n, why in sorted(not_here.items()))[:400])
+    name = f"builds:{socket.gethostname()}:{os.getpid()}"
+    print(f"worker {name}: builds for {len(names)} device(s)" + (
+        f"; not for {', '.join(sorted(not_here))} (no toolchain here)" if not_here else ""), file=sys.stderr, flush=True)
+    worker = LabWorker(args.db, {n: inventory.devices[n] for n in names}, inventory.tracker, home_dir() / "cache",
+                       progress_printer(args.progress), name=name)
+    serve_builds(args.db, worker, names, name, wait=not args.until_empty)
     return 0
 
 

@@ -86,6 +86,30 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     return _publish(tmp, folder) or artifact
 
 
+def artifact_file(artifact: Artifact) -> tuple[dict, bytes]:
+    """An artifact as another host installs it (``install_artifact``): its metadata and its library's bytes."""
+    return {k: v for k, v in asdict(artifact).items() if k != "cached"}, Path(artifact.path).read_bytes()
+
+
+def install_artifact(cache_dir: Path, file_digest: str, meta: dict, data: bytes) -> Artifact:
+    """An artifact another host built (``artifact_file``, through the lab's store), in this host's cache under its
+    own key, once its bytes have the sha256 its builder recorded: nothing else is ever uploaded to a device."""
+    if (got := hashlib.sha256(data).hexdigest()) != file_digest or meta.get("file_digest") != file_digest:
+        raise BuildError(f"the artifact {meta.get('cache_key', '?')[:16]} read from the lab's store has sha256 "
+                         f"{got[:16]}…, not the {file_digest[:16]}… its builder recorded",
+                         "its bytes were damaged on the way or in the store: the cell compiles it on its own host")
+    folder = Path(cache_dir) / str(meta["cache_key"])[:24]
+    if (cached := _cached(folder)) is not None:
+        return cached
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
+    filename = Path(meta["path"]).name
+    (tmp / filename).write_bytes(data)
+    meta = {"pipeline_version": PIPELINE_VERSION, **meta, "path": str(folder / filename)}
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+    return _publish(tmp, folder) or Artifact(**meta, cached=True)
+
+
 def _cached(folder: Path) -> Artifact | None:
     """The artifact ``folder`` holds, when its metadata is whole and its file has the digest it records."""
     meta_path = folder / META

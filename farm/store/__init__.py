@@ -33,7 +33,7 @@ __all__ = ["Store", "SCHEMA_VERSION", "exists"]
 TABLES = ("runs", "samples", "summaries", "copies", "checks", "devices", "models", "artifacts", "tune_records",
           "tune_workloads", "tune_sessions", "tune_cost_models", "sweeps", "alerts", "probes", "copy_curves",
           "copy_curve_samples", "findings", "finding_sweeps", "confirmation_budgets",
-          "reviewed_sweeps")
+          "reviewed_sweeps", "night_tunings", "artifact_files", "sweep_builds")
 
 
 class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin, FindingsMixin):

@@ -1,5 +1,6 @@
 """The catalog of what was measured and with what: devices' probes (online, busy, missing), stored
-artifacts and models' input signatures, read back as the records farm measures with."""
+artifacts and models' input signatures, read back as the records farm measures with; and the lab's artifact store
+(artifact files by cache key, a queued sweep's builds) that carries a build to the host that measures it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from typing import Any
 
 from farm.records import Artifact, Device, InputSpec, ModelSource
-from farm.store.backends import Backend
+from farm.store.backends import Backend, now
 
 
 class CatalogMixin:
@@ -75,3 +76,46 @@ class CatalogMixin:
                         tuned_tasks=row["tuned_tasks"] or 0, total_tasks=row["total_tasks"] or 0,
                         params_bytes=row["params_bytes"], planned_host_bytes=row["planned_host_bytes"],
                         planned_device_bytes=row["planned_device_bytes"], planned_dynamic=row["planned_dynamic"] or 0)
+
+    # -- the lab's artifact store and its build jobs (#30) ---------------------------------------------------
+
+    def put_artifact_file(self, cache_key: str, file_digest: str, meta: dict[str, Any], data: bytes) -> None:
+        """An artifact's library, for every lab host to read by its cache key (``artifact_file``); a key stored
+        already keeps its bytes (one key, one build's output)."""
+        with self._db.transaction() as db:
+            db.execute("INSERT INTO artifact_files (cache_key, file_digest, bytes, meta, data, stored_at) "
+                       "VALUES (?,?,?,?,?,?) ON CONFLICT (cache_key) DO NOTHING",
+                       (cache_key, file_digest, len(data), json.dumps(meta), data, now()))
+
+    def artifact_file(self, cache_key: str) -> tuple[str, dict[str, Any], bytes] | None:
+        """(sha256 as the builder recorded it, metadata, bytes) of the artifact ``cache_key``, or None. The caller
+        checks the digest before the bytes go anywhere (``compile.install_artifact``)."""
+        row = self._db.execute("SELECT file_digest, meta, data FROM artifact_files WHERE cache_key=?",
+                               (cache_key,)).fetchone()
+        return None if row is None else (row[0], json.loads(row[1]), bytes(row[2]))
+
+    def drop_artifact_file(self, cache_key: str) -> None:
+        """Forget an artifact file whose bytes failed their check: the next build of its key stores it again."""
+        with self._db.transaction() as db:
+            db.execute("DELETE FROM artifact_files WHERE cache_key=?", (cache_key,))
+
+    def artifact_file_digest(self, cache_key: str) -> str | None:
+        """The sha256 of the artifact file stored under ``cache_key``, or None: whether a builder must put it."""
+        row = self._db.execute("SELECT file_digest FROM artifact_files WHERE cache_key=?", (cache_key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def record_sweep_build(self, sweep_id: int, device: str, model: str, builder: str, cache_key: str | None = None,
+                           error: str | None = None, hint: str | None = None, build_s: float | None = None) -> None:
+        """What the build job of a queued sweep's cell made: the artifact's ``cache_key`` (its file stored with
+        ``put_artifact_file`` first), or the build's ``error`` and ``hint``. A job run again writes it again."""
+        with self._db.transaction() as db:
+            db.execute("INSERT INTO sweep_builds (sweep_id, device, model, cache_key, error, hint, builder, build_s, "
+                       "stored_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (sweep_id, device, model) DO UPDATE SET "
+                       "cache_key=excluded.cache_key, error=excluded.error, hint=excluded.hint, "
+                       "builder=excluded.builder, build_s=excluded.build_s, stored_at=excluded.stored_at",
+                       (sweep_id, device, model, cache_key, error, hint, builder, build_s, now()))
+
+    def sweep_builds(self, sweep_id: int) -> dict[tuple[str, str], dict[str, Any]]:
+        """The sweep's builds by (device, model): cache_key or error and hint, builder, build_s."""
+        return {(row["device"], row["model"]): dict(row) for row in self._db.dicts(
+            "SELECT * FROM sweep_builds WHERE sweep_id=?", (sweep_id,))}

@@ -40,13 +40,16 @@ SCHEMA_VERSION history:
      sweep, for offline cells and for runs stored before), unique: a cell's job delivered twice stores its result once
  17  night_tunings (#30): what a sweep's nightly tuning did for each device key (``nightly.NightTuning`` as JSON, in
      order), stored by whoever tuned it: the sweep's process on one host, a lab host's worker over several
+ 18  compiles as jobs (#30): artifact_files, an artifact's library by its cache key (bytes, their sha256, its
+     metadata), the store every lab host reads; sweep_builds, what a queued sweep's build job made for a cell (the
+     artifact's key, or the build's error) and which worker built it
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -221,6 +224,15 @@ MIGRATIONS: dict[int, str] = {
         sweep_id INTEGER NOT NULL, device TEXT NOT NULL, position INTEGER NOT NULL, body TEXT NOT NULL,
         stored_at TEXT NOT NULL, PRIMARY KEY (sweep_id, device, position));
     """,
+    18: """
+    CREATE TABLE artifact_files (
+        cache_key TEXT PRIMARY KEY, file_digest TEXT NOT NULL, bytes BIGINT NOT NULL, meta TEXT NOT NULL,
+        data BLOB NOT NULL, stored_at TEXT NOT NULL);
+    CREATE TABLE sweep_builds (
+        sweep_id INTEGER NOT NULL, device TEXT NOT NULL, model TEXT NOT NULL, cache_key TEXT, error TEXT,
+        hint TEXT, builder TEXT NOT NULL, build_s REAL, stored_at TEXT NOT NULL,
+        PRIMARY KEY (sweep_id, device, model));
+    """,
 }
 
 
@@ -248,6 +260,7 @@ def postgres_ddl(statement: str) -> str:
                 f"COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, false)")
     statement = statement.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "SERIAL PRIMARY KEY")
     statement = re.sub(r"\bREAL\b", "DOUBLE PRECISION", statement)
+    statement = re.sub(r"\bBLOB\b", "BYTEA", statement)
     match = re.match(r"CREATE TABLE (\w+) \(", statement)
     if match and match.group(1) in ORDERED_BY_ROWID:
         statement = statement[:statement.rindex(")")] + ", rowid BIGSERIAL)"

@@ -8,11 +8,19 @@ host. What a job does is safe to do twice: it measures only a cell that is not d
 the store keeps one row per attempt (``cell_key``), so a job delivered again stores nothing new.
 
 The offline rule is the worker's: a device whose key has no server on its host's tracker has its cell stored
-"offline" at once. Compiles run in the measuring worker (its host's artifact cache, one build at a time per process).
+"offline" at once.
+
+Compiles are jobs of their own (``BUILD``, deferred before the cells): a build worker (``farm worker --builds``, on
+any host whose toolchain builds for the device) compiles the cell's artifact with the store's records, puts its
+library in the lab's artifact store and records its key for the cell (``LabWorker.build``). The cell's worker then
+reads it by that key and checks its sha256 before it reaches the device (``LabWorker.artifact``). A cell whose
+build still waits when the cell starts takes it over and compiles on its own host, as it did before build jobs;
+one whose build is running waits for it (``BUILD_WAIT_S``). So a lab without build workers loses nothing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -20,19 +28,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.errors import FarmError, StoreError
+from farm.compile import artifact_file, effective_target, install_artifact
+from farm.errors import BuildError, FarmError, StoreError
 from farm.models import load_model_variant
-from farm.queue import CELL, CURVE, HOST_WAIT_S, TUNE, Job, LabQueue, SweepJobs, cell_lock
-from farm.records import Device, ModelSource, SweepSpec, TrackerAddress, split_variant
+from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, Job, LabQueue, SweepJobs, build_lock, build_queue,
+                        cell_lock, queue_of)
+from farm.records import Artifact, Device, ModelSource, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store
 from farm.store.backends import is_url
-from farm.sweep.cell import CellContext, Progress, compile_or_error, run_cell
+from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
+from farm.sweep.tuning import compile_cell, tuning_set
 from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys, prepare,
                             record_copy_curve, store_offline)
 
 log = logging.getLogger(__name__)
 
 FOLLOW_S = 2.0  # how often a following sweep reads its jobs' progress
+BUILD_WAIT_S = 1800.0  # a cell waits this long for its running build job, then compiles on its own host
+BUILD_POLL_S = 1.0
 
 
 def queued_devices(devices: dict[str, Device], names: tuple[str, ...]) -> bool:
@@ -60,7 +73,12 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())
         todo = missing_cells(spec, spec.by_cell(store.sweep_attempts(sweep_id)))
-    jobs, seen = [], set()
+    lab = LabQueue(db_url)
+    queued = lab.waiting_or_running(sweep_id)  # a resume: cells whose job waits or runs get no new build
+    jobs = [Job(BUILD, "", device_name, {"sweep_id": sweep_id, "device": device_name, "model": model_name},
+                build_lock(sweep_id, device_name, model_name)) for device_name, model_name in todo
+            if cell_lock(sweep_id, device_name, model_name) not in queued]
+    seen: set[str] = set()
     for device_name, model_name in todo:
         device = devices[device_name]
         jobs.append(Job(CELL, str(device.lab_host), device_name,
@@ -70,7 +88,7 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
         seen.add(device_name)
     jobs += [Job(CURVE, str(devices[name].lab_host), name, {"sweep_id": sweep_id, "device": name},
                  f"curve:{sweep_id}:{name}") for name in spec.devices if name in seen and is_gpu(devices[name])]
-    LabQueue(db_url).defer(jobs)
+    lab.defer(jobs)
     return sweep_id, spec
 
 
@@ -79,8 +97,11 @@ def progress_text(sweep_id: int, jobs: SweepJobs) -> str:
     hosts = ", ".join(f"{host} {counts.get('succeeded', 0)}/{sum(counts.values())}"
                       for host, counts in sorted(jobs.by_host.items()))
     failed = jobs.count("failed", "cancelled", "aborted")
+    builds = jobs.builds
+    built = (f" · builds: {builds.get('succeeded', 0)} built, {builds.get('doing', 0)} building, "
+             f"{builds.get('todo', 0)} waiting, {builds.get('cancelled', 0)} taken by cells") if builds else ""
     return (f"sweep {sweep_id}: {jobs.count('succeeded')} done, {jobs.count('doing')} running, "
-            f"{jobs.count('todo')} waiting" + (f", {failed} failed" if failed else "") + f" · {hosts}")
+            f"{jobs.count('todo')} waiting" + (f", {failed} failed" if failed else "") + f" · {hosts}{built}")
 
 
 def follow_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id: int,
@@ -107,6 +128,9 @@ def follow_jobs(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_
     while True:
         for host in lab.silent_hosts(sweep_id, host_wait_s):
             cancelled = lab.cancel_waiting(sweep_id, host)
+            for task, args in cancelled:  # the cell's build would wait for no cell: cancelled too, if it waits
+                if task == CELL:
+                    lab.settle_build(sweep_id, args["device"], args["model"])
             gone = host_gone(db_url, devices, spec, sweep_id, host, cancelled, host_wait_s)
             if say and cancelled:
                 say(f"lab host {host}: no farm worker took its jobs for {host_wait_s / 60:g} min; {gone} cell(s) "
@@ -116,6 +140,7 @@ def follow_jobs(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_
             say(text)
             last = text
         if not jobs.active:
+            lab.cancel_waiting_builds(sweep_id)
             return
         time.sleep(FOLLOW_S)
 
@@ -152,6 +177,7 @@ class LabWorker:
     tracker: TrackerAddress
     cache_dir: Path
     progress: Progress | None = None
+    name: str | None = None  # the worker's name, recorded with what it builds
 
     def __post_init__(self) -> None:
         self._models: dict[tuple[str, str], ModelSource] = {}
@@ -181,7 +207,9 @@ class LabWorker:
                                  sweep_id=sweep_id, progress=self.progress, reference_runtime=spec.reference_runtime)
 
     def cell(self, sweep_id: int, device: str, model: str, first: bool) -> str:
-        """One cell's job: measured and stored unless it is done already (the job delivered again)."""
+        """One cell's job: measured and stored unless it is done already (the job delivered again). Its build job is
+        settled first: taken over if it still waits (``LabQueue.settle_build``)."""
+        build = LabQueue(self.db_url).settle_build(sweep_id, device, model)
         with Store(self.db_url) as store:
             spec, ctx = self.context(store, sweep_id)
             attempts = spec.by_cell(store.sweep_attempts(sweep_id)).get((device, model), [])
@@ -195,9 +223,82 @@ class LabWorker:
                     self.progress(device, model, "offline", f"no server for key {target.key!r}")
                 offline_cell(ctx, store, target, source)
                 return "offline"
-            artifact = compile_or_error(ctx, store, target, source)
+            artifact = self.artifact(ctx, store, target, source, build)
             cell = run_cell(ctx, store, target, source, artifact, first, spec.attempts_spent(attempts) + 1)
             return cell.result.status
+
+    def artifact(self, ctx: CellContext, store: Store, device: Device, model: ModelSource,
+                 build: str) -> Artifact | FarmError:
+        """The cell's artifact: its build job's (``build``: its status once settled), read from the lab's artifact
+        store once that job has built it (waited for while it runs, ``BUILD_WAIT_S``), if it is what this host
+        would build (``_stored_build``); else compiled here, as a sweep on one host does."""
+        assert ctx.sweep_id is not None
+        lab, deadline = LabQueue(self.db_url), time.monotonic() + BUILD_WAIT_S
+        while build == "doing" and time.monotonic() < deadline:
+            time.sleep(BUILD_POLL_S)
+            build = lab.settle_build(ctx.sweep_id, device.name, model.name)
+        if build == "succeeded":
+            made = self._stored_build(ctx, store, device, model)
+            if isinstance(made, Artifact):
+                return made
+            why = made
+        else:
+            why = "" if build in ("taken", "none") else f"its build job ended {build}"
+        if why:
+            log.warning("%s × %s: %s: compiling here", device.name, model.name, why)
+        return compile_or_error(ctx, store, device, model)
+
+    def _stored_build(self, ctx: CellContext, store: Store, device: Device, model: ModelSource) -> Artifact | str:
+        """The artifact the cell's build job stored, installed in this host's cache: only when it is built for the
+        target, export and tuning records this host would compile with (a device whose target depends on its host,
+        or a builder with another inventory or store, builds something else), and its bytes have the sha256 its
+        builder recorded. Else why not, in words (the caller compiles)."""
+        assert ctx.sweep_id is not None
+        made = store.sweep_builds(ctx.sweep_id).get((device.name, model.name))
+        if made is None:
+            return "its build job stored nothing"
+        if made["error"]:
+            return f"its build failed on {made['builder']} ({made['error']})"
+        if (stored := store.artifact_file(made["cache_key"])) is None:
+            return f"its artifact {made['cache_key'][:12]} is not in the lab's store"
+        meta = stored[1]
+        tuning = tuning_set(store, device) if ctx.tuned else None
+        want = {"target": effective_target(device), "export": device.export,
+                "tuning_digest": tuning.digest if tuning is not None and tuning.records else ""}
+        got = {field: meta.get(field) for field in want}
+        if json.dumps(got, sort_keys=True) != json.dumps(want, sort_keys=True):
+            return f"{made['builder']} built it as {got}, not as this host compiles it ({want})"
+        try:
+            artifact = install_artifact(self.cache_dir, *stored)
+        except BuildError as exc:
+            store.drop_artifact_file(made["cache_key"])  # the next build of the key stores it again
+            return exc.message
+        if self.progress:
+            self.progress(device.name, model.name, "artifact", f"built by {made['builder']} in {made['build_s']:.1f} s, "
+                          f"{len(stored[2]) / 1e6:.1f} MB from the lab's store, sha256 checked")
+        return artifact
+
+    def build(self, sweep_id: int, device: str, model: str) -> str:
+        """A cell's build job (on a build worker): the artifact compiled with the store's records (this host's cache
+        first), its library put in the lab's artifact store, its key recorded for the cell (``sweep_builds``); or
+        the build's error (the cell then compiles on its own host: the error may be this host's)."""
+        name = self.name or "a build worker"
+        with Store(self.db_url) as store:
+            spec, _ = self.context(store, sweep_id)
+            target, source = self.device(device), self.model(spec, model)
+            if self.progress:
+                self.progress(device, model, "compile", f"build job on {name}")
+            try:
+                with COMPILE_LOCK:
+                    artifact = compile_cell(target, source, store, self.cache_dir, spec.tuned)
+            except FarmError as exc:
+                store.record_sweep_build(sweep_id, device, model, name, error=exc.message, hint=exc.hint)
+                return "failed"
+            if store.artifact_file_digest(artifact.cache_key) != artifact.file_digest:
+                store.put_artifact_file(artifact.cache_key, artifact.file_digest, *artifact_file(artifact))
+            store.record_sweep_build(sweep_id, device, model, name, cache_key=artifact.cache_key,
+                                     build_s=artifact.build_s)
+            return "built"
 
     def curve(self, sweep_id: int, device: str) -> str:
         """A GPU device's copy curve, after its cells (the same device lock: they ran first)."""
@@ -217,4 +318,24 @@ def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, na
     handlers: dict[str, Callable[..., str]] = {CELL: worker.cell, CURVE: worker.curve}
     if tuning is not None:
         handlers[TUNE] = tuning
-    LabQueue(db_url).serve(lab_host, handlers, slots, name, wait)
+    LabQueue(db_url).serve([queue_of(lab_host)], handlers, slots, name, wait)
+
+
+def buildable(devices: dict[str, Device]) -> tuple[list[str], dict[str, str]]:
+    """The devices this host builds for (their toolchain is here: ``toolchain_for``), and why not for the others."""
+    from farm.compile import effective_target, toolchain_for
+
+    yes, no = [], {}
+    for name, device in devices.items():
+        try:
+            toolchain_for(device, effective_target(device))
+            yes.append(name)
+        except FarmError as exc:
+            no[name] = exc.message
+    return yes, no
+
+
+def serve_builds(db_url: str, worker: LabWorker, names: list[str], name: str, wait: bool = True) -> None:
+    """Run ``farm worker --builds``: the build jobs of the devices ``names`` (their build queues), one at a time
+    (TVM's compiler: one build per process; start more workers for more)."""
+    LabQueue(db_url).serve([build_queue(device) for device in names], {BUILD: worker.build}, 1, name, wait)
