@@ -225,36 +225,71 @@ def test_standin_phone_gpu_runs_opencl_on_arm64_pocl_and_a_phone_without_libopen
     assert nogpu["fallback"]["status"] == "ok" and nogpu["fallback"]["device"] == "phone-nogpu@cpu"
 
 
-def test_a_phone_on_a_host_without_the_tracker_registers_through_a_relay_and_is_measured_from_its_host(phone, tmp_path,
-                                                                                                      farm_env):
-    """The lab's tracker runs on another host (a network namespace); the phone's host has only its adb and the
-    phone. `farm serve` starts a relay on its loopback to the tracker and reverses that port to the phone, whose
-    server registers with the lab's tracker; `farm bench` on the phone's host measures it, and `farm down` stops
-    the server, then the relay."""
-    serial, adb = phone
+def test_a_phone_on_a_lab_host_without_the_tracker_is_measured_there_in_a_sweep_queued_and_built_elsewhere(
+        phone, tmp_path, farm_env):
+    """The whole lab path of a phone (#30). Host A (a network namespace) runs the lab's tracker, queues the sweep
+    and builds its artifacts (`farm worker --builds`); host B (this one) has the phone on its own adb, a local CPU
+    device and the PostgreSQL, and no tracker. `farm serve` on B starts a relay on its loopback to A's tracker and
+    reverses it to the phone, whose server registers through it; B's `farm worker` measures both cells of A's
+    sweep with the artifacts A built, read from the database (it compiles nothing), outputs checked. `farm down`
+    stops the phone's server, then its relay."""
+    import psycopg
+
+    from tests.conftest import running_postgres
+
     with network_namespace("farmtr", 215) as (ns, host_addr, tracker_addr):
         tracker_port = free_port()
-        inventory = standin_inventory(tmp_path, "far-phone", phone, tracker_port, tracker_addr)
-        here = {**farm_env, "FARM_DEVICES": str(inventory)}
-        there = {**here, "FARM_HOME": str(tmp_path / "home-tracker")}
-        started = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "tracker", "start",
-                                  "--host", tracker_addr], env={**os.environ, **there}, cwd=REPO, capture_output=True,
-                                 text=True, timeout=120)
-        assert started.returncode == 0, started.stderr
-        try:
-            serve = run_farm("serve", "--json", env=here)
-            assert serve.returncode == 0, serve.stderr
-            records = json.loads((tmp_path / "home" / "processes.json").read_text())
-            relay = next(r for r in records if r["role"] == "relay")
-            assert relay["name"] == "phone" and relay["port"] != tracker_port
-            bench = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
-                             "--json", env=here)
-            assert bench.returncode == 0, bench.stderr
-            assert json.loads(bench.stdout)["status"] == "ok" and json.loads(bench.stdout)["check"]["status"] == "passed"
-        finally:
-            down = run_farm("down", "--json", env=here)
-            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "down"],
-                           env={**os.environ, **there}, cwd=REPO, capture_output=True, timeout=120)
+        devices = standin_phone_table("phone", "far-phone", phone, tmp_path / "phone-data" / "farm",
+                                      rest=CPU_TARGET + 'max_cooldown_s = 5\nlab_host = "labB"\n')
+        devices += '\n[devices.b-cpu]\nkind = "local"\nkey = "b-cpu"\nlab_host = "labB"\n' \
+                   'target = { kind = "llvm", num-cores = 1 }\n'
+        inventory = write_inventory(tmp_path / "devices.toml", devices, tracker_port, tracker_addr)
+        with running_postgres(f"127.0.0.1,{host_addr}", f"{tracker_addr}/32") as server:
+            with psycopg.connect(f"{server}/postgres", autocommit=True) as db:
+                db.execute("CREATE DATABASE lab")
+            here = {**farm_env, "FARM_DEVICES": str(inventory), "FARM_DB": f"{server}/lab"}
+            there = {**here, "FARM_HOME": str(tmp_path / "home-a"),
+                     "FARM_DB": f"postgresql://farm@{host_addr}:{server.rsplit(':', 1)[1]}/lab"}
+
+            def on_a(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+                return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", *args],
+                                      env={**os.environ, **there}, cwd=REPO, capture_output=True, text=True,
+                                      timeout=timeout)
+
+            started = on_a("tracker", "start", "--host", tracker_addr)
+            assert started.returncode == 0, started.stderr
+            worker = None
+            try:
+                serve = run_farm("serve", "--json", env=here)
+                assert serve.returncode == 0, serve.stderr
+                records = json.loads((tmp_path / "home" / "processes.json").read_text())
+                relay = next(r for r in records if r["role"] == "relay")
+                assert relay["name"] == "phone" and relay["port"] != tracker_port
+                queued = on_a("sweep", "--model", "mlp", "--reference", "none", "--repeat", "3", "--min-repeat-ms",
+                              "5", "--no-report", "--detach", "--json")
+                assert queued.returncode == 0, queued.stderr
+                sweep_id = json.loads(queued.stdout)["sweep_id"]
+                built = on_a("worker", "--builds", "--until-empty", "--progress", timeout=600)
+                assert built.returncode == 0, built.stderr[-3000:]
+                with open(tmp_path / "worker-b.log", "wb") as log:
+                    worker = subprocess.Popen([sys.executable, "-m", "farm.cli", "worker", "--lab-host", "labB",
+                                               "--progress"], env={**os.environ, **here}, cwd=REPO, stdout=log,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                followed = on_a("sweep", "--resume", str(sweep_id), "--no-report", "--json", timeout=900)
+                assert followed.returncode == 0, followed.stderr[-3000:]
+                out = json.loads(followed.stdout)
+            finally:
+                if worker is not None:
+                    stop_group(worker)
+                down = run_farm("down", "--json", env=here)
+                on_a("down")
+        measured = (tmp_path / "worker-b.log").read_text()
+        assert out["status"] == "done", out
+        assert sorted((c["device"], c["status"]) for c in out["cells"]) == [("b-cpu", "ok"), ("phone", "ok")], out
+        for device in ("phone", "b-cpu"):  # measured on B, outputs checked, with the artifact A built
+            assert f"{device} · mlp · check: passed" in measured, measured[-3000:]
+            assert f"{device} · mlp · artifact: built by builds:" in measured, measured[-3000:]
+        assert "· compile:" not in measured, measured[-3000:]
         assert down.returncode == 0, down.stderr
-        assert [r["role"] for r in json.loads(down.stdout)["stopped"]] == ["server", "relay"]
+        assert [r["role"] for r in json.loads(down.stdout)["stopped"] if r["name"] == "phone"] == ["server", "relay"]
         assert not psutil.pid_exists(relay["pid"]) or psutil.Process(relay["pid"]).status() == psutil.STATUS_ZOMBIE

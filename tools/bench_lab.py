@@ -21,8 +21,8 @@ time until all N succeeded. A farm cell job adds its own reads to this (the swee
 
     .venv/bin/python tools/bench_lab.py --queue-load 1000 [-w 4 --slots 24]
 
---builds N: compiles as jobs (#30), N cold compiles (default 8: onnx:squeezenet for N x86 devices whose targets
-differ in mcpu only, so every artifact key differs and nothing is cached), two ways from the same start:
+--builds N: compiles as jobs (#30), N cold compiles (default 8 of --build-model, default onnx:resnet50, for N x86
+devices whose targets differ in mcpu only, so every artifact key differs and nothing is cached), two ways:
   1. today's single compile loop: one process compiles the N artifacts one after another (``compile_cell``, as a
      sweep on one host does), from a fresh cache;
   2. a queued sweep's build jobs (``farm sweep --detach``) taken by W ``farm worker --builds`` processes (default
@@ -226,7 +226,7 @@ def compile_loop(inventory_path: str, model: str, cache: str) -> None:
 def builds(args: argparse.Namespace, work: Path) -> int:
     from farm.store import Store
 
-    n, model = args.builds, "onnx:squeezenet"
+    n, model = args.builds, args.build_model
     (work / "devices.toml").write_text(build_inventory(n))
     env = {**os.environ, "FARM_DEVICES": str(work / "devices.toml"), "PYTHONPATH": str(REPO)}
     say(f"1. the single compile loop: {n} cold compiles of {model}, one process")
@@ -295,6 +295,7 @@ def main() -> int:
     parser.add_argument("--queue-load", type=int, metavar="N", help="the queue's overhead at N queued cells, no devices")
     parser.add_argument("--builds", type=int, metavar="N", nargs="?", const=8,
                         help="N cold compiles: the single loop against -w build workers (default 8; use -w 2)")
+    parser.add_argument("--build-model", default="onnx:resnet50", help="--builds' model (default onnx:resnet50)")
     parser.add_argument("--noop-worker", metavar="URL", help=argparse.SUPPRESS)  # --queue-load's worker processes
     parser.add_argument("--compile-loop", nargs=3, help=argparse.SUPPRESS)  # --builds' single loop
     args = parser.parse_args()
