@@ -12,13 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
 from farm.rpc.processes import free_port
-from tests.conftest import REPO, network_namespace, run_farm, write_inventory
+from tests.conftest import REPO, run_farm, write_inventory
+from tests.phone_lab import CPU_TARGET, phone_lab, standin_phone, standin_phone_table, wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,75 +29,11 @@ pytestmark = [
 ]
 
 
-def wait_until(check, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-def port_open(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 @pytest.fixture
 def phone(tmp_path):
     """(serial, adb "HOST:PORT"): a stand-in phone in its own namespace, and our own adb server."""
-    adb_port = free_port()
-    env = {**os.environ, "ADB_MDNS": "0", "ANDROID_SDK_HOME": str(tmp_path / "adb-home")}
-    started: list[subprocess.Popen] = []
-    with network_namespace("farmph", 214) as (ns, _, phone_addr):
-        try:
-            with open(tmp_path / "phone.log", "wb") as log:
-                started.append(subprocess.Popen(
-                    ["ip", "netns", "exec", ns, sys.executable, str(REPO / "tests" / "standin_phone.py"),
-                     "--listen", f"{phone_addr}:5555", "--system", str(tmp_path / "phone-system")],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-            with open(tmp_path / "adb.log", "wb") as log:
-                started.append(subprocess.Popen(["adb", "-P", str(adb_port), "nodaemon", "server"], stdout=log,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                                start_new_session=True))
-            wait_until(lambda: "listening" in (tmp_path / "phone.log").read_text(), 60, "the stand-in phone")
-            # a socket, not `adb devices`: the adb client would start a daemon of its own if it came first
-            wait_until(lambda: port_open(adb_port), 60, "the adb server")
-            yield f"{phone_addr}:5555", f"127.0.0.1:{adb_port}"
-        finally:
-            for proc in reversed(started):
-                stop_group(proc)
-
-
-CPU_TARGET = 'target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }\n'
-
-
-def standin_phone_table(name: str, key: str, phone: tuple[str, str], device_dir, root: str = "/usr/aarch64-linux-gnu",
-                        rest: str = CPU_TARGET) -> str:
-    """devices.toml's [devices.NAME] for the stand-in phone: its server under qemu with ``root``'s libraries, its
-    data in ``device_dir``; ``rest``: the target and any other fields."""
-    serial, adb = phone
-    return (f'\n[devices.{name}]\nkind = "android"\nkey = "{key}"\nserial = "{serial}"\nadb = "{adb}"\n'
-            f'server_port = {free_port()}\ndevice_dir = "{device_dir}"\nlauncher = ["qemu-aarch64", "-L", "{root}"]\n'
-            f"emulated = true\n{rest}")
+    with standin_phone(tmp_path) as serial_and_adb:
+        yield serial_and_adb
 
 
 def standin_inventory(tmp_path, key: str, phone: tuple[str, str], tracker_port: int, tracker_host: str = "127.0.0.1",
@@ -227,69 +163,20 @@ def test_standin_phone_gpu_runs_opencl_on_arm64_pocl_and_a_phone_without_libopen
 
 def test_a_phone_on_a_lab_host_without_the_tracker_is_measured_there_in_a_sweep_queued_and_built_elsewhere(
         phone, tmp_path, farm_env):
-    """The whole lab path of a phone (#30). Host A (a network namespace) runs the lab's tracker, queues the sweep
-    and builds its artifacts (`farm worker --builds`); host B (this one) has the phone on its own adb, a local CPU
-    device and the PostgreSQL, and no tracker. `farm serve` on B starts a relay on its loopback to A's tracker and
-    reverses it to the phone, whose server registers through it; B's `farm worker` measures both cells of A's
-    sweep with the artifacts A built, read from the database (it compiles nothing), outputs checked. `farm down`
-    stops the phone's server, then its relay."""
-    import psycopg
-
-    from tests.conftest import running_postgres
-
-    with network_namespace("farmtr", 215) as (ns, host_addr, tracker_addr):
-        tracker_port = free_port()
-        devices = standin_phone_table("phone", "far-phone", phone, tmp_path / "phone-data" / "farm",
-                                      rest=CPU_TARGET + 'max_cooldown_s = 5\nlab_host = "labB"\n')
-        devices += '\n[devices.b-cpu]\nkind = "local"\nkey = "b-cpu"\nlab_host = "labB"\n' \
-                   'target = { kind = "llvm", num-cores = 1 }\n'
-        inventory = write_inventory(tmp_path / "devices.toml", devices, tracker_port, tracker_addr)
-        with running_postgres(f"127.0.0.1,{host_addr}", f"{tracker_addr}/32") as server:
-            with psycopg.connect(f"{server}/postgres", autocommit=True) as db:
-                db.execute("CREATE DATABASE lab")
-            here = {**farm_env, "FARM_DEVICES": str(inventory), "FARM_DB": f"{server}/lab"}
-            there = {**here, "FARM_HOME": str(tmp_path / "home-a"),
-                     "FARM_DB": f"postgresql://farm@{host_addr}:{server.rsplit(':', 1)[1]}/lab"}
-
-            def on_a(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-                return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", *args],
-                                      env={**os.environ, **there}, cwd=REPO, capture_output=True, text=True,
-                                      timeout=timeout)
-
-            started = on_a("tracker", "start", "--host", tracker_addr)
-            assert started.returncode == 0, started.stderr
-            worker = None
-            try:
-                serve = run_farm("serve", "--json", env=here)
-                assert serve.returncode == 0, serve.stderr
-                records = json.loads((tmp_path / "home" / "processes.json").read_text())
-                relay = next(r for r in records if r["role"] == "relay")
-                assert relay["name"] == "phone" and relay["port"] != tracker_port
-                queued = on_a("sweep", "--model", "mlp", "--reference", "none", "--repeat", "3", "--min-repeat-ms",
-                              "5", "--no-report", "--detach", "--json")
-                assert queued.returncode == 0, queued.stderr
-                sweep_id = json.loads(queued.stdout)["sweep_id"]
-                built = on_a("worker", "--builds", "--until-empty", "--progress", timeout=600)
-                assert built.returncode == 0, built.stderr[-3000:]
-                with open(tmp_path / "worker-b.log", "wb") as log:
-                    worker = subprocess.Popen([sys.executable, "-m", "farm.cli", "worker", "--lab-host", "labB",
-                                               "--progress"], env={**os.environ, **here}, cwd=REPO, stdout=log,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-                followed = on_a("sweep", "--resume", str(sweep_id), "--no-report", "--json", timeout=900)
-                assert followed.returncode == 0, followed.stderr[-3000:]
-                out = json.loads(followed.stdout)
-            finally:
-                if worker is not None:
-                    stop_group(worker)
-                down = run_farm("down", "--json", env=here)
-                on_a("down")
-        measured = (tmp_path / "worker-b.log").read_text()
-        assert out["status"] == "done", out
-        assert sorted((c["device"], c["status"]) for c in out["cells"]) == [("b-cpu", "ok"), ("phone", "ok")], out
-        for device in ("phone", "b-cpu"):  # measured on B, outputs checked, with the artifact A built
-            assert f"{device} · mlp · check: passed" in measured, measured[-3000:]
-            assert f"{device} · mlp · artifact: built by builds:" in measured, measured[-3000:]
-        assert "· compile:" not in measured, measured[-3000:]
-        assert down.returncode == 0, down.stderr
-        assert [r["role"] for r in json.loads(down.stdout)["stopped"] if r["name"] == "phone"] == ["server", "relay"]
-        assert not psutil.pid_exists(relay["pid"]) or psutil.Process(relay["pid"]).status() == psutil.STATUS_ZOMBIE
+    """The whole lab path of a phone (#30; ``phone_lab``): host A (a namespace) runs the tracker, queues the sweep
+    and builds its artifacts; host B (this one) has the phone on its own adb and a local CPU device. `farm serve`
+    on B relays the phone to A's tracker; B's worker measures both cells with A's artifacts from the database (it
+    compiles nothing), outputs checked; `farm down` stops the phone's server, then its relay."""
+    lab = phone_lab(tmp_path, phone, farm_env)
+    assert not lab.failed(), lab.failed()
+    assert lab.relay["name"] == "phone" and lab.relay["port"] != lab.tracker_port
+    assert lab.sweep["status"] == "done", lab.sweep
+    assert sorted((c["device"], c["status"]) for c in lab.sweep["cells"]) == [("b-cpu", "ok"), ("phone", "ok")]
+    for device in ("phone", "b-cpu"):  # measured on B, outputs checked, with the artifact A built
+        assert f"{device} · mlp · check: passed" in lab.measured, lab.measured[-3000:]
+        assert f"{device} · mlp · artifact: built by builds:" in lab.measured, lab.measured[-3000:]
+    assert "· compile:" not in lab.measured, lab.measured[-3000:]
+    stopped = json.loads(lab.steps["down on B"].stdout)["stopped"]
+    assert [r["role"] for r in stopped if r["name"] == "phone"] == ["server", "relay"]
+    pid = lab.relay["pid"]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

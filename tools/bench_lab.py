@@ -39,6 +39,15 @@ twice; (2) a finished cell's job put back as a worker killed after its result co
 heard of it leaves it (status `doing`, no worker): it must run again, and store nothing new.
 
     .venv/bin/python tools/bench_lab.py --faults
+
+--phones: phones on another host (#30), the whole path once (tests/phone_lab.py, which tests/test_android.py
+asserts): host A, a network namespace, runs the lab's tracker, queues a sweep (`mlp`) and builds its artifacts
+(`farm worker --builds`); host B, this host, has the stand-in phone (its own namespace, under qemu) on B's own adb
+server, a local CPU device and the PostgreSQL. `farm serve` on B relays the phone to A's tracker; B's `farm worker`
+measures both cells. Goals: the sweep ends done; each cell measured on B (B's worker log), its output checked,
+with A's artifact (B compiles nothing). Needs root, iproute2, adb, qemu-user, the aarch64 g++ and PostgreSQL.
+
+    .venv/bin/python tools/bench_lab.py --phones
 """
 
 from __future__ import annotations
@@ -404,6 +413,39 @@ def one(db, sql: str, params: tuple = ()):
     return row[0]
 
 
+def phones(args: argparse.Namespace, work: Path) -> int:
+    sys.path.insert(0, str(REPO))  # the stand-in phone and the scenario live with the tests that assert it
+    from tests.phone_lab import phone_lab, standin_phone
+
+    with standin_phone(work) as phone:
+        lab = phone_lab(work, phone, {"FARM_HOME": str(work / "home-b")})
+    cells = {c["device"]: c["status"] for c in lab.sweep.get("cells", [])}
+    on_b = {device: {"checked": f"{device} · mlp · check: passed" in lab.measured,
+                     "artifact from A": f"{device} · mlp · artifact: built by builds:" in lab.measured}
+            for device in ("phone", "b-cpu")}
+    figures = {"failed_step": lab.failed(), "sweep_status": lab.sweep.get("status"), "cells": cells, "on_b": on_b,
+               "compiled_on_b": "· compile:" in lab.measured, "relay": bool(lab.relay), "seconds": lab.seconds}
+    goals = {"the sweep ends done, both cells ok": figures["sweep_status"] == "done"
+             and cells == {"phone": "ok", "b-cpu": "ok"},
+             "each cell measured on B, output checked": all(c["checked"] for c in on_b.values()),
+             "with A's artifacts, nothing compiled on B": all(c["artifact from A"] for c in on_b.values())
+             and not figures["compiled_on_b"]}
+    figures["goals_met"] = goals
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        if lab.failed():
+            print(f"failed: {lab.failed()}")
+        print(f"phones on another host: sweep {figures['sweep_status']}, cells {cells}; relay started: {bool(lab.relay)}")
+        for device, seen in on_b.items():
+            print(f"  {device}: measured on B with its output checked: {seen['checked']}; A's artifact: "
+                  f"{seen['artifact from A']}")
+        print("  seconds: " + ", ".join(f"{step} {secs}" for step, secs in lab.seconds.items()))
+        for goal, met in goals.items():
+            print(f"  {'met' if met else 'MISSED'}: {goal}")
+    return 0 if all(goals.values()) else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--servers", type=int, default=100, help="devices of the lab host (default 100)")
@@ -419,6 +461,7 @@ def main() -> int:
                         help="N cold compiles: the single loop against -w build workers (default 8; use -w 2)")
     parser.add_argument("--build-model", default="onnx:resnet50", help="--builds' model (default onnx:resnet50)")
     parser.add_argument("--faults", action="store_true", help="a worker killed mid-sweep; a job redelivered after commit")
+    parser.add_argument("--phones", action="store_true", help="a sweep queued on host A measures host B's phone")
     parser.add_argument("--noop-worker", metavar="URL", help=argparse.SUPPRESS)  # --queue-load's worker processes
     parser.add_argument("--compile-loop", nargs=3, help=argparse.SUPPRESS)  # --builds' single loop
     args = parser.parse_args()
@@ -441,6 +484,8 @@ def main() -> int:
         return builds(args, work)
     if args.faults:
         return faults(args, work)
+    if args.phones:
+        return phones(args, work)
     server = ensure_native_server()
     started: list[ManagedProcess] = []
     workers: list[subprocess.Popen] = []
