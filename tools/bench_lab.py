@@ -285,18 +285,15 @@ def builds(args: argparse.Namespace, work: Path) -> int:
     speedup = loop_s / jobs_s
     figures = {"compiles": n, "model": model, "build_workers": args.workers, "loop_s": round(loop_s, 1),
                "jobs_s": round(jobs_s, 1), "speedup": round(speedup, 2), "builds_per_worker": sorted(by_worker.values()),
-               "errors": errors, "cpus": os.cpu_count(), "goals_met": {"build jobs >= 1.6x the loop": speedup >= 1.6
-                                                                       and not errors}}
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        print(f"{n} cold compiles of {model} on {os.cpu_count()} CPUs, each figure from process start (TVM's import "
-              f"included):")
-        print(f"  single compile loop: {loop_s:.1f} s ({n / loop_s * 60:.1f} builds/min)")
-        print(f"  {args.workers} build workers: {jobs_s:.1f} s ({n / jobs_s * 60:.1f} builds/min), builds per worker "
-              f"{sorted(by_worker.values())}" + (f"; errors: {errors}" if errors else ""))
-        print(f"  {speedup:.2f}x the loop's rate (goal >= 1.6x): {'met' if speedup >= 1.6 and not errors else 'MISSED'}")
-    return 0 if speedup >= 1.6 and not errors else 1
+               "errors": errors, "cpus": os.cpu_count()}
+    return conclude(figures, {f"{args.workers} build workers >= 1.6x the loop's rate, no error": speedup >= 1.6
+                              and not errors}, args.json, [
+        f"{n} cold compiles of {model} on {os.cpu_count()} CPUs, each figure from process start (TVM's import "
+        "included):",
+        f"  single compile loop: {loop_s:.1f} s ({n / loop_s * 60:.1f} builds/min)",
+        f"  {args.workers} build workers: {jobs_s:.1f} s ({n / jobs_s * 60:.1f} builds/min), builds per worker "
+        f"{sorted(by_worker.values())}" + (f"; errors: {errors}" if errors else ""),
+        f"  {speedup:.2f}x the loop's rate"])
 
 
 FAULT_DEVICES = 3
@@ -390,19 +387,24 @@ def faults(args: argparse.Namespace, work: Path) -> int:
         and restarts[-1] <= RETRY_WITHIN_S,
         "0 duplicate rows": figures["duplicate_rows"] == 0,
         "a redelivered job runs again and stores nothing": ran_again is not None and before == after}
+    return conclude(figures, goals, args.json, [
+        f"kill -9 of a lab host's only worker while it measured {len(held)} cell(s) of {FAULT_DEVICES}; a second "
+        "worker started at once:",
+        f"  each started again {figures['restart_after_kill_s']} s after the kill (stated: within {RETRY_WITHIN_S:g} "
+        f"s); sweep {figures['sweep_status']}, {figures['cells_ok']}/{FAULT_DEVICES} ok, {figures['stored_rows']} "
+        f"rows, {figures['duplicate_rows']} duplicate",
+        f"a finished cell's job put back as after a kill between commit and acknowledgement: ran again "
+        f"{figures['redelivered_ran_again_after_s']} s later, rows unchanged: {before == after}"])
+
+
+def conclude(figures: dict, goals: dict[str, bool], as_json: bool, lines: list[str]) -> int:
+    """A mode's end: its goals into its figures, printed as JSON or as ``lines`` and each goal met or missed; the
+    exit code (1: a goal missed)."""
     figures["goals_met"] = goals
-    if args.json:
+    if as_json:
         print(json.dumps(figures, indent=2))
     else:
-        print(f"kill -9 of a lab host's only worker while it measured {len(held)} cell(s) of {FAULT_DEVICES}; a "
-              f"second worker started at once:")
-        print(f"  each started again {figures['restart_after_kill_s']} s after the kill (stated: within "
-              f"{RETRY_WITHIN_S:g} s); sweep {figures['sweep_status']}, {figures['cells_ok']}/{FAULT_DEVICES} ok, "
-              f"{figures['stored_rows']} rows, {figures['duplicate_rows']} duplicate")
-        print(f"a finished cell's job put back as after a kill between commit and acknowledgement: ran again "
-              f"{figures['redelivered_ran_again_after_s']} s later, rows unchanged: {before == after}")
-        for goal, met in goals.items():
-            print(f"  {'met' if met else 'MISSED'}: {goal}")
+        print("\n".join([*lines, *(f"  {'met' if met else 'MISSED'}: {goal}" for goal, met in goals.items())]))
     return 0 if all(goals.values()) else 1
 
 
@@ -430,20 +432,12 @@ def phones(args: argparse.Namespace, work: Path) -> int:
              "each cell measured on B, output checked": all(c["checked"] for c in on_b.values()),
              "with A's artifacts, nothing compiled on B": all(c["artifact from A"] for c in on_b.values())
              and not figures["compiled_on_b"]}
-    figures["goals_met"] = goals
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        if lab.failed():
-            print(f"failed: {lab.failed()}")
-        print(f"phones on another host: sweep {figures['sweep_status']}, cells {cells}; relay started: {bool(lab.relay)}")
-        for device, seen in on_b.items():
-            print(f"  {device}: measured on B with its output checked: {seen['checked']}; A's artifact: "
-                  f"{seen['artifact from A']}")
-        print("  seconds: " + ", ".join(f"{step} {secs}" for step, secs in lab.seconds.items()))
-        for goal, met in goals.items():
-            print(f"  {'met' if met else 'MISSED'}: {goal}")
-    return 0 if all(goals.values()) else 1
+    return conclude(figures, goals, args.json, [
+        *([f"failed: {lab.failed()}"] if lab.failed() else []),
+        f"phones on another host: sweep {figures['sweep_status']}, cells {cells}; relay started: {bool(lab.relay)}",
+        *(f"  {device}: measured on B with its output checked: {seen['checked']}; A's artifact: "
+          f"{seen['artifact from A']}" for device, seen in on_b.items()),
+        "  seconds: " + ", ".join(f"{step} {secs}" for step, secs in lab.seconds.items())])
 
 
 def main() -> int:
