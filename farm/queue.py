@@ -10,7 +10,8 @@ what a device farm needs without a scheduler of farm's own (docs/ARCHITECTURE.md
 - **a queueing lock per cell** (``cell_lock``): one waiting job per cell, however often a sweep is resumed;
 - **a build queue per device** (``build_queue``): a cell's compile is a job of its own (``BUILD``), taken by a build
   worker on any host whose toolchain builds for the device (``farm worker --builds`` listens to those devices'
-  queues only); no device lock, so builds run beside the measurements. A cell whose build still waits when it
+  queues only); a lock per artifact (``Job.build_group``), not the device's, so builds run beside the
+  measurements and an artifact several devices share is built once. A cell whose build still waits when it
   starts takes it over (``settle_build``: cancelled, built by the cell's own worker), so a lab with no build
   worker runs as before;
 - **worker heartbeats** (``HEARTBEAT_S``): a job whose worker stopped beating for ``STALLED_S`` is stalled, and every
@@ -77,13 +78,15 @@ def cell_lock(sweep_id: int, device: str, model: str) -> str:
 @dataclass(frozen=True)
 class Job:
     """A job to defer: its task, its lab host's queue, its device's lock, its queueing lock and its arguments. A
-    build job goes to its device's build queue and takes no device lock (``lab_host`` is not used)."""
+    build job goes to its device's build queue (``lab_host`` is not used) and takes its ``build_group``'s lock
+    instead of the device's: builds of one artifact run one after another, so the second finds the first's."""
 
     task: str
     lab_host: str
     device: str
     args: dict[str, Any]
     queueing_lock: str | None = None
+    build_group: str | None = None  # a build job: what its artifact key depends on, hashed (devices sharing a target)
 
     @property
     def queue(self) -> str:
@@ -91,7 +94,7 @@ class Job:
 
     @property
     def lock(self) -> str | None:
-        return None if self.task == BUILD else device_lock(self.device)
+        return f"build:{self.build_group}" if self.task == BUILD else device_lock(self.device)
 
 
 @dataclass

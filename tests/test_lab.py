@@ -136,6 +136,9 @@ def test_a_sweep_s_compiles_are_jobs_of_a_build_worker_read_by_the_measuring_hos
     cells = {(f"dev{i}", model) for i in range(DEVICES) for model in ("mlp", "convnet")}
     assert set(builds) == cells and all(b["error"] is None and b["builder"].startswith("builds:") for b in builds.values())
     assert len(files) == 2 and all(f is not None for f in files.values()), "one artifact a model: the devices share a target"
+    # ... built once each: the devices' builds of one model take one lock, and the later ones find it in the store
+    assert workers.log(0).count("· compile: build job on builds:") == 2, workers.log(0)
+    assert workers.log(0).count("in the lab's store already") == len(cells) - 2, workers.log(0)
     assert {cell: runs[cell]["artifact_key"] for cell in cells} == {cell: builds[cell]["cache_key"] for cell in cells}
     assert {r["status"] for r in runs.values()} == {"ok"}
     measured = workers.log(1)

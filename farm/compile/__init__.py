@@ -12,11 +12,13 @@ format, toolchain and TVM version.
                    fold_weight_prepack, the weights' repacking folded after the records (weight prepacking)
     records.py     tuning records into a compile: record_databases, apply_records, untuned_trace, is_schedule
     memory.py      planned_memory, from the Relax module the build produced (BuiltModule)
-    build.py       compile_model: build (tuned or not), export, cache; artifact_file and install_artifact, an
+    build.py       compile_model: build (tuned or not), export, cache (planned_key: its key before it
+                   is built); artifact_file and install_artifact, an
                    artifact carried to another host (the lab's store); main_calls, read from an exported library
 """
 
-from farm.compile.build import EXPORT_SUFFIX, artifact_file, compile_model, install_artifact, main_calls
+from farm.compile.build import (EXPORT_SUFFIX, artifact_file, compile_model, install_artifact, main_calls,
+                                planned_key)
 from farm.compile.frontends import fold_weight_prepack, import_model, import_onnx, prepack_calls, tuning_module
 from farm.compile.keys import (PIPELINE_VERSION, RECORD_MATCH, TVM_VERSION, artifact_key, device_tuning_key,
                                key_before_threads, key_without_prepack, tuning_key)
@@ -30,6 +32,6 @@ __all__ = [
     "RECORD_MATCH", "TAG_HOSTS", "TVM_VERSION", "BuiltModule", "apply_records", "artifact_file", "artifact_key",
     "compile_model", "device_tuning_key", "effective_target", "export_library", "fallback_device",
     "fold_weight_prepack", "host_cpu", "import_model", "import_onnx", "install_artifact", "is_schedule",
-    "key_before_threads", "key_without_prepack", "main_calls", "make_target", "planned_memory", "prepack_calls",
+    "key_before_threads", "key_without_prepack", "main_calls", "make_target", "planned_key", "planned_memory", "prepack_calls",
     "record_databases", "toolchain_for", "tuning_key", "tuning_module", "untuned_trace"
 ]

@@ -9,7 +9,7 @@ import logging
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import tvm
@@ -29,13 +29,20 @@ EXPORT_SUFFIX = {"so": ".so", "tar": ".tar", "system-lib": ".tar"}  # iOS .so is
 META = "artifact.json"  # an artifact folder's metadata, beside its library
 
 
+def planned_key(model: ModelSource, device: Device, tuning: TuningSet | None = None) -> str:
+    """The artifact key ``compile_model`` builds (model, device, tuning records) under, before building it."""
+    target = effective_target(device)
+    tuning = tuning if tuning is not None and tuning.records else None
+    return artifact_key(model, device, target, toolchain_for(device, target), tuning.digest if tuning else "")
+
+
 def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: TuningSet | None = None) -> Artifact:
     """Return the cached artifact for (model, device target, tuning records) or build and export it."""
     target = effective_target(device)
     toolchain = toolchain_for(device, target)
     if tuning is not None and not tuning.records:
         tuning = None
-    key = artifact_key(model, device, target, toolchain, tuning.digest if tuning else "")
+    key = planned_key(model, device, tuning)
     folder = Path(cache_dir) / key[:24]
     if (cached := _cached(folder)) is not None:
         return cached
@@ -105,7 +112,9 @@ def install_artifact(cache_dir: Path, file_digest: str, meta: dict, data: bytes)
     tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
     filename = Path(meta["path"]).name
     (tmp / filename).write_bytes(data)
-    meta = {"pipeline_version": PIPELINE_VERSION, **meta, "path": str(folder / filename)}
+    known = {f.name for f in fields(Artifact)}  # the store's metadata may say more (who built it)
+    meta = {"pipeline_version": PIPELINE_VERSION, **{k: v for k, v in meta.items() if k in known},
+            "path": str(folder / filename)}
     (tmp / META).write_text(json.dumps(meta, indent=2))
     return _publish(tmp, folder) or Artifact(**meta, cached=True)
 

@@ -99,10 +99,10 @@ class CatalogMixin:
         with self._db.transaction() as db:
             db.execute("DELETE FROM artifact_files WHERE cache_key=?", (cache_key,))
 
-    def artifact_file_digest(self, cache_key: str) -> str | None:
-        """The sha256 of the artifact file stored under ``cache_key``, or None: whether a builder must put it."""
-        row = self._db.execute("SELECT file_digest FROM artifact_files WHERE cache_key=?", (cache_key,)).fetchone()
-        return None if row is None else str(row[0])
+    def artifact_file_head(self, cache_key: str) -> tuple[str, dict[str, Any]] | None:
+        """(sha256, metadata) of the artifact file stored under ``cache_key``, without its bytes; None: none is."""
+        row = self._db.execute("SELECT file_digest, meta FROM artifact_files WHERE cache_key=?", (cache_key,)).fetchone()
+        return None if row is None else (str(row[0]), json.loads(row[1]))
 
     def record_sweep_build(self, sweep_id: int, device: str, model: str, builder: str, cache_key: str | None = None,
                            error: str | None = None, hint: str | None = None, build_s: float | None = None) -> None:

@@ -20,6 +20,7 @@ one whose build is running waits for it (``BUILD_WAIT_S``). So a lab without bui
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import artifact_file, effective_target, install_artifact
+from farm.compile import artifact_file, effective_target, install_artifact, planned_key
 from farm.errors import BuildError, FarmError, StoreError
 from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, Job, LabQueue, SweepJobs, build_lock, build_queue,
@@ -76,8 +77,8 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
     lab = LabQueue(db_url)
     queued = lab.waiting_or_running(sweep_id)  # a resume: cells whose job waits or runs get no new build
     jobs = [Job(BUILD, "", device_name, {"sweep_id": sweep_id, "device": device_name, "model": model_name},
-                build_lock(sweep_id, device_name, model_name)) for device_name, model_name in todo
-            if cell_lock(sweep_id, device_name, model_name) not in queued]
+                build_lock(sweep_id, device_name, model_name), build_group(devices[device_name], model_name))
+            for device_name, model_name in todo if cell_lock(sweep_id, device_name, model_name) not in queued]
     seen: set[str] = set()
     for device_name, model_name in todo:
         device = devices[device_name]
@@ -90,6 +91,15 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
                  f"curve:{sweep_id}:{name}") for name in spec.devices if name in seen and is_gpu(devices[name])]
     lab.defer(jobs)
     return sweep_id, spec
+
+
+def build_group(device: Device, model: str) -> str:
+    """What a build's artifact key depends on that the inventory states (the model, the device's kind, target, host,
+    export, compiler and settings), hashed: devices alike share it, so their builds take one lock and one artifact
+    (the key itself needs the model's bytes and the records, which the build worker reads)."""
+    fields = [model, device.kind, device.target, device.host, device.export, device.options.get("cc"), device.threads,
+              device.weight_prepack]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def progress_text(sweep_id: int, jobs: SweepJobs) -> str:
@@ -286,16 +296,24 @@ class LabWorker:
         with Store(self.db_url) as store:
             spec, _ = self.context(store, sweep_id)
             target, source = self.device(device), self.model(spec, model)
-            if self.progress:
-                self.progress(device, model, "compile", f"build job on {name}")
             try:
+                key = planned_key(source, target, tuning_set(store, target) if spec.tuned else None)
+                if (stored := store.artifact_file_head(key)) is not None:  # a device alike built it (its group's lock)
+                    store.record_sweep_build(sweep_id, device, model, stored[1].get("builder", name), cache_key=key,
+                                             build_s=stored[1].get("build_s"))
+                    if self.progress:
+                        self.progress(device, model, "artifact", f"{key[:12]} in the lab's store already")
+                    return "built before"
+                if self.progress:
+                    self.progress(device, model, "compile", f"build job on {name}")
                 with COMPILE_LOCK:
                     artifact = compile_cell(target, source, store, self.cache_dir, spec.tuned)
             except FarmError as exc:
                 store.record_sweep_build(sweep_id, device, model, name, error=exc.message, hint=exc.hint)
                 return "failed"
-            if store.artifact_file_digest(artifact.cache_key) != artifact.file_digest:
-                store.put_artifact_file(artifact.cache_key, artifact.file_digest, *artifact_file(artifact))
+            if store.artifact_file_head(artifact.cache_key) is None:
+                meta, data = artifact_file(artifact)
+                store.put_artifact_file(artifact.cache_key, artifact.file_digest, {**meta, "builder": name}, data)
             store.record_sweep_build(sweep_id, device, model, name, cache_key=artifact.cache_key,
                                      build_s=artifact.build_s)
             return "built"
