@@ -314,7 +314,9 @@ class LabQueue:
     def settle_build(self, sweep_id: int, device: str, model: str) -> str:
         """Where the cell's build job stands, after cancelling it if it still waits (procrastinate cancels only a
         waiting job, so a build worker either took it first or never will) or if its worker is dead (put back,
-        then cancelled): "taken" (the caller builds), "doing" (a live build worker builds it), "succeeded",
+        then cancelled); one that waits for its lock while a live build worker builds the same artifact (a device
+        alike's) is left to wait: "taken" (the caller builds), "doing" (a live build worker builds it, or the
+        same artifact before it), "succeeded",
         "failed" (its worker raised, or it was aborted), or "none" (no build job was deferred, or it was cancelled
         before)."""
         import datetime
@@ -324,14 +326,20 @@ class LabQueue:
                 if not _installed(db):
                     return "none"
                 row = db.execute(
-                    f"""SELECT j.id, j.status::text, j.status = 'doing' AND {_DEAD_WORKER}
+                    f"""SELECT j.id, j.status::text, j.status = 'doing' AND {_DEAD_WORKER},
+                               EXISTS (SELECT 1 FROM procrastinate_jobs o JOIN procrastinate_workers w
+                                         ON w.id = o.worker_id
+                                       WHERE o.lock = j.lock AND o.status = 'doing'
+                                         AND w.last_heartbeat >= NOW() - make_interval(secs => %s))
                         FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k ON k.id = j.worker_id
                         WHERE j.task_name = %s AND j.args->>'sweep_id' = %s AND j.args->>'device' = %s
                           AND j.args->>'model' = %s ORDER BY j.id DESC LIMIT 1""",
-                    (STALLED_S, BUILD, str(sweep_id), device, model)).fetchone()
+                    (STALLED_S, STALLED_S, BUILD, str(sweep_id), device, model)).fetchone()
                 if row is None:
                     return "none"
-                job_id, status, dead = row
+                job_id, status, dead, lock_busy = row
+                if status == "todo" and lock_busy:  # a live build worker builds its artifact for a device alike
+                    return "doing"
                 if status == "todo" and self.app.job_manager.cancel_job_by_id(job_id, connection=db):
                     return "taken"
             if dead:  # its build worker died: no build worker of that queue may be left to put it back

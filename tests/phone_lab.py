@@ -134,18 +134,22 @@ def phone_lab(work: Path, phone: tuple[str, str], env: dict[str, str]) -> PhoneL
                      "FARM_DB": f"postgresql://farm@{host_addr}:{server.rsplit(':', 1)[1]}/lab"}
 
             def step(name: str, *args: str, on_a: bool = False, timeout: float = 300) -> bool:
+                """One farm command on A or B, recorded; a timeout is a failed step (exit -1), never an exception."""
                 start = time.monotonic()
-                prefix = ["ip", "netns", "exec", ns] if on_a else []
-                lab.steps[name] = subprocess.run([*prefix, sys.executable, "-m", "farm.cli", *args],
-                                                 env=there if on_a else here, cwd=REPO, capture_output=True,
-                                                 text=True, timeout=timeout)
+                command = [*(["ip", "netns", "exec", ns] if on_a else []), sys.executable, "-m", "farm.cli", *args]
+                try:
+                    lab.steps[name] = subprocess.run(command, env=there if on_a else here, cwd=REPO,
+                                                     capture_output=True, text=True, timeout=timeout)
+                except subprocess.TimeoutExpired as exc:
+                    lab.steps[name] = subprocess.CompletedProcess(command, -1, str(exc.stdout or ""),
+                                                                  f"timed out after {timeout:g} s")
                 lab.seconds[name] = round(time.monotonic() - start, 1)
                 return lab.steps[name].returncode == 0
 
             worker = None
-            if not step("tracker on A", "tracker", "start", "--host", tracker_addr, on_a=True):
-                return lab
             try:
+                if not step("tracker on A", "tracker", "start", "--host", tracker_addr, on_a=True):
+                    return lab
                 if not step("serve on B", "serve", "--json"):
                     return lab
                 records = json.loads(Path(env["FARM_HOME"], "processes.json").read_text())

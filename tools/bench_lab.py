@@ -345,7 +345,8 @@ def faults(args: argparse.Namespace, work: Path) -> int:
             workers[0].wait()
             with psycopg.connect(url, autocommit=True) as db:
                 killed_at = one(db, "SELECT NOW()")
-                held = [r[0] for r in db.execute("SELECT id FROM procrastinate_jobs WHERE status = 'doing'")]
+                held = [r[0] for r in db.execute("SELECT id FROM procrastinate_jobs WHERE status = 'doing' AND "
+                                                 "task_name = 'farm.cell'")]
             say(f"worker 0 killed (-9) while it held {len(held)} cell job(s); worker 1 started")
             start_worker(1)
             followed = subprocess.run([*farm, "sweep", "--resume", str(sweep_id), "--no-report", "--json"], cwd=REPO,

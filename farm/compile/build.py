@@ -101,6 +101,9 @@ def artifact_file(artifact: Artifact) -> tuple[dict, bytes]:
 def install_artifact(cache_dir: Path, file_digest: str, meta: dict, data: bytes) -> Artifact:
     """An artifact another host built (``artifact_file``, through the lab's store), in this host's cache under its
     own key, once its bytes have the sha256 its builder recorded: nothing else is ever uploaded to a device."""
+    if not isinstance(meta.get("cache_key"), str) or not isinstance(meta.get("path"), str):
+        raise BuildError("an artifact read from the lab's store has no cache key or file name in its metadata",
+                         "its builder runs another farm: upgrade both")
     if (got := hashlib.sha256(data).hexdigest()) != file_digest or meta.get("file_digest") != file_digest:
         raise BuildError(f"the artifact {meta.get('cache_key', '?')[:16]} read from the lab's store has sha256 "
                          f"{got[:16]}…, not the {file_digest[:16]}… its builder recorded",
@@ -112,11 +115,17 @@ def install_artifact(cache_dir: Path, file_digest: str, meta: dict, data: bytes)
     tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
     filename = Path(meta["path"]).name
     (tmp / filename).write_bytes(data)
-    known = {f.name for f in fields(Artifact)}  # the store's metadata may say more (who built it)
+    known = {f.name for f in fields(Artifact)} - {"cached"}  # the store's metadata may say more (who built it)
     meta = {"pipeline_version": PIPELINE_VERSION, **{k: v for k, v in meta.items() if k in known},
             "path": str(folder / filename)}
+    try:
+        artifact = Artifact(**meta, cached=True)
+    except TypeError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BuildError(f"the artifact {str(meta.get('cache_key', '?'))[:16]} read from the lab's store has "
+                         f"metadata this farm cannot read: {exc}", "its builder runs another farm: upgrade both") from exc
     (tmp / META).write_text(json.dumps(meta, indent=2))
-    return _publish(tmp, folder) or Artifact(**meta, cached=True)
+    return _publish(tmp, folder) or artifact
 
 
 def _cached(folder: Path) -> Artifact | None:

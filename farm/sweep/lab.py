@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import artifact_file, effective_target, install_artifact, planned_key
+from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, effective_target, install_artifact,
+                          planned_key)
 from farm.errors import BuildError, FarmError, StoreError
 from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, Job, LabQueue, SweepJobs, build_lock, build_queue,
@@ -247,34 +248,40 @@ class LabWorker:
         while build == "doing" and time.monotonic() < deadline:
             time.sleep(BUILD_POLL_S)
             build = lab.settle_build(ctx.sweep_id, device.name, model.name)
-        if build == "succeeded":
-            made = self._stored_build(ctx, store, device, model)
-            if isinstance(made, Artifact):
-                return made
-            why = made
-        else:
-            why = "" if build in ("taken", "none") else f"its build job ended {build}"
-        if why:
-            log.warning("%s × %s: %s: compiling here", device.name, model.name, why)
+        made = self._stored_build(ctx, store, device, model, build == "succeeded")
+        if isinstance(made, Artifact):
+            return made
+        if made:
+            log.warning("%s × %s: %s: compiling here", device.name, model.name, made)
         return compile_or_error(ctx, store, device, model)
 
-    def _stored_build(self, ctx: CellContext, store: Store, device: Device, model: ModelSource) -> Artifact | str:
-        """The artifact the cell's build job stored, installed in this host's cache: only when it is built for the
-        target, export and tuning records this host would compile with (a device whose target depends on its host,
-        or a builder with another inventory or store, builds something else), and its bytes have the sha256 its
-        builder recorded. Else why not, in words (the caller compiles)."""
+    def _stored_build(self, ctx: CellContext, store: Store, device: Device, model: ModelSource,
+                      built: bool) -> Artifact | str:
+        """The artifact the cell's build job stored (``built``: the job succeeded), else one a device alike's build
+        stored under the key this host would build (``planned_key``), installed in this host's cache: only when it
+        is built for the model, target, export, tuning records and TVM this host would compile with (a device
+        whose target depends on its host, or a builder with another inventory or store, builds something else),
+        and its bytes have the sha256 its builder recorded. Else why not, in words ('' when no build was made:
+        the caller compiles)."""
         assert ctx.sweep_id is not None
-        made = store.sweep_builds(ctx.sweep_id).get((device.name, model.name))
+        tuning = tuning_set(store, device) if ctx.tuned else None
+        made = store.sweep_builds(ctx.sweep_id).get((device.name, model.name)) if built else None
         if made is None:
-            return "its build job stored nothing"
+            try:
+                key = planned_key(model, device, tuning)
+            except FarmError:
+                return ""  # no toolchain here: the compile says so
+            if store.artifact_file_head(key) is None:
+                return "" if not built else "its build job stored nothing"
+            made = {"cache_key": key, "error": None, "builder": "a build of a device alike", "build_s": None}
         if made["error"]:
             return f"its build failed on {made['builder']} ({made['error']})"
         if (stored := store.artifact_file(made["cache_key"])) is None:
             return f"its artifact {made['cache_key'][:12]} is not in the lab's store"
         meta = stored[1]
-        tuning = tuning_set(store, device) if ctx.tuned else None
-        want = {"target": effective_target(device), "export": device.export,
-                "tuning_digest": tuning.digest if tuning is not None and tuning.records else ""}
+        want = {"model_digest": model.digest, "target": effective_target(device), "export": device.export,
+                "tuning_digest": tuning.digest if tuning is not None and tuning.records else "",
+                "tvm_version": TVM_VERSION, "pipeline_version": PIPELINE_VERSION}
         got = {field: meta.get(field) for field in want}
         if json.dumps(got, sort_keys=True) != json.dumps(want, sort_keys=True):
             return f"{made['builder']} built it as {got}, not as this host compiles it ({want})"
@@ -284,7 +291,8 @@ class LabWorker:
             store.drop_artifact_file(made["cache_key"])  # the next build of the key stores it again
             return exc.message
         if self.progress:
-            self.progress(device.name, model.name, "artifact", f"built by {made['builder']} in {made['build_s']:.1f} s, "
+            took = f" in {made['build_s']:.1f} s" if made.get("build_s") is not None else ""
+            self.progress(device.name, model.name, "artifact", f"built by {meta.get('builder', made['builder'])}{took}, "
                           f"{len(stored[2]) / 1e6:.1f} MB from the lab's store, sha256 checked")
         return artifact
 
