@@ -71,12 +71,14 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
     if not is_url(db_url):
         raise FarmError("a sweep over lab hosts needs the lab's PostgreSQL database, not a file",
                         "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
+    lab = LabQueue(db_url)
     with Store(db_url) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())
+        # a resume: cells whose job waits or runs get no new build. Read before the stored attempts: a cell whose
+        # job ends between the two reads is then in one or the other, never missing from both (a second build)
+        queued = lab.waiting_or_running(sweep_id)
         todo = missing_cells(spec, spec.by_cell(store.sweep_attempts(sweep_id)))
-    lab = LabQueue(db_url)
-    queued = lab.waiting_or_running(sweep_id)  # a resume: cells whose job waits or runs get no new build
     jobs = [Job(BUILD, "", device_name, {"sweep_id": sweep_id, "device": device_name, "model": model_name},
                 build_lock(sweep_id, device_name, model_name), build_group(devices[device_name], model_name))
             for device_name, model_name in todo if cell_lock(sweep_id, device_name, model_name) not in queued]
