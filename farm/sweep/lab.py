@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, effective_target, install_artifact,
-                          planned_key)
+from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, compile_model, effective_target,
+                          install_artifact, planned_key)
 from farm.errors import BuildError, FarmError, StoreError
 from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, Job, LabQueue, SweepJobs, build_lock, build_queue,
@@ -39,7 +39,7 @@ from farm.records import Artifact, Device, ModelSource, SweepSpec, TrackerAddres
 from farm.store import Store
 from farm.store.backends import is_url
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
-from farm.sweep.tuning import compile_cell, tuning_set
+from farm.sweep.tuning import tuning_set
 from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys, prepare,
                             record_copy_curve, store_offline)
 
@@ -306,8 +306,9 @@ class LabWorker:
         with Store(self.db_url) as store:
             spec, _ = self.context(store, sweep_id)
             target, source = self.device(device), self.model(spec, model)
+            tuning = tuning_set(store, target) if spec.tuned else None  # read once: the key and the compile's
             try:
-                key = planned_key(source, target, tuning_set(store, target) if spec.tuned else None)
+                key = planned_key(source, target, tuning)
                 if (stored := store.artifact_file_head(key)) is not None:  # a device alike built it (its group's lock)
                     store.record_sweep_build(sweep_id, device, model, stored[1].get("builder", name), cache_key=key,
                                              build_s=stored[1].get("build_s"))
@@ -317,7 +318,7 @@ class LabWorker:
                 if self.progress:
                     self.progress(device, model, "compile", f"build job on {name}")
                 with COMPILE_LOCK:
-                    artifact = compile_cell(target, source, store, self.cache_dir, spec.tuned)
+                    artifact = compile_model(source, target, self.cache_dir, tuning)
             except FarmError as exc:
                 store.record_sweep_build(sweep_id, device, model, name, error=exc.message, hint=exc.hint)
                 return "failed"
