@@ -15,6 +15,11 @@ then for one conv net, with weight prepacking off and on (two tuning keys, each 
 
     .venv/bin/python tools/bench_tuning.py [--model onnx:squeezenet] [--points 10,20,40,60] [--pipelines off,on]
 
+--batches 16,64: a curve per batch size too (candidates a batch; farm's own when not given), each with its own
+store (records, cost model), all in turns: whether a batch's generation shared by more candidates buys more.
+
+    .venv/bin/python tools/bench_tuning.py --batches 16,64 --pipelines on --points 10,20,40
+
 --scaling: trials per minute of search (set-up and profile excluded) with K = 1 and K = 2 servers under
 one key (farm tune --max-runners), builds running ahead of the measurements (farm tune --builds-ahead, as
 for a device that is not this host), with a fixed device-side pause per candidate (--candidate-cooldown,
@@ -41,9 +46,11 @@ reported, what main calls (kernels on prepacked weights, repacking left in it), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from farm.compile import (device_tuning_key, effective_target, is_schedule, main_calls, make_target, record_databases,
@@ -100,50 +107,70 @@ def coverage_of(cell) -> str:
     return coverage
 
 
+@dataclass
+class Variant:
+    """One curve of the run: a pipeline (weight prepacking off or on) and a batch size (candidates a batch; None:
+    farm's default), its own device and, when batch sizes are compared, its own store (records and cost model)."""
+
+    on: bool
+    batch: int | None
+    device: Device
+    store: Store
+    spent: list = field(default_factory=lambda: [0.0, 0, 0])  # seconds, trials, sessions
+    best: tuple[float, float] | None = None  # the best tuned/reference ratio so far, at which minutes
+
+    @property
+    def label(self) -> str:
+        return PIPELINE[self.on] + (f", batch {self.batch}" if self.batch else "")
+
+
 def curve(args) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-tuning-"))
     model = load_model(args.model)
-    devices = {on: Device(f"curve-prepack-{'on' if on else 'off'}", "local", "bench-tuning-cpu", {"kind": "llvm"},
-                          weight_prepack=on) for on in args.pipelines}
     config = BenchConfig(repeat=15, min_repeat_ms=100, timeout_s=60)
-    with private_farm(work, {"curve": "bench-tuning-cpu"}) as tracker, Store(work / "results.db") as store:
-        first = next(iter(devices.values()))
-        untuned = bench_run(tracker, first, model, store, work, config, tuned=False)
+    with private_farm(work, {"curve": "bench-tuning-cpu"}) as tracker, contextlib.ExitStack() as stores:
+        variants = []
+        for batch in args.batches:
+            # batch sizes compared: a store each, so neither's records nor cost model helps the other
+            store = stores.enter_context(Store(work / (f"results-b{batch}.db" if len(args.batches) > 1 else "results.db")))
+            for on in args.pipelines:
+                name = f"curve-prepack-{'on' if on else 'off'}" + (f"-b{batch}" if batch else "")
+                variants.append(Variant(on, batch, Device(name, "local", "bench-tuning-cpu", {"kind": "llvm"},
+                                                          weight_prepack=on), store))
+        untuned = bench_run(tracker, variants[0].device, model, variants[0].store, work, config, tuned=False)
         print(f"model {model.name}: TVM untuned {median(untuned.result.steady_samples_s) * 1e3:.3g} ms · onnxruntime "
-              f"{reference_s(untuned) * 1e3:.3g} ms ({compared(untuned)}); pipelines in turns: "
-              f"{', '.join(PIPELINE[on] for on in devices)}; benched after {', '.join(f'{p:g}' for p in args.points)} "
+              f"{reference_s(untuned) * 1e3:.3g} ms ({compared(untuned)}); in turns: "
+              f"{'; '.join(v.label for v in variants)}; benched after {', '.join(f'{p:g}' for p in args.points)} "
               "accumulated minutes", flush=True)
-        print("pipeline    minutes  sessions  trials  TVM tuned   onnxruntime  TVM vs onnxruntime                 "
-              "coverage", flush=True)
-        spent = {on: [0.0, 0, 0] for on in devices}  # seconds, trials, sessions
-        best: dict[bool, tuple[float, float]] = {}  # the best tuned/reference ratio so far, at which minutes
+        print("curve                 minutes  sessions  trials  TVM tuned   onnxruntime  TVM vs onnxruntime            "
+              "     coverage", flush=True)
         for point in args.points:
-            for on, device in devices.items():  # sessions in turns: the host's load falls on both pipelines
+            for v in variants:  # sessions in turns: the host's load falls on every curve
                 start = time.monotonic()
-                outcome = tune_model(tracker, device, model, store, work / "tune",
-                                     TuneConfig(trials=100_000, minutes=point - spent[on][0] / 60), progress=progress)
-                spent[on] = [spent[on][0] + time.monotonic() - start, spent[on][1] + outcome.trials_done,
-                             spent[on][2] + 1]
-            for on, device in devices.items():
-                cell = bench_run(tracker, device, model, store, work, config, tuned=True)
+                outcome = tune_model(tracker, v.device, model, v.store, work / "tune",
+                                     TuneConfig(trials=100_000, minutes=point - v.spent[0] / 60,
+                                                trials_per_iter=v.batch), progress=progress)
+                v.spent = [v.spent[0] + time.monotonic() - start, v.spent[1] + outcome.trials_done, v.spent[2] + 1]
+            for v in variants:
+                cell = bench_run(tracker, v.device, model, v.store, work, config, tuned=True)
                 tuned_s, ref_s = median(cell.result.steady_samples_s), reference_s(cell)
-                if ref_s and (on not in best or tuned_s / ref_s < best[on][0]):
-                    best[on] = (tuned_s / ref_s, spent[on][0] / 60)
-                print(f"{PIPELINE[on]:10s}  {spent[on][0] / 60:7.1f}  {spent[on][2]:8d}  {spent[on][1]:6d}  "
+                if ref_s and (v.best is None or tuned_s / ref_s < v.best[0]):
+                    v.best = (tuned_s / ref_s, v.spent[0] / 60)
+                print(f"{v.label:20s}  {v.spent[0] / 60:7.1f}  {v.spent[2]:8d}  {v.spent[1]:6d}  "
                       f"{tuned_s * 1e3:7.3g} ms  {ref_s * 1e3:8.3g} ms  {compared(cell):33s}  {coverage_of(cell)}",
                       flush=True)
-        for on, device in devices.items():
-            ratio, minutes = best.get(on, (float("inf"), 0.0))
+        for v in variants:
+            ratio, minutes = v.best or (float("inf"), 0.0)
             verdict = "reached" if ratio <= 1 else "not reached"
-            print(f"P1 ({PIPELINE[on]}): TVM tuned at least as fast as onnxruntime on the same threads: {verdict}; best "
+            print(f"P1 ({v.label}): TVM tuned at least as fast as onnxruntime on the same threads: {verdict}; best "
                   f"TVM / onnxruntime {ratio:.2f} at {minutes:.1f} min", flush=True)
             if ratio > 1:
-                print_slowest_tasks(store, device, model)
+                print_slowest_tasks(v.store, v.device, model)
         if args.shared:  # P1b: a model sharing the tuned convs (another epilogue), no session of its own
             other = load_model(str(leaky_variant(args.model, work)))
-            for on, device in devices.items():
-                cell = bench_run(tracker, device, other, store, work, config, tuned=True)
-                print(f"P1b ({PIPELINE[on]}): {other.name} ({args.model}'s convs, LeakyRelu epilogues), compiled with "
+            for v in variants:
+                cell = bench_run(tracker, v.device, other, v.store, work, config, tuned=True)
+                print(f"P1b ({v.label}): {other.name} ({args.model}'s convs, LeakyRelu epilogues), compiled with "
                       f"the farm's records, no session of its own: TVM {median(cell.result.steady_samples_s) * 1e3:.3g} "
                       f"ms · onnxruntime {reference_s(cell) * 1e3:.3g} ms ({compared(cell)}); {coverage_of(cell)}",
                       flush=True)
@@ -276,6 +303,16 @@ def pipeline_list(text: str) -> list[bool]:
     return list(dict.fromkeys(names[p] for p in text.split(",")))
 
 
+def batch_list(text: str) -> list[int]:
+    try:
+        batches = [int(b) for b in text.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        raise argparse.ArgumentTypeError("give candidates a batch, e.g. 16,64")
+    return list(dict.fromkeys(batches))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: onnx:squeezenet (curve), convnet (--scaling)")
@@ -283,6 +320,9 @@ def main() -> int:
                         help="curve: accumulated tuning minutes after which each pipeline is benched (default 10,20,40,60)")
     parser.add_argument("--pipelines", type=pipeline_list, default=[False, True],
                         help="curve: weight prepacking off, on, or off,on (default: both, in turns)")
+    parser.add_argument("--batches", type=batch_list, default=[None],
+                        help="curve: candidates a batch, e.g. 16,64: a curve each (own store), in turns (default: "
+                             "farm's own)")
     parser.add_argument("--no-shared", dest="shared", action="store_false",
                         help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")

@@ -35,15 +35,24 @@ RUNNER_TIMEOUT_S = 60.0
 # request_timeout_s) before its measurement fails: busy devices are not a bad schedule.
 BUSY_RETRIES = 4
 
-# Searching by share, the tasks take turns in passes: each pass gives every task its share of this many trials
-# (at least one batch), biggest first, until their allotments or the minutes are spent. One search per task at
-# once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
-PASS_TRIALS = 256
+# Searching by share, the tasks take turns in passes: each pass gives every task its share of this many batches'
+# trials (at least one batch), biggest first, until their allotments or the minutes are spent. One search per task
+# at once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
+PASS_BATCHES = 16
 
-# Candidates a batch for each runner measuring at once. MetaSchedule generates a task's next batch only after the
-# last candidate of the batch is measured, so every device waits for the generation (and the last candidate's)
-# once a batch: K runners get K times the batch, and that wait is shared by as many candidates as at K = 1
-# (tools/bench_tuning.py --scaling, 48 trials: 29 % idle at K = 2 with 16 candidates a batch, 25 % with 32).
+# Schedules of the evolutionary search's population per candidate of a batch, when each batch is built, then
+# measured (a device that measures on this host's CPU, unless told otherwise): MetaSchedule's own 64 of 512
+# (num_trials_per_iter, population_size). The search, the builds and the measurements then take turns, and a
+# batch's generation costs CPU by the population, whatever the batch: on a squeezenet conv here, ~30 s to generate
+# a batch at 512 against ~5 s to build and measure 16 candidates. 64 candidates share that one generation
+# (tools/bench_tuning.py --batches 16,64); a population of 64 (the tests', the demo's) keeps batches of 16.
+POPULATION_PER_CANDIDATE = 8
+
+# Candidates a batch for each runner measuring at once when builds run ahead (a device that is not this host's
+# CPU: it measures while the next batch is generated and built). MetaSchedule generates a task's next batch only
+# after the last candidate of the batch is measured, so every device waits for the generation (and the last
+# candidate's) once a batch: K runners get K times the batch, and that wait is shared by as many candidates as at
+# K = 1 (tools/bench_tuning.py --scaling, 48 trials: 29 % idle at K = 2 with 16 candidates a batch, 25 % with 32).
 TRIALS_PER_RUNNER = 16
 
 # Schedules MetaSchedule's evolutionary search keeps a batch (its EvolutionarySearch default): it samples about
@@ -61,7 +70,7 @@ class TuneConfig:
     per_task: int | None = None
     minutes: float | None = None
     tasks: str | None = None  # only tasks whose name contains this
-    trials_per_iter: int | None = None  # candidates a batch (None: TRIALS_PER_RUNNER × the runners)
+    trials_per_iter: int | None = None  # candidates a batch (None: batch_for)
     builder_timeout_s: float = 120.0  # the first batch can be slow: workers import TVM
     runner_timeout_s: float = RUNNER_TIMEOUT_S  # per candidate on the device
     request_timeout_s: float = 30.0  # wait for a free device per candidate (then asked again: BUSY_RETRIES)
@@ -76,11 +85,21 @@ class TuneConfig:
     population: int | None = None  # the evolutionary search's population (None: search_population_for the device)
 
 
-def search_population_for(device: Device, config: TuneConfig, batch: int) -> int:
+def search_population_for(device: Device, config: TuneConfig) -> int:
     """The evolutionary search's population: the session's, else the device's ``search_population`` in devices.toml,
-    else ``SEARCH_POPULATION``; at least ``batch`` (a batch is picked from the population)."""
-    asked = config.population or device.options.get("search_population") or SEARCH_POPULATION
-    return max(int(asked), batch)
+    else ``SEARCH_POPULATION`` (never below the batch: ``Tuning``'s is at least its batch)."""
+    return int(config.population or device.options.get("search_population") or SEARCH_POPULATION)
+
+
+def batch_for(config: TuneConfig, population: int, runners: int, ahead: bool) -> int:
+    """Candidates a batch: the session's, else ``TRIALS_PER_RUNNER`` a runner when builds run ahead (the devices
+    measure while the next batch is generated), else one a ``POPULATION_PER_CANDIDATE`` of the population (at
+    least ``TRIALS_PER_RUNNER``): generation, builds and measurements take turns, so a batch shares its generation."""
+    if config.trials_per_iter:
+        return config.trials_per_iter
+    if ahead:
+        return TRIALS_PER_RUNNER * runners
+    return max(TRIALS_PER_RUNNER * runners, population // POPULATION_PER_CANDIDATE)
 
 
 def runner_timeout_for(device: Device) -> float:
