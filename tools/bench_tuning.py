@@ -142,7 +142,7 @@ def curve(args) -> int:
               f"{reference_s(untuned) * 1e3:.3g} ms ({compared(untuned)}); in turns: "
               f"{'; '.join(v.label for v in variants)}; benched after {', '.join(f'{p:g}' for p in args.points)} "
               "accumulated minutes", flush=True)
-        print("curve                 minutes  sessions  trials  TVM tuned   onnxruntime  TVM vs onnxruntime            "
+        print("curve                   minutes  sessions  trials  TVM tuned   onnxruntime  TVM vs onnxruntime            "
               "     coverage", flush=True)
         for point in args.points:
             for v in variants:  # sessions in turns: the host's load falls on every curve
@@ -156,7 +156,7 @@ def curve(args) -> int:
                 tuned_s, ref_s = median(cell.result.steady_samples_s), reference_s(cell)
                 if ref_s and (v.best is None or tuned_s / ref_s < v.best[0]):
                     v.best = (tuned_s / ref_s, v.spent[0] / 60)
-                print(f"{v.label:20s}  {v.spent[0] / 60:7.1f}  {v.spent[2]:8d}  {v.spent[1]:6d}  "
+                print(f"{v.label:22s}  {v.spent[0] / 60:7.1f}  {v.spent[2]:8d}  {v.spent[1]:6d}  "
                       f"{tuned_s * 1e3:7.3g} ms  {ref_s * 1e3:8.3g} ms  {compared(cell):33s}  {coverage_of(cell)}",
                       flush=True)
         for v in variants:

@@ -10,8 +10,9 @@ from typing import Callable
 from farm.records import Device
 from farm.task_profile import DEFAULT_MIN_SHARE
 
-# Trials a session searches when not told: enough for every batch of a small model's tasks to be measured once or
-# more (TRIALS_PER_RUNNER a batch); a night or an hour of tuning is asked for with --trials or minutes.
+# Trials a session searches when not told: a small model's tasks each get a batch or some of one (shared by the
+# profile: a task's allotment under a batch is one search); a night or an hour of tuning is asked for with --trials
+# or minutes.
 DEFAULT_TRIALS = 64
 
 # The trials of a session bounded by minutes alone: more than any session measures, so its minutes end it (a user
@@ -100,6 +101,12 @@ def batch_for(config: TuneConfig, population: int, runners: int, ahead: bool) ->
     if ahead:
         return TRIALS_PER_RUNNER * runners
     return max(TRIALS_PER_RUNNER * runners, population // POPULATION_PER_CANDIDATE)
+
+
+def gradient_batch(batch: int, trials: int, tasks: int, runners: int) -> int:
+    """The batch of one MetaSchedule search over every task (no profile): its first round gives each task a whole
+    batch, so a batch bigger than ``TRIALS_PER_RUNNER`` a runner only where ``trials`` give every task one."""
+    return min(batch, max(TRIALS_PER_RUNNER * runners, trials // max(1, tasks)))
 
 
 def runner_timeout_for(device: Device) -> float:

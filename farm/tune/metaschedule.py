@@ -46,7 +46,8 @@ BUILD_FAILED = ".build-error"  # beside a candidate's planned library: why its b
 
 # MetaSchedule's logs (per-batch tables, builder and runner errors) are kept for this many latest sessions
 KEPT_SESSION_LOGS = 20
-# A build worker's builds before it restarts (MetaSchedule's LocalBuilder: every batch, for a known leak)
+# A build worker's builds before it restarts (MetaSchedule's LocalBuilder: every batch, for a known leak; a new
+# worker imports TVM again, seconds of this host's CPU: at one candidate a batch, every candidate)
 BUILDS_PER_WORKER = 64
 
 
@@ -148,10 +149,10 @@ class AheadBuilder(PyBuilder):
     as it is built instead of after the whole batch (``AfterBuildRunner`` waits for each library). A failed
     build reaches the runner as ``<path>.build-error``; its candidate is stored failed, as a builder error is."""
 
-    def __init__(self, toolchain: str, timeout_s: float, workers: int, uses: int) -> None:
+    def __init__(self, toolchain: str, timeout_s: float, workers: int) -> None:
         super().__init__()
         self.toolchain = toolchain
-        self.builds = BuildPool(timeout_s, workers, uses + 1)  # a batch's builds, then new workers
+        self.builds = BuildPool(timeout_s, workers, BUILDS_PER_WORKER)
 
     def build(self, build_inputs: list) -> list:
         results = []
@@ -271,10 +272,10 @@ def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, run
                             config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
 
 
-def make_builder(toolchain: str, config: TuneConfig, batch: int, ahead: bool):
+def make_builder(toolchain: str, config: TuneConfig, ahead: bool):
     """The session's builder: ``AheadBuilder`` when builds run ahead of the measurements, else ``PooledBuilder``."""
     if ahead:
-        return AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, batch)
+        return AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1)
     return PooledBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1)
 
 
