@@ -36,10 +36,13 @@ RUNNER_TIMEOUT_S = 60.0
 # request_timeout_s) before its measurement fails: busy devices are not a bad schedule.
 BUSY_RETRIES = 4
 
-# Searching by share, the tasks take turns in passes: each pass gives every task its share of this many batches'
-# trials (at least one batch), biggest first, until their allotments or the minutes are spent. One search per task
-# at once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
-PASS_BATCHES = 16
+# Searching by share, the tasks take turns in passes: each pass gives every task its share of this many trials
+# (at least one batch), biggest first, until their allotments or the minutes are spent. One search per task at
+# once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait). With
+# batches of 64 a pass is one batch a task but for a task of over 3/8 of the time: every task leaves its untuned
+# code in the first pass. (Passes of 16 batches of 64 were tried: squeezenet's first pass was 21 batches, its
+# biggest conv's 5 first, and after 10 minutes 3 of its 30 tasks were tuned against 4 with batches of 16.)
+PASS_TRIALS = 256
 
 # Schedules of the evolutionary search's population per candidate of a batch, when each batch is built, then
 # measured (a device that measures on this host's CPU, unless told otherwise): MetaSchedule's own 64 of 512

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 from farm.records import TuningSet
 from farm.task_profile import TaskShare
-from farm.tune.config import PASS_BATCHES
+from farm.tune.config import PASS_TRIALS
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ class Plan:
 
 
 def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int,
-                  pass_batches: int = PASS_BATCHES, exhausted: set[int] | None = None) -> Iterator[list[tuple[int, int]]]:
+                  pass_trials: int = PASS_TRIALS, exhausted: set[int] | None = None) -> Iterator[list[tuple[int, int]]]:
     """The by-share plan, pass after pass: each pass is a list of (task, trials), biggest share first, each task
-    getting ``pass_batches`` batches' trials × its share in whole batches (at least one ``batch``, at most what is left of its
+    getting ``pass_trials`` × its share in whole batches (at least one ``batch``, at most what is left of its
     allotment). A task the caller adds to ``exhausted`` (its search measured fewer than it was given: no new
     candidate left) is not in the passes after."""
     done = exhausted if exhausted is not None else set()
@@ -65,7 +65,7 @@ def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int
         searches = []
         for i in order:
             if left[i] and i not in done:
-                take = min(left[i], batch * max(1, round(pass_batches * shares[i] / total)))
+                take = min(left[i], batch * max(1, round(pass_trials * shares[i] / total / batch)))
                 left[i] -= take
                 searches.append((i, take))
         yield searches
