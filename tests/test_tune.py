@@ -242,24 +242,6 @@ def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task
     # builds running ahead: a pass's searches of whole batches take turns in one call, the rest run alone
     assert overlapped_calls([(0, 176), (1, 80), (2, 10)], 16) == [[(0, 176), (1, 80)], [(2, 10)]]
     assert overlapped_calls([(2, 10)], 16) == [[(2, 10)]]
-    # batches of 64: a pass is one batch a task, but for a task of over 3/8 of the time (every task leaves its
-    # untuned code in the first pass)
-    assert next(search_passes({0: 70_000, 1: 29_000, 2: 1_000}, {0: 0.7, 1: 0.29, 2: 0.01}, 64)) == [
-        (0, 192), (1, 64), (2, 64)]
-
-
-def test_a_batch_built_then_measured_shares_its_generation_by_the_population_and_builds_ahead_keep_16_a_runner():
-    from farm.tune import TuneConfig
-    from farm.tune.config import batch_for, gradient_batch
-
-    config = TuneConfig()
-    assert batch_for(config, 512, 1, ahead=False) == 64  # MetaSchedule's own 64 candidates of a population of 512
-    assert batch_for(config, 64, 1, ahead=False) == 16  # the tests' and the demo's population: never below 16
-    assert batch_for(config, 512, 2, ahead=True) == 32  # builds ahead: 16 a runner, the devices measure meanwhile
-    assert batch_for(TuneConfig(trials_per_iter=8), 512, 1, ahead=False) == 8  # asked for
-    # one search over every task (no profile): its first round gives each task a batch, so 16 unless all get more
-    assert gradient_batch(64, 64, 4, 1) == 16 and gradient_batch(64, 500, 30, 1) == 16
-    assert gradient_batch(64, 100_000, 30, 1) == 64
 
 
 def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):

@@ -10,9 +10,8 @@ from typing import Callable
 from farm.records import Device
 from farm.task_profile import DEFAULT_MIN_SHARE
 
-# Trials a session searches when not told: a small model's tasks each get a batch or some of one (shared by the
-# profile: a task's allotment under a batch is one search); a night or an hour of tuning is asked for with --trials
-# or minutes.
+# Trials a session searches when not told: enough for every batch of a small model's tasks to be measured once or
+# more (TRIALS_PER_RUNNER a batch); a night or an hour of tuning is asked for with --trials or minutes.
 DEFAULT_TRIALS = 64
 
 # The trials of a session bounded by minutes alone: more than any session measures, so its minutes end it (a user
@@ -38,25 +37,17 @@ BUSY_RETRIES = 4
 
 # Searching by share, the tasks take turns in passes: each pass gives every task its share of this many trials
 # (at least one batch), biggest first, until their allotments or the minutes are spent. One search per task at
-# once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait). With
-# batches of 64 a pass is one batch a task but for a task of over 3/8 of the time: every task leaves its untuned
-# code in the first pass. (Passes of 16 batches of 64 were tried: squeezenet's first pass was 21 batches, its
-# biggest conv's 5 first, and after 10 minutes 3 of its 30 tasks were tuned against 4 with batches of 16.)
+# once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
 PASS_TRIALS = 256
 
-# Schedules of the evolutionary search's population per candidate of a batch, when each batch is built, then
-# measured (a device that measures on this host's CPU, unless told otherwise): MetaSchedule's own 64 of 512
-# (num_trials_per_iter, population_size). The search, the builds and the measurements then take turns, and a
-# batch's generation costs CPU by the population, whatever the batch: on a squeezenet conv here, ~30 s to generate
-# a batch at 512 against ~5 s to build and measure 16 candidates. 64 candidates share that one generation
-# (tools/bench_tuning.py --batches 16,64); a population of 64 (the tests', the demo's) keeps batches of 16.
-POPULATION_PER_CANDIDATE = 8
-
-# Candidates a batch for each runner measuring at once when builds run ahead (a device that is not this host's
-# CPU: it measures while the next batch is generated and built). MetaSchedule generates a task's next batch only
-# after the last candidate of the batch is measured, so every device waits for the generation (and the last
-# candidate's) once a batch: K runners get K times the batch, and that wait is shared by as many candidates as at
-# K = 1 (tools/bench_tuning.py --scaling, 48 trials: 29 % idle at K = 2 with 16 candidates a batch, 25 % with 32).
+# Candidates a batch for each runner measuring at once. MetaSchedule generates a task's next batch only after the
+# last candidate of the batch is measured, so every device waits for the generation (and the last candidate's)
+# once a batch: K runners get K times the batch, and that wait is shared by as many candidates as at K = 1
+# (tools/bench_tuning.py --scaling, 48 trials: 29 % idle at K = 2 with 16 candidates a batch, 25 % with 32).
+# On this host's CPU too, though generating a batch costs ~50 s there against ~8 s to build and measure 16
+# candidates: batches of 64 (MetaSchedule's own) measured twice the candidates in the same minutes but tuned
+# squeezenet less well, fewer searches learning from fewer rounds of measurements (14.7 against 12.1 ms after 30
+# minutes; tools/bench_tuning.py --batches 16,64, docs/benchmarks.md).
 TRIALS_PER_RUNNER = 16
 
 # Schedules MetaSchedule's evolutionary search keeps a batch (its EvolutionarySearch default): it samples about
@@ -74,7 +65,7 @@ class TuneConfig:
     per_task: int | None = None
     minutes: float | None = None
     tasks: str | None = None  # only tasks whose name contains this
-    trials_per_iter: int | None = None  # candidates a batch (None: batch_for)
+    trials_per_iter: int | None = None  # candidates a batch (None: TRIALS_PER_RUNNER × the runners)
     builder_timeout_s: float = 120.0  # the first batch can be slow: workers import TVM
     runner_timeout_s: float = RUNNER_TIMEOUT_S  # per candidate on the device
     request_timeout_s: float = 30.0  # wait for a free device per candidate (then asked again: BUSY_RETRIES)
@@ -89,27 +80,11 @@ class TuneConfig:
     population: int | None = None  # the evolutionary search's population (None: search_population_for the device)
 
 
-def search_population_for(device: Device, config: TuneConfig) -> int:
+def search_population_for(device: Device, config: TuneConfig, batch: int) -> int:
     """The evolutionary search's population: the session's, else the device's ``search_population`` in devices.toml,
-    else ``SEARCH_POPULATION`` (never below the batch: ``Tuning``'s is at least its batch)."""
-    return int(config.population or device.options.get("search_population") or SEARCH_POPULATION)
-
-
-def batch_for(config: TuneConfig, population: int, runners: int, ahead: bool) -> int:
-    """Candidates a batch: the session's, else ``TRIALS_PER_RUNNER`` a runner when builds run ahead (the devices
-    measure while the next batch is generated), else one a ``POPULATION_PER_CANDIDATE`` of the population (at
-    least ``TRIALS_PER_RUNNER``): generation, builds and measurements take turns, so a batch shares its generation."""
-    if config.trials_per_iter:
-        return config.trials_per_iter
-    if ahead:
-        return TRIALS_PER_RUNNER * runners
-    return max(TRIALS_PER_RUNNER * runners, population // POPULATION_PER_CANDIDATE)
-
-
-def gradient_batch(batch: int, trials: int, tasks: int, runners: int) -> int:
-    """The batch of one MetaSchedule search over every task (no profile): its first round gives each task a whole
-    batch, so a batch bigger than ``TRIALS_PER_RUNNER`` a runner only where ``trials`` give every task one."""
-    return min(batch, max(TRIALS_PER_RUNNER * runners, trials // max(1, tasks)))
+    else ``SEARCH_POPULATION``; at least ``batch`` (a batch is picked from the population)."""
+    asked = config.population or device.options.get("search_population") or SEARCH_POPULATION
+    return max(int(asked), batch)
 
 
 def runner_timeout_for(device: Device) -> float:

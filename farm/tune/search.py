@@ -18,7 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 from farm.costmodel import samples_of
 from farm.errors import message_line
 from farm.records import Device, TrackerAddress
-from farm.tune.config import TuneConfig, gradient_batch
+from farm.tune.config import TuneConfig
 from farm.tune.metaschedule import (PassScheduler, logs_to_file_only, make_builder, make_runner,
                                     session_log_dir)
 from farm.tune.plan import Plan, Tuning, overlapped_calls, search_passes
@@ -54,10 +54,7 @@ class Search:
     def run(self) -> None:
         """The whole search: pass after pass by share, else MetaSchedule's gradient scheduler over every task."""
         if not self.plan.by_share:
-            every = list(range(len(self.contexts)))
-            batch = self.config.trials_per_iter or gradient_batch(self.tuning.batch, self.config.trials, len(every),
-                                                                  self.tuning.runners)
-            self._call(every, self.config.trials, self.config.per_task, batch=batch)
+            self._call(list(range(len(self.contexts))), self.config.trials, self.config.per_task)
             return
         for call in self._calls():
             if self.session.stopping():  # a new call starts with a search: none begins once the time is spent
@@ -87,16 +84,15 @@ class Search:
             if self.session.going and not ended_by_quota and tasks[i].trials - trials_before < trials:
                 self.exhausted.add(i)  # MetaSchedule ends a task's search when it finds no candidate not measured
 
-    def _call(self, chosen: list[int], max_trials: int, per_task: int | None, turns: PassScheduler | None = None,
-              batch: int | None = None) -> None:
+    def _call(self, chosen: list[int], max_trials: int, per_task: int | None, turns: PassScheduler | None = None) -> None:
         """One MetaSchedule ``tune_tasks`` call over the tasks ``chosen`` with the session's builder, runner, database,
-        cost model and callbacks: MetaSchedule's gradient scheduler, or ``turns``; ``batch``: the session's."""
+        cost model and callbacks: MetaSchedule's gradient scheduler, or ``turns``."""
         self.session.calling[:], self.session.takes_turns = chosen, turns is not None
         logs_to_file_only()
         ms.tune.tune_tasks(
             tasks=[self.contexts[i] for i in chosen], task_weights=[self.weights[i] for i in chosen],
             work_dir=str(self.log_dir), max_trials_global=max_trials, max_trials_per_task=per_task,
-            num_trials_per_iter=min(batch or self.tuning.batch, max_trials), builder=self.builder, runner=self.runner,
+            num_trials_per_iter=min(self.tuning.batch, max_trials), builder=self.builder, runner=self.runner,
             database=self.database, cost_model=self.cost_model,
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), SessionCallback(self.session)],
             task_scheduler=turns or "gradient")

@@ -24,7 +24,7 @@ from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.sweep import tuning_set
 from farm.task_profile import allocate_trials, profile_tasks
-from farm.tune.config import Progress, TuneConfig, batch_for, search_population_for
+from farm.tune.config import TRIALS_PER_RUNNER, Progress, TuneConfig, search_population_for
 from farm.tune.metaschedule import export_to, extract_tasks, load_tensor_intrinsics
 from farm.tune.plan import Plan, Tuning
 from farm.tune.records import best_recorded, prior_databases, write_database
@@ -99,10 +99,9 @@ def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: 
     load_tensor_intrinsics(target)
     runners = max(1, min(config.max_runners, status.free or 1))  # each runner holds one server of the key
     ahead = config.builds_ahead if config.builds_ahead is not None else not kind_of(device).measures_on_this_host
-    population = search_population_for(device, config)
-    batch = batch_for(config, population, runners, ahead)
+    batch = config.trials_per_iter or TRIALS_PER_RUNNER * runners
     return Tuning(target, tvm_target, toolchain, device_tuning_key(device, target), tuple(tasks), runners, batch,
-                  ahead, max(population, batch))
+                  ahead, search_population_for(device, config, batch))
 
 
 def _profile(tracker: TrackerAddress, device: Device, tuning: Tuning, config: TuneConfig,
