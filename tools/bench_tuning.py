@@ -18,7 +18,7 @@ then for one conv net, with weight prepacking off and on (two tuning keys, each 
 --batches 16,64: a curve per batch size too (candidates a batch; farm's own when not given), each with its own
 store (records, cost model), all in turns: whether a batch's generation shared by more candidates buys more.
 
-    .venv/bin/python tools/bench_tuning.py --batches 16,64 --pipelines on --points 10,20,40
+    .venv/bin/python tools/bench_tuning.py --batches 16,64 --pipelines on --points 10,20,30
 
 --scaling: trials per minute of search (set-up and profile excluded) with K = 1 and K = 2 servers under
 one key (farm tune --max-runners), builds running ahead of the measurements (farm tune --builds-ahead, as
@@ -50,7 +50,7 @@ import contextlib
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from farm.compile import (device_tuning_key, effective_target, is_schedule, main_calls, make_target, record_databases,
@@ -116,7 +116,9 @@ class Variant:
     batch: int | None
     device: Device
     store: Store
-    spent: list = field(default_factory=lambda: [0.0, 0, 0])  # seconds, trials, sessions
+    seconds: float = 0.0  # of tuning so far
+    trials: int = 0
+    sessions: int = 0
     best: tuple[float, float] | None = None  # the best tuned/reference ratio so far, at which minutes
 
     @property
@@ -148,15 +150,17 @@ def curve(args) -> int:
             for v in variants:  # sessions in turns: the host's load falls on every curve
                 start = time.monotonic()
                 outcome = tune_model(tracker, v.device, model, v.store, work / "tune",
-                                     TuneConfig(trials=100_000, minutes=point - v.spent[0] / 60,
+                                     TuneConfig(trials=100_000, minutes=point - v.seconds / 60,
                                                 trials_per_iter=v.batch), progress=progress)
-                v.spent = [v.spent[0] + time.monotonic() - start, v.spent[1] + outcome.trials_done, v.spent[2] + 1]
+                v.seconds += time.monotonic() - start
+                v.trials += outcome.trials_done
+                v.sessions += 1
             for v in variants:
                 cell = bench_run(tracker, v.device, model, v.store, work, config, tuned=True)
                 tuned_s, ref_s = median(cell.result.steady_samples_s), reference_s(cell)
                 if ref_s and (v.best is None or tuned_s / ref_s < v.best[0]):
-                    v.best = (tuned_s / ref_s, v.spent[0] / 60)
-                print(f"{v.label:22s}  {v.spent[0] / 60:7.1f}  {v.spent[2]:8d}  {v.spent[1]:6d}  "
+                    v.best = (tuned_s / ref_s, v.seconds / 60)
+                print(f"{v.label:22s}  {v.seconds / 60:7.1f}  {v.sessions:8d}  {v.trials:6d}  "
                       f"{tuned_s * 1e3:7.3g} ms  {ref_s * 1e3:8.3g} ms  {compared(cell):33s}  {coverage_of(cell)}",
                       flush=True)
         for v in variants:

@@ -115,13 +115,13 @@ def warm_pool(pool: PopenPoolExecutor, workers: int) -> None:
 
 
 class BuildPool:
-    """Both builders' workers: started and warmed at once (``warm_pool``), each restarted after ``uses`` builds
-    (MetaSchedule's ``LocalBuilder`` starts new ones every batch, for a known leak, each importing TVM again), and
-    one wording for a build that failed."""
+    """Both builders' workers: started and warmed at once (``warm_pool``), each restarted after
+    ``BUILDS_PER_WORKER`` builds (MetaSchedule's ``LocalBuilder`` starts new ones every batch, for a known leak, each
+    importing TVM again), and one wording for a build that failed."""
 
-    def __init__(self, timeout_s: float, workers: int, uses: int) -> None:
+    def __init__(self, timeout_s: float, workers: int) -> None:
         self.timeout_s = timeout_s
-        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses)
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER)
         warm_pool(self.pool, workers)
 
     def submit(self, build_input, export: Callable):
@@ -152,7 +152,7 @@ class AheadBuilder(PyBuilder):
     def __init__(self, toolchain: str, timeout_s: float, workers: int) -> None:
         super().__init__()
         self.toolchain = toolchain
-        self.builds = BuildPool(timeout_s, workers, BUILDS_PER_WORKER)
+        self.builds = BuildPool(timeout_s, workers)
 
     def build(self, build_inputs: list) -> list:
         results = []
@@ -176,7 +176,7 @@ class PooledBuilder(PyBuilder):
     def __init__(self, toolchain: str, timeout_s: float, workers: int) -> None:
         super().__init__()
         self.export = functools.partial(export_candidate, toolchain)
-        self.builds = BuildPool(timeout_s, workers, BUILDS_PER_WORKER)
+        self.builds = BuildPool(timeout_s, workers)
 
     def build(self, build_inputs: list) -> list:
         futures = [self.builds.submit(build_input, self.export) for build_input in build_inputs]
