@@ -218,6 +218,11 @@ def test_trials_go_where_the_untuned_time_is():
     weighted = allocate_trials(["a", "b"], [3, 1], [1e-3, 1e-3], 8, 0.0)
     assert [(s.trials, s.share) for s in weighted] == [(6, 0.75), (2, 0.25)]
     assert [s.trials for s in allocate_trials(["a", "b"], [1, 1], None, 8, 0.01)] == [0, 0]  # not profiled
+    # the threshold bounds the tail's sum, not each task: five pools of 0.6 % each are 3 % of the time together,
+    # and only the smallest ones that add up to under 1 % go unsearched (a rule per task left all five out)
+    pools = allocate_trials(["conv", "p1", "p2", "p3", "p4", "p5"], [1] * 6,
+                            [0.97e-3, 0.006e-3, 0.006e-3, 0.006e-3, 0.006e-3, 0.0061e-3], 640, 0.01)
+    assert [s.trials > 0 for s in pools] == [True, False, True, True, True, True]
 
 
 def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task():
@@ -233,6 +238,9 @@ def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task
              for search in searches]
     assert sum(t for i, t in whole if i == 0) == 700 and sum(t for i, t in whole if i == 1) == 290
     assert [i for i, _ in whole][:3] == [0, 1, 2] and whole[2] == (2, 10)
+    # tasks never searched lead the first pass (their first batch buys most), then the passes go by share
+    fresh = search_passes({0: 700, 1: 290, 2: 10}, {0: 0.7, 1: 0.29, 2: 0.01}, 16, first={2, 1})
+    assert [[i for i, _ in searches] for searches in (next(fresh), next(fresh))] == [[1, 2, 0], [0, 1]]
     # a task whose search ran out of new candidates (a concatenate's few schedules) is not searched again
     exhausted: set[int] = set()
     plan = search_passes({0: 700, 1: 290}, {0: 0.7, 1: 0.29}, 16, exhausted=exhausted)
@@ -277,6 +285,42 @@ def test_a_record_s_time_is_the_mean_of_its_runs_the_rule_metaschedule_ranks_by(
             "llvm"), ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
     assert [record_s(r.run_secs) for r in database.get_top_k(workload, 3)] == [2.0, 3.0, 3.75]
     assert record_s([1e10]) is None and record_s([]) is None and record_s(None) is None  # failed, or not run
+
+
+def test_a_task_counts_as_searched_once_a_candidate_of_its_own_was_measured_even_a_losing_one(tmp_path):
+    """``searched_before`` decides which tasks lead a session's first pass: its untuned record alone (committed for
+    every task a session plans to search, reached or not) is not a search; a schedule slower than it is."""
+    import tvm
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.compile import effective_target, make_target, tuning_module, untuned_trace
+    from farm.models import load_model
+    from farm.records import TuningSet, weight_prepack_setting
+    from farm.tune.metaschedule import extract_tasks
+    from farm.tune.records import prior_databases, searched_before
+    from tests.test_compile import LOCAL
+
+    model = load_model("convnet")
+    target = make_target(effective_target(LOCAL))
+    tasks = tuple(extract_tasks(tuning_module(model, weight_prepack_setting(LOCAL)), target, model))
+    assert len(tasks) >= 3
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+    database = ms.database.JSONDatabase(str(tmp_path / "w.json"), str(tmp_path / "r.json"), allow_missing=True)
+
+    def commit(task, trace, secs):
+        mod = normalize(task.dispatched[0])
+        database.commit_tuning_record(ms.database.TuningRecord(trace, database.commit_workload(mod), [secs], target,
+                                                               ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+
+    losing = Schedule(normalize(tasks[1].dispatched[0]))
+    losing.annotate(losing.get_sblock("root"), "meta_schedule.unroll_explicit", 16)  # a schedule, slower than untuned
+    commit(tasks[0], untuned_trace(normalize(tasks[0].dispatched[0])), 1e-3)  # planned, never reached
+    commit(tasks[1], untuned_trace(normalize(tasks[1].dispatched[0])), 1e-3)
+    commit(tasks[1], losing.trace, 2e-3)
+    workloads, records = (tuple((tmp_path / name).read_text().splitlines()) for name in ("w.json", "r.json"))
+    exact, _ = prior_databases(TuningSet("k", workloads, records))
+    assert searched_before(exact, tasks) == (False, True) + (False,) * (len(tasks) - 2)
 
 
 def test_the_tune_package_s_defaults_import_no_tvm():

@@ -28,7 +28,8 @@ DESCRIPTION = (
     "On a device that is not this host's CPU, candidates are built while the device measures\n"
     "(--builds-ahead; on this host's CPU a batch is built first, so compiles do not slow its runs).\n"
     "Trials go where the time is: each task is first timed untuned on the device, and the budget\n"
-    "is shared by its share of the model's time (tasks under --min-share get none).\n"
+    "is shared by its share of the model's time (the smallest tasks, together under --min-share of\n"
+    "it, get none); tasks never searched get their first batch before the others get more.\n"
     "--export writes a pack (MetaSchedule's JSON database, the cost model as plain arrays, a\n"
     "manifest with target and TVM version); --import refuses a pack for another target or TVM.\n\n"
     "  farm tune --device x86-local --model convnet --trials 256 --report\n"
@@ -63,7 +64,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--fresh-cost-model", action="store_true",
                    help="do not start from the cost model earlier sessions saved for this target")
     p.add_argument("--min-share", type=non_negative_float, default=DEFAULT_MIN_SHARE,
-                   help="tasks below this share of the model's untuned time get no search (default "
+                   help="the smallest tasks, together under this share of the model's time, get no search (default "
                         f"{DEFAULT_MIN_SHARE:g}, i.e. {DEFAULT_MIN_SHARE * 100:g}%%); the share is measured on the device first")
     p.add_argument("--candidate-cooldown", type=non_negative_float, default=cooldown, metavar="S",
                    help="the device rests S seconds after each candidate, its session held (phones that must cool "

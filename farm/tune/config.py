@@ -76,7 +76,7 @@ class TuneConfig:
     by_share: bool = True  # profile each task untuned on the device first, share the trials by its time
     builds_ahead: bool | None = None  # build while the devices measure (None: unless the device measures on this host's CPU)
     take_turns: bool = True  # builds ahead: a pass's tasks take turns in one search (False: one task a search)
-    min_share: float = DEFAULT_MIN_SHARE  # a task below this share of the model's untuned time is not searched
+    min_share: float = DEFAULT_MIN_SHARE  # the smallest tasks, together under this share of the model's time, are not searched
     population: int | None = None  # the evolutionary search's population (None: search_population_for the device)
 
 

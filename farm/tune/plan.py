@@ -35,6 +35,7 @@ class Plan:
     known: Any  # those records as MetaSchedule databases (exact, anchor block), or None: no records yet
     untuned: tuple[float, ...] | None  # each task's untuned time on the device (None: not profiled)
     recorded: tuple[float | None, ...]  # each task's best stored record's time (None: no schedule of its own)
+    searched_before: tuple[bool, ...]  # each task has a measured candidate of its own in the store
     shares: tuple[TaskShare, ...]
 
     @property
@@ -52,15 +53,18 @@ class Plan:
 
 
 def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int,
-                  pass_trials: int = PASS_TRIALS, exhausted: set[int] | None = None) -> Iterator[list[tuple[int, int]]]:
+                  pass_trials: int = PASS_TRIALS, exhausted: set[int] | None = None,
+                  first: set[int] | frozenset[int] = frozenset()) -> Iterator[list[tuple[int, int]]]:
     """The by-share plan, pass after pass: each pass is a list of (task, trials), biggest share first, each task
     getting ``pass_trials`` × its share in whole batches (at least one ``batch``, at most what is left of its
-    allotment). A task the caller adds to ``exhausted`` (its search measured fewer than it was given: no new
-    candidate left) is not in the passes after."""
+    allotment). The tasks ``first`` (never searched) lead the first pass, biggest share first: a task's first
+    batch buys more than a tuned task's next one (untuned code is naive loops), and a session bounded by minutes
+    may end within its first pass. A task the caller adds to ``exhausted`` (its search measured fewer than it
+    was given: no new candidate left) is not in the passes after."""
     done = exhausted if exhausted is not None else set()
     left = {i: n for i, n in allotted.items() if n > 0}
     total = sum(shares[i] for i in left) or 1.0
-    order = sorted(left, key=lambda i: -shares[i])
+    order = sorted(left, key=lambda i: (i not in first, -shares[i]))
     while any(n for i, n in left.items() if i not in done):
         searches = []
         for i in order:
@@ -69,6 +73,7 @@ def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int
                 left[i] -= take
                 searches.append((i, take))
         yield searches
+        order.sort(key=lambda i: -shares[i])
 
 
 def overlapped_calls(searches: list[tuple[int, int]], batch: int) -> list[list[tuple[int, int]]]:

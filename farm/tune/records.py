@@ -99,6 +99,19 @@ def best_recorded(exact, tasks: tuple, tvm_target) -> tuple[float | None, ...]:
     return tuple(best)
 
 
+def searched_before(exact, tasks: tuple) -> tuple[bool, ...]:
+    """Whether each task has a measured candidate of its own in the store (a schedule among its two best records:
+    a task whose candidates all lost to its untuned code was searched too; its untuned record alone is not)."""
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+    searched = []
+    for task in tasks:
+        mod = normalize(task.dispatched[0])
+        # commit_workload only looks up a workload the database has (these databases' files are gone: read only)
+        top = exact.get_top_k(exact.commit_workload(mod), 2) if exact.has_workload(mod) else []
+        searched.append(any(is_schedule(record.trace) for record in top))
+    return tuple(searched)
+
+
 def _commit(database, workload, trace, run_secs: list[float], tvm_target, scheduled) -> None:
     """A record of ``workload``: ``trace`` timed at ``run_secs``, its arguments those of ``scheduled``'s function."""
     database.commit_tuning_record(ms.database.TuningRecord(

@@ -65,7 +65,8 @@ class Search:
         shares = self.plan.shares
         allotted = {i: s.trials - int(i in self.seeds) - int(i in self.baselines) for i, s in enumerate(shares)}
         passes = search_passes(allotted, {i: s.share or 0.0 for i, s in enumerate(shares)}, self.tuning.batch,
-                               exhausted=self.exhausted)
+                               exhausted=self.exhausted,
+                               first={i for i in self.plan.searched if not self.plan.searched_before[i]})
         turns = self.tuning.ahead and self.config.take_turns and not self.config.per_task
         for searches in passes:
             yield from overlapped_calls(searches, self.tuning.batch) if turns else [[one] for one in searches]

@@ -27,7 +27,7 @@ from farm.task_profile import allocate_trials, profile_tasks
 from farm.tune.config import TRIALS_PER_RUNNER, Progress, TuneConfig, search_population_for
 from farm.tune.metaschedule import export_to, extract_tasks, load_tensor_intrinsics
 from farm.tune.plan import Plan, Tuning
-from farm.tune.records import best_recorded, prior_databases, write_database
+from farm.tune.records import best_recorded, prior_databases, searched_before, write_database
 from farm.tune.search import open_search
 from farm.tune.session import TaskProgress, TuneOutcome, TuneSession
 
@@ -127,10 +127,11 @@ def _plan(store: Store, device: Device, tuning: Tuning, untuned: list[float] | N
     known = prior_databases(prior)  # (exact, anchor block), or None: no records yet
     recorded = (best_recorded(known[0], tuning.tasks, tuning.tvm_target) if known and untuned is not None
                 else (None,) * len(tuning.tasks))
+    searched = searched_before(known[0], tuning.tasks) if known else (False,) * len(tuning.tasks)
     now = [min(u, r) if r is not None else u for u, r in zip(untuned, recorded)] if untuned is not None else None
     shares = allocate_trials([t.task_name for t in tuning.tasks], [int(t.weight) for t in tuning.tasks], now,
                              config.trials, config.min_share)
-    return Plan(prior, known, tuple(untuned) if untuned is not None else None, recorded, tuple(shares))
+    return Plan(prior, known, tuple(untuned) if untuned is not None else None, recorded, searched, tuple(shares))
 
 
 def _start(tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, work_root: Path, tuning: Tuning,
