@@ -24,7 +24,6 @@ from pathlib import Path
 from farm.records import BenchConfig, Device, TrackerAddress
 from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
-from farm.sweep import SweepSpec, run_sweep
 
 FAST = BenchConfig(repeat=3, min_repeat_ms=5, copy_repeat=3, timeout_s=60)
 
@@ -34,6 +33,8 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--cooldown", type=float, default=3.0)
     args = parser.parse_args()
+    from farm.sweep import SweepSpec, run_sweep  # TVM: after the arguments, so --help is instant
+
     k = args.devices
     work = Path(tempfile.mkdtemp(prefix="farm-bench-sweep-"))
     port = free_port()

@@ -27,7 +27,6 @@ from pathlib import Path
 from farm.records import BenchConfig, Device, TrackerAddress
 from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
-from farm.sweep import SweepSpec, run_sweep
 
 CONFIG = BenchConfig(repeat=5, min_repeat_ms=20, copy_repeat=4, timeout_s=10)
 MODELS = ("mlp", "convnet", "mobile-block")
@@ -38,6 +37,8 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    from farm.sweep import SweepSpec, run_sweep  # TVM: after the arguments, so --help is instant
+
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="farm-fault-"))
     db_path = work / "results.db"
