@@ -105,3 +105,31 @@ def test_builders_of_one_key_at_once_publish_one_whole_artifact(tmp_path):
     assert meta["file_digest"] == hashlib.sha256(path.read_bytes()).hexdigest()
     again = compile_model(load_model("mlp"), Device("cpu", "local", "cpu", {"kind": "llvm"}), cache)
     assert again.cached and again.path == str(path)
+
+
+def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
+    """tools/bench_kernels.py (where a tuned model's time goes): every kernel main calls is timed inside the model
+    and alone, on the device's threads as TVM reports them; with no records, no kernel has one."""
+    import os
+    import re
+    import sys
+
+    from tests.conftest import REPO
+
+    from farm.store import Store
+
+    with Store(tmp_path / "empty.db"):  # a store with no records
+        pass
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "FARM_DB", "FARM_DEVICES")}
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "bench_kernels.py"), "--devices", str(REPO / "devices.toml"),
+                           "--device", "x86-local", "--model", "mlp", "--db", str(tmp_path / "empty.db"), "--runs", "3",
+                           "--warmup", "1"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    reported, given = map(int, re.search(r"(\d+) TVM threads as runtime.NumThreads reports \((\d+) set\)",
+                                         done.stdout).groups())
+    assert reported == given >= 1, done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if re.match(r"[\w.]+ +\d+ +[\d.]+ ", line)]
+    kernels = [row for row in rows if not row[0].startswith("vm.builtin")]  # the VM's own calls are not timed alone
+    assert any(row[0].startswith("matmul") for row in kernels), done.stdout
+    assert all(len(k) == 5 and float(k[2]) > 0 and float(k[3]) > 0 and k[4] == "-" for k in kernels), done.stdout
+    assert "the records' sum: 0.00 ms" in done.stdout

@@ -250,6 +250,33 @@ def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task
     # builds running ahead: a pass's searches of whole batches take turns in one call, the rest run alone
     assert overlapped_calls([(0, 176), (1, 80), (2, 10)], 16) == [[(0, 176), (1, 80)], [(2, 10)]]
     assert overlapped_calls([(2, 10)], 16) == [[(2, 10)]]
+    # a never-searched task's few trials, first in its pass, stay first (not behind the tuned tasks' whole batches)
+    assert overlapped_calls([(3, 5), (0, 176), (1, 80), (2, 10)], 16) == [[(3, 5)], [(0, 176), (1, 80)], [(2, 10)]]
+
+
+def test_a_batch_s_builds_stop_at_the_session_s_deadline():
+    """A session given minutes: builds not done when its time is spent fail as not built and their workers stop,
+    so a batch of slow compiles cannot run it minutes past its budget; the restarted workers build again."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.compile import effective_target, make_target, toolchain_for
+    from farm.tune.metaschedule import NOT_BUILT, PooledBuilder
+    from tests.test_compile import LOCAL
+
+    a = te.placeholder((64,), name="a")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((64,), lambda i: a[i] + 1.0, name="b")])})
+    target = effective_target(LOCAL)
+    inputs = [ms.builder.BuilderInput(mod, make_target(target))] * 2
+    spent = PooledBuilder(toolchain_for(LOCAL, target), 120.0, 1, deadline=time.monotonic())  # before any build ends
+    try:
+        assert [result.error_msg for result in spent.build(inputs)] == [NOT_BUILT] * 2
+        spent.deadline = None  # the same builder, time left: its restarted workers build
+        built = spent.build(inputs[:1])
+        assert built[0].error_msg is None and os.path.isfile(built[0].artifact_path), built[0].error_msg
+    finally:
+        spent.shutdown()
 
 
 def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):

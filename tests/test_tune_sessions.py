@@ -132,9 +132,13 @@ def test_tune_times_each_task_first_and_shares_the_trials(farm_net, inventory_fi
     assert all(t["untuned_s"] > 0 for t in tasks.values()) and abs(sum(t["share"] for t in tasks.values()) - 1) < 1e-9
     biggest = max(tasks.values(), key=lambda t: t["share"])
     assert "conv2d" in biggest["name"] and biggest["allotted"] == max(t["allotted"] for t in tasks.values())
-    left_out = [t for t in tasks.values() if t["allotted"] == 0]  # the smallest, together under --min-share
-    assert left_out and sum(t["share"] for t in left_out) < 0.05 and all(t["trials"] == 0 for t in left_out)
-    assert max(t["share"] for t in left_out) <= min(t["share"] for t in tasks.values() if t["allotted"])
+    from farm.task_profile import small_tail
+
+    # the smallest tasks, together under --min-share, get nothing (a task over it may still round to 0 of 8 trials)
+    names, shares = list(tasks), [t["share"] for t in tasks.values()]
+    left_out = [tasks[names[i]] for i in small_tail(shares, 0.05)]
+    assert left_out and sum(t["share"] for t in left_out) < 0.05
+    assert all(t["allotted"] == 0 and t["trials"] == 0 for t in left_out)
     assert sum(t["allotted"] for t in tasks.values()) == 8 and out["trials"] <= 8
     # the next session shares by where the time is now: the conv tuned above costs its best record's time
     again = json.loads(run_farm("--devices", str(inventory_file), "tune", "--device", "cpu-b", "--model", "convnet",

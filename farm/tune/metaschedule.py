@@ -42,6 +42,7 @@ from farm.tvm_private import (artifact_path, build_in_worker, import_tensor_intr
 
 log = logging.getLogger(__name__)
 
+NOT_BUILT = "not built: the session's minutes were spent"  # a build cut off at the session's deadline
 BUILD_FAILED = ".build-error"  # beside a candidate's planned library: why its build failed
 
 # MetaSchedule's logs (per-batch tables, builder and runner errors) are kept for this many latest sessions
@@ -120,7 +121,7 @@ class BuildPool:
     importing TVM again), and one wording for a build that failed."""
 
     def __init__(self, timeout_s: float, workers: int) -> None:
-        self.timeout_s = timeout_s
+        self.timeout_s, self.workers = timeout_s, workers
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER)
         warm_pool(self.pool, workers)
 
@@ -128,15 +129,22 @@ class BuildPool:
         """``build_input``'s candidate built (``build_candidate``) and exported by ``export(mod)``: its future."""
         return self.pool.submit(build_in_worker, build_candidate, export, build_input.mod, build_input.target, None)
 
-    def failure(self, future) -> str | None:
-        """Why ``future``'s build failed (waiting for it), None when it did not."""
+    def failure(self, future, deadline: float | None = None) -> str | None:
+        """Why ``future``'s build failed (waiting for it, at most until ``deadline``, a ``time.monotonic()``: then
+        ``NOT_BUILT``), None when it did not."""
         try:
-            future.result()
+            future.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            return f"build timed out after {self.timeout_s:g} s"
+            return f"build timed out after {self.timeout_s:g} s" if future.done() else NOT_BUILT
         except Exception as exc:  # the build's own error, from its worker process
             return f"build failed: {message_line(exc)}"
         return None
+
+    def restart(self) -> None:
+        """Stop the workers, builds in progress included, and start new ones (not warmed: the session is ending)."""
+        self.pool.shutdown(wait=False)
+        self.pool = PopenPoolExecutor(max_workers=self.workers, timeout=self.timeout_s,
+                                      maximum_process_uses=BUILDS_PER_WORKER)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False)
@@ -171,19 +179,24 @@ class AheadBuilder(PyBuilder):
 class PooledBuilder(PyBuilder):
     """MetaSchedule's ``LocalBuilder`` (a batch built, then answered), but one pool of workers for the session,
     restarted after ``BUILDS_PER_WORKER`` builds instead of every batch (seconds a batch, on the CPU the device
-    measures on)."""
+    measures on). Builds not done at the session's ``deadline`` (``time.monotonic()``) fail as ``NOT_BUILT`` and
+    their workers are stopped: a batch whose candidates each take a minute or two to compile (squeezenet's first
+    conv, seen here: 12 minutes for 16) must not run a session given minutes that far past them."""
 
-    def __init__(self, toolchain: str, timeout_s: float, workers: int) -> None:
+    def __init__(self, toolchain: str, timeout_s: float, workers: int, deadline: float | None = None) -> None:
         super().__init__()
         self.export = functools.partial(export_candidate, toolchain)
         self.builds = BuildPool(timeout_s, workers)
+        self.deadline = deadline
 
     def build(self, build_inputs: list) -> list:
         futures = [self.builds.submit(build_input, self.export) for build_input in build_inputs]
         results = []
         for future in futures:
-            why = self.builds.failure(future)
+            why = self.builds.failure(future, self.deadline)
             results.append(BuilderResult(None if why else future.result(), why))
+        if any(result.error_msg == NOT_BUILT for result in results):
+            self.builds.restart()
         return results
 
     def shutdown(self) -> None:
@@ -272,11 +285,12 @@ def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, run
                             config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
 
 
-def make_builder(toolchain: str, config: TuneConfig, ahead: bool):
-    """The session's builder: ``AheadBuilder`` when builds run ahead of the measurements, else ``PooledBuilder``."""
+def make_builder(toolchain: str, config: TuneConfig, ahead: bool, deadline: float | None = None):
+    """The session's builder: ``AheadBuilder`` when builds run ahead of the measurements, else ``PooledBuilder``
+    (whose builds stop at the session's ``deadline``, a ``time.monotonic()``)."""
     if ahead:
         return AheadBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1)
-    return PooledBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1)
+    return PooledBuilder(toolchain, config.builder_timeout_s, os.cpu_count() or 1, deadline)
 
 
 @derived_object

@@ -4,6 +4,7 @@ the trials go (``Plan``, step 3), and the passes a by-share search takes (``sear
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Any, Iterator
 
 from farm.records import TuningSet
@@ -78,6 +79,9 @@ def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int
 
 def overlapped_calls(searches: list[tuple[int, int]], batch: int) -> list[list[tuple[int, int]]]:
     """A pass's searches as ``tune_tasks`` calls: the searches of whole batches together in one call (``PassScheduler``
-    takes their turns, so one task's batch is generated while another's is measured), each other search alone."""
+    takes their turns, so one task's batch is generated while another's is measured), each other search alone: those
+    the pass lists before its first whole one (a never-searched task's few trials) before that call, the rest after."""
     whole = [(i, n) for i, n in searches if n % batch == 0]
-    return ([whole] if whole else []) + [[(i, n)] for i, n in searches if n % batch]
+    lead = list(takewhile(lambda search: search[1] % batch, searches))
+    rest = [(i, n) for i, n in searches[len(lead):] if n % batch]
+    return [[one] for one in lead] + ([whole] if whole else []) + [[one] for one in rest]

@@ -100,15 +100,18 @@ def best_recorded(exact, tasks: tuple, tvm_target) -> tuple[float | None, ...]:
 
 
 def searched_before(exact, tasks: tuple) -> tuple[bool, ...]:
-    """Whether each task has a measured candidate of its own in the store (a schedule among its two best records:
-    a task whose candidates all lost to its untuned code was searched too; its untuned record alone is not)."""
+    """Whether each task has a candidate of its own in the store: any record with a schedule, a failed one or one that
+    lost to the task's untuned code included (its untuned record alone is not a search; a seed transferred by
+    anchor block and measured is one)."""
     normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+    # every record, failed ones too (get_top_k skips those); a record holds its database's workload object
+    scheduled = [record.workload for record in exact.get_all_tuning_records() if is_schedule(record.trace)]
     searched = []
     for task in tasks:
         mod = normalize(task.dispatched[0])
         # commit_workload only looks up a workload the database has (these databases' files are gone: read only)
-        top = exact.get_top_k(exact.commit_workload(mod), 2) if exact.has_workload(mod) else []
-        searched.append(any(is_schedule(record.trace) for record in top))
+        workload = exact.commit_workload(mod) if exact.has_workload(mod) else None
+        searched.append(workload is not None and any(workload.same_as(w) for w in scheduled))
     return tuple(searched)
 
 

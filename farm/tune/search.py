@@ -138,5 +138,5 @@ def open_search(tracker: TrackerAddress, device: Device, tuning: Tuning, plan: P
         f"{device.key!r}; {'builds run ahead of the measurements' if tuning.ahead else 'each batch is built, then measured'}")
     # made after the seeds were timed: their pools start their processes at once (warm_pool)
     search.runner = make_runner(tracker, device, config, tuning.runners, tuning.ahead)
-    search.builder = make_builder(tuning.toolchain, config, tuning.ahead)
+    search.builder = make_builder(tuning.toolchain, config, tuning.ahead, session.deadline)
     return search

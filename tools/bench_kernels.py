@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Where a tuned model's time goes, kernel by kernel, on this host's CPU: one run, its figures.
+
+The model is compiled with the store's records for an inventory device of this host (kind "local"), as `farm bench`
+compiles it, and run here by the Relax VM on the device's threads (TVM_NUM_THREADS, read back from
+runtime.NumThreads). An instrument times every call `main` makes (the first --warmup runs dropped, then the median
+of --runs): each kernel's time inside the model, beside the same kernel called alone on the tensors the model
+passed it, and beside its task's best record in the store (what `farm tune` measured, and what its shares and
+bench_tuning's "top 5 tasks" go by; "-": no schedule of its own, never searched or its untuned code won). The
+instrument's own cost a call is printed too (the VM's cheapest builtin, timed the same way).
+
+    .venv/bin/python tools/bench_kernels.py --device x86-local --model onnx:squeezenet --db .farm/results.db
+
+What it showed on squeezenet: docs/benchmarks.md, "Where a tuned squeezenet's time goes".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", default=os.environ.get("FARM_DEVICES", "devices.toml"), help="inventory file")
+    parser.add_argument("--device", required=True, help="an inventory device of kind local (this host's CPU)")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--db", default=os.environ.get("FARM_DB", ".farm/results.db"),
+                        help="the SQLite store holding the device's tuning records")
+    parser.add_argument("--runs", type=int, default=30, help="runs of main timed call by call (default 30)")
+    parser.add_argument("--warmup", type=int, default=5, help="runs dropped first (default 5)")
+    args = parser.parse_args()
+
+    from farm.errors import FarmError
+    from farm.inventory import load_inventory
+    from farm.records import online_cpus, threads_setting
+
+    try:
+        device = load_inventory(args.devices).devices.get(args.device)
+    except FarmError as exc:
+        return fail(exc.message, exc.hint)
+    if device is None or device.kind != "local":
+        return fail(f"{args.device!r} is not a device of kind local in {args.devices}",
+                    "this tool runs the model in its own process, on this host's CPU: name such a device")
+    threads = threads_setting(device) or online_cpus()  # what farm's servers give TVM (records.THREADS_RULE)
+    os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM starts its thread pool, as farm's servers set it
+    return kernels(device, args, threads)
+
+
+def kernels(device, args, threads: int) -> int:
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from farm.compile import compile_model
+    from farm.models import load_model, make_inputs
+    from farm.store import Store
+    from farm.sweep.tuning import tuning_set
+
+    model = load_model(args.model)
+    if not Path(args.db).is_file():
+        return fail(f"{args.db}: no such store", "pass --db PATH: the SQLite file farm tune wrote the records to")
+    with Store(Path(args.db), readonly=True) as store:
+        tuning = tuning_set(store, device)
+    artifact = compile_model(model, device, Path(tempfile.mkdtemp(prefix="farm-bench-kernels-")), tuning)
+    reported = tvm.get_global_func("runtime.NumThreads")()
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(tvm.runtime.load_module(artifact.path), dev)
+    given = make_inputs(model)
+    inputs = [tvm.runtime.tensor(given[spec.name], dev) for spec in model.inputs]
+    whole = vm.time_evaluator("main", dev, number=10, repeat=5)(*inputs).results
+
+    runs = args.warmup + args.runs
+    times: dict[str, list[float]] = {}  # each symbol's time in each run of main (its calls summed)
+    counts: dict[str, list[int]] = {}  # ... and its calls in each run
+    calls: dict[str, tuple] = {}  # each kernel's function and the tensors of its first call
+    started: dict[str, float] = {}
+    run = [0]  # the run of main being timed
+
+    def instrument(func, symbol, before, _ret, *call_args):
+        now = time.perf_counter()
+        if before:
+            started[symbol] = now
+            calls.setdefault(symbol, (func, call_args))
+        else:
+            times.setdefault(symbol, [0.0] * runs)[run[0]] += now - started[symbol]
+            counts.setdefault(symbol, [0] * runs)[run[0]] += 1
+        return 0
+
+    vm.set_instrument(instrument)
+    for i in range(runs):
+        run[0] = i
+        vm["main"](*inputs)
+    records = task_records(model, device, tuning)
+    print(f"{model.name} on {device.name} ({len(tuning.records)} records; {artifact.tuned_tasks}/{artifact.total_tasks} "
+          f"tasks tuned), {reported} TVM threads as runtime.NumThreads reports ({threads} set): main "
+          f"{np.median(whole) * 1e3:.2f} ms (median of 5 × 10 runs)")
+    print(f"{'kernel':44s} {'calls':>5s}  {'in model':>10s}  {'alone':>10s}  {'record':>10s}   (µs a run of main)")
+    rows = []
+    for symbol, samples in times.items():
+        per_run = max(counts[symbol][args.warmup:])
+        in_model = float(np.median(samples[args.warmup:]))
+        alone = None
+        if not symbol.startswith("vm.builtin"):
+            func, call_args = calls[symbol]
+            alone = per_run * call_alone(func, call_args)
+        record = records.get(symbol.removesuffix("_prepacked"))
+        rows.append((in_model, symbol, per_run, alone, per_run * record if record else None))
+    for in_model, symbol, per_run, alone, record in sorted(rows, key=lambda r: r[0], reverse=True):
+        print(f"{symbol:44s} {per_run:5d}  {in_model * 1e6:10.1f}  {fmt(alone)}  {fmt(record)}")
+    floor = times.get("vm.builtin.null_value")
+    if floor:
+        print(f"the instrument's own cost: ~{np.median(floor[args.warmup:]) / max(counts['vm.builtin.null_value']) * 1e6:.2f} "
+              "µs a call (vm.builtin.null_value, timed the same way)")
+    total = sum(r[0] for r in rows)
+    unsearched = sum(r[0] for r in rows if r[4] is None and r[3] is not None)
+    print(f"sum of the calls {total * 1e3:.2f} ms; kernels with no schedule of their own: {unsearched * 1e3:.2f} ms "
+          f"({unsearched / total:.0%}); the records' sum: {sum(r[4] or 0 for r in rows) * 1e3:.2f} ms")
+    return 0
+
+
+def call_alone(func, call_args, runs: int = 50) -> float:
+    """One kernel called back to back on the same tensors: the median of ``runs`` calls (5 dropped first)."""
+    samples = []
+    for i in range(runs + 5):
+        start = time.perf_counter()
+        func(*call_args)
+        if i >= 5:
+            samples.append(time.perf_counter() - start)
+    return sorted(samples)[len(samples) // 2]
+
+
+def task_records(model, device, tuning) -> dict[str, float]:
+    """Each task's best record's time (seconds a call), by task name, where that record is a schedule."""
+    import tvm
+
+    from farm.compile import effective_target, is_schedule, make_target, record_databases, tuning_module
+    from farm.records import weight_prepack_setting
+    from farm.tune.metaschedule import extract_tasks
+    from farm.tune.records import record_s
+
+    target = effective_target(device)
+    tvm_target = make_target(target)
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+    best = {}
+    with tempfile.TemporaryDirectory(prefix="farm-bench-kernels-") as tmp:
+        exact, _ = record_databases(tuning, Path(tmp))
+        for task in extract_tasks(tuning_module(model, weight_prepack_setting(device, target)), tvm_target, model):
+            record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
+            if record is not None and is_schedule(record.trace) and (secs := record_s(record.run_secs)):
+                best[task.task_name] = secs
+    return best
+
+
+def fail(message: str, hint: str) -> int:
+    print(f"error: {message}" + (f"\nhint: {hint}" if hint else ""), file=sys.stderr)
+    return 1
+
+
+def fmt(seconds: float | None) -> str:
+    return f"{seconds * 1e6:10.1f}" if seconds is not None else f"{'-':>10s}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
