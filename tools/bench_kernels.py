@@ -135,25 +135,20 @@ def call_alone(func, call_args, runs: int = 50) -> float:
 
 
 def task_records(model, device, tuning) -> dict[str, float]:
-    """Each task's best record's time (seconds a call), by task name, where that record is a schedule."""
-    import tvm
-
-    from farm.compile import effective_target, is_schedule, make_target, record_databases, tuning_module
+    """Each task's best record's time (seconds a call), by task name, where that record is a schedule: what
+    ``farm tune`` plans by (``best_recorded``)."""
+    from farm.compile import effective_target, make_target, tuning_module
     from farm.records import weight_prepack_setting
     from farm.tune.metaschedule import extract_tasks
-    from farm.tune.records import record_s
+    from farm.tune.records import best_recorded, prior_databases
 
+    known = prior_databases(tuning)
+    if known is None:  # no records
+        return {}
     target = effective_target(device)
     tvm_target = make_target(target)
-    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
-    best = {}
-    with tempfile.TemporaryDirectory(prefix="farm-bench-kernels-") as tmp:
-        exact, _ = record_databases(tuning, Path(tmp))
-        for task in extract_tasks(tuning_module(model, weight_prepack_setting(device, target)), tvm_target, model):
-            record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
-            if record is not None and is_schedule(record.trace) and (secs := record_s(record.run_secs)):
-                best[task.task_name] = secs
-    return best
+    tasks = tuple(extract_tasks(tuning_module(model, weight_prepack_setting(device, target)), tvm_target, model))
+    return {task.task_name: secs for task, secs in zip(tasks, best_recorded(known[0], tasks, tvm_target)) if secs}
 
 
 def fail(message: str, hint: str) -> int:

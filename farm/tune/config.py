@@ -36,9 +36,9 @@ RUNNER_TIMEOUT_S = 60.0
 BUSY_RETRIES = 4
 
 # Searching by share, the tasks take turns in passes: each pass gives every task its share of this many trials
-# (at least one batch), biggest first (a session's first pass: the tasks never searched first), until their allotments
-# or the minutes are spent. One search per task at
-# once would give a time-bounded session's whole budget to the biggest task (it plateaus, the others wait).
+# (at least one batch), biggest first (a session's first pass: the tasks never searched first), until their
+# allotments or the minutes are spent. One search per task at once would give a time-bounded session's whole budget
+# to the biggest task (it plateaus, the others wait).
 PASS_TRIALS = 256
 
 # Candidates a batch for each runner measuring at once. MetaSchedule generates a task's next batch only after the

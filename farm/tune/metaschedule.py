@@ -122,8 +122,12 @@ class BuildPool:
 
     def __init__(self, timeout_s: float, workers: int) -> None:
         self.timeout_s, self.workers = timeout_s, workers
-        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER)
+        self.pool = self._new_pool()
         warm_pool(self.pool, workers)
+
+    def _new_pool(self) -> PopenPoolExecutor:
+        return PopenPoolExecutor(max_workers=self.workers, timeout=self.timeout_s,
+                                 maximum_process_uses=BUILDS_PER_WORKER)
 
     def submit(self, build_input, export: Callable):
         """``build_input``'s candidate built (``build_candidate``) and exported by ``export(mod)``: its future."""
@@ -143,8 +147,7 @@ class BuildPool:
     def restart(self) -> None:
         """Stop the workers, builds in progress included, and start new ones (not warmed: the session is ending)."""
         self.pool.shutdown(wait=False)
-        self.pool = PopenPoolExecutor(max_workers=self.workers, timeout=self.timeout_s,
-                                      maximum_process_uses=BUILDS_PER_WORKER)
+        self.pool = self._new_pool()
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False)
