@@ -20,6 +20,12 @@ store (records, cost model), all in turns: whether a batch's generation shared b
 
     .venv/bin/python tools/bench_tuning.py --batches 16,64 --pipelines on --points 10,20,30
 
+--populations 512,128: a curve per evolutionary-search population (farm tune --population; farm's own when not
+given), each with its own store, all in turns: a smaller population generates a batch sooner (more rounds of
+measuring and learning in the same minutes) and explores less of each round's space.
+
+    .venv/bin/python tools/bench_tuning.py --populations 512,128 --pipelines on --points 10,20
+
 --scaling: trials per minute of search (set-up and profile excluded) with K = 1 and K = 2 servers under
 one key (farm tune --max-runners), builds running ahead of the measurements (farm tune --builds-ahead, as
 for a device that is not this host), with a fixed device-side pause per candidate (--candidate-cooldown,
@@ -109,11 +115,13 @@ def coverage_of(cell) -> str:
 
 @dataclass
 class Variant:
-    """One curve of the run: a pipeline (weight prepacking off or on) and a batch size (candidates a batch; None:
-    farm's default), its own device and, when batch sizes are compared, its own store (records and cost model)."""
+    """One curve of the run: a pipeline (weight prepacking off or on), a batch size (candidates a batch; None:
+    farm's default) and a search population (None: farm's default), its own device and, when batch sizes or
+    populations are compared, its own store (records and cost model)."""
 
     on: bool
     batch: int | None
+    population: int | None
     device: Device
     store: Store
     seconds: float = 0.0  # of tuning so far
@@ -123,7 +131,8 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return PIPELINE[self.on] + (f", batch {self.batch}" if self.batch else "")
+        return (PIPELINE[self.on] + (f", batch {self.batch}" if self.batch else "")
+                + (f", population {self.population}" if self.population else ""))
 
 
 def curve(args) -> int:
@@ -132,13 +141,15 @@ def curve(args) -> int:
     config = BenchConfig(repeat=15, min_repeat_ms=100, timeout_s=60)
     with private_farm(work, {"curve": "bench-tuning-cpu"}) as tracker, contextlib.ExitStack() as stores:
         variants = []
-        for batch in args.batches:
-            # batch sizes compared: a store each, so neither's records nor cost model helps the other
-            store = stores.enter_context(Store(work / (f"results-b{batch}.db" if len(args.batches) > 1 else "results.db")))
+        searches = [(batch, population) for batch in args.batches for population in args.populations]
+        for batch, population in searches:
+            # batch sizes or populations compared: a store each, so neither's records nor cost model helps the other
+            suffix = (f"-b{batch}" if batch else "") + (f"-p{population}" if population else "")
+            store = stores.enter_context(Store(work / (f"results{suffix}.db" if len(searches) > 1 else "results.db")))
             for on in args.pipelines:
-                name = f"curve-prepack-{'on' if on else 'off'}" + (f"-b{batch}" if batch else "")
-                variants.append(Variant(on, batch, Device(name, "local", "bench-tuning-cpu", {"kind": "llvm"},
-                                                          weight_prepack=on), store))
+                name = f"curve-prepack-{'on' if on else 'off'}{suffix}"
+                variants.append(Variant(on, batch, population, Device(name, "local", "bench-tuning-cpu",
+                                                                      {"kind": "llvm"}, weight_prepack=on), store))
         untuned = bench_run(tracker, variants[0].device, model, variants[0].store, work, config, tuned=False)
         print(f"model {model.name}: TVM untuned {median(untuned.result.steady_samples_s) * 1e3:.3g} ms · onnxruntime "
               f"{reference_s(untuned) * 1e3:.3g} ms ({compared(untuned)}); in turns: "
@@ -151,7 +162,8 @@ def curve(args) -> int:
                 start = time.monotonic()
                 outcome = tune_model(tracker, v.device, model, v.store, work / "tune",
                                      TuneConfig(trials=100_000, minutes=point - v.seconds / 60,
-                                                trials_per_iter=v.batch), progress=progress)
+                                                trials_per_iter=v.batch, population=v.population),
+                                     progress=progress)
                 v.seconds += time.monotonic() - start
                 v.trials += outcome.trials_done
                 v.sessions += 1
@@ -307,14 +319,17 @@ def pipeline_list(text: str) -> list[bool]:
     return list(dict.fromkeys(names[p] for p in text.split(",")))
 
 
-def batch_list(text: str) -> list[int]:
-    try:
-        batches = [int(b) for b in text.split(",")]
-    except ValueError:
-        batches = []
-    if not batches or min(batches) < 1:
-        raise argparse.ArgumentTypeError("give candidates a batch, e.g. 16,64")
-    return list(dict.fromkeys(batches))
+def count_list(example: str):
+    """An argparse type: whole numbers >= 1, comma-separated (``example`` in its error)."""
+    def parse(text: str) -> list[int]:
+        try:
+            counts = [int(b) for b in text.split(",")]
+        except ValueError:
+            counts = []
+        if not counts or min(counts) < 1:
+            raise argparse.ArgumentTypeError(f"give whole numbers, e.g. {example}")
+        return list(dict.fromkeys(counts))
+    return parse
 
 
 def main() -> int:
@@ -324,9 +339,12 @@ def main() -> int:
                         help="curve: accumulated tuning minutes after which each pipeline is benched (default 10,20,40,60)")
     parser.add_argument("--pipelines", type=pipeline_list, default=[False, True],
                         help="curve: weight prepacking off, on, or off,on (default: both, in turns)")
-    parser.add_argument("--batches", type=batch_list, default=[None],
+    parser.add_argument("--batches", type=count_list("16,64"), default=[None],
                         help="curve: candidates a batch, e.g. 16,64: a curve each (own store), in turns (default: "
                              "farm's own)")
+    parser.add_argument("--populations", type=count_list("512,128"), default=[None],
+                        help="curve: the evolutionary search's population, e.g. 512,128: a curve each (own store), in "
+                             "turns (default: farm's own)")
     parser.add_argument("--no-shared", dest="shared", action="store_false",
                         help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")
