@@ -204,6 +204,7 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
         tags=tuple(tags), options=options, threads=threads, weight_prepack=raw.get("weight_prepack"),
+        layout=raw.get("layout"),
         lab_host=lab_host,
     )
 

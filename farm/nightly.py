@@ -40,7 +40,7 @@ from typing import Callable
 from farm.compile import TVM_VERSION, compile_model, device_tuning_key, effective_target, tuning_key
 from farm.errors import FarmError
 from farm.records import (Artifact, BenchConfig, Device, ModelSource, SweepSpec, TrackerAddress, TuningSet,
-                          threads_setting, weight_prepack_setting)
+                          layout_setting, threads_setting, weight_prepack_setting)
 from farm.results import run_rows, versus_reference
 from farm.runs import Run
 from farm.store import Store
@@ -298,11 +298,12 @@ def replay_earlier_records(store: Store, device: Device, model: ModelSource) -> 
     key = device_tuning_key(device, target)
     if store.ever_had_records(key):  # records of its own, or a replay that was rejected: never replayed (again)
         return None
-    threads, prepack = threads_setting(device, target), weight_prepack_setting(device, target)
+    threads, prepack, layout = (threads_setting(device, target), weight_prepack_setting(device, target),
+                                layout_setting(device, target))
     # only the same settings' records under another version: records measured on other threads, or for other
     # workloads (prepacking), neither apply nor mix (#33)
     earlier = next(((k, v) for k, v in store.other_tunings(target, TVM_VERSION)
-                    if older(v) and k == tuning_key(target, threads, prepack, tvm=v)), None)
+                    if older(v) and k == tuning_key(target, threads, prepack, tvm=v, layout=layout)), None)
     if earlier is None:
         return None
     from_key, version = earlier

@@ -145,6 +145,8 @@ class Device:
     threads: int | None = None  # devices.toml's ``threads``: TVM's CPU threads on the device (``threads_setting``)
     # devices.toml's ``weight_prepack``; None: the default for the target (``weight_prepack_setting``)
     weight_prepack: bool | None = None
+    # devices.toml's ``layout``; None: the default for the target (``layout_setting``)
+    layout: str | None = None
     lab_host: str | None = None  # devices.toml's ``lab_host``: the host it is attached to, whose ``farm worker`` serves it
 
 
@@ -206,6 +208,21 @@ def weight_prepack_setting(device: Device, target: dict[str, Any] | None = None)
     if device.weight_prepack is not None:
         return device.weight_prepack
     return target_kind(target or device.target) == "llvm"
+
+
+# The data layouts a device's tuned compiles may give a model's convolutions (devices.toml's ``layout``)
+LAYOUTS = ("model", "NHWC")
+LAYOUT_RULE = ('the data layout of a tuned compile\'s convolutions: "model" keeps the model\'s own (ONNX\'s NCHW), '
+               '"NHWC" converts them (Relax\'s ConvertLayout: channels innermost, so a conv\'s output channels are '
+               'what the CPU\'s vectors hold); default: "model"; records tuned with either are kept apart')
+
+
+def layout_setting(device: Device, target: dict[str, Any] | None = None) -> str:
+    """The layout ``device``'s tuning and tuned compiles give convolutions (``LAYOUT_RULE``): devices.toml's
+    ``layout``, else "model" (``target``, the effective one, where the caller has it: the default's rule may read
+    it)."""
+    del target
+    return device.layout or "model"
 
 
 @dataclass(frozen=True)

@@ -137,8 +137,7 @@ def call_alone(func, call_args, runs: int = 50) -> float:
 def task_records(model, device, tuning) -> dict[str, float]:
     """Each task's best record's time (seconds a call), by task name, where that record is a schedule: what
     ``farm tune`` plans by (``best_recorded``)."""
-    from farm.compile import effective_target, make_target, tuning_module
-    from farm.records import weight_prepack_setting
+    from farm.compile import device_tuning_module, effective_target, make_target
     from farm.tune.metaschedule import extract_tasks
     from farm.tune.records import best_recorded, prior_databases
 
@@ -147,7 +146,7 @@ def task_records(model, device, tuning) -> dict[str, float]:
         return {}
     target = effective_target(device)
     tvm_target = make_target(target)
-    tasks = tuple(extract_tasks(tuning_module(model, weight_prepack_setting(device, target)), tvm_target, model))
+    tasks = tuple(extract_tasks(device_tuning_module(model, device, target), tvm_target, model))
     return {task.task_name: secs for task, secs in zip(tasks, best_recorded(known[0], tasks, tvm_target)) if secs}
 
 

@@ -26,6 +26,11 @@ measuring and learning in the same minutes) and explores less of each round's sp
 
     .venv/bin/python tools/bench_tuning.py --populations 512,128 --pipelines on --points 10,20
 
+--layouts model,NHWC: a curve per convolution layout (devices.toml's layout: the model's own, or NHWC), in turns;
+their records are kept apart by the tuning key, so they share a store.
+
+    .venv/bin/python tools/bench_tuning.py --layouts model,NHWC --pipelines on --points 10,20
+
 --scaling: trials per minute of search (set-up and profile excluded) with K = 1 and K = 2 servers under
 one key (farm tune --max-runners), builds running ahead of the measurements (farm tune --builds-ahead, as
 for a device that is not this host), with a fixed device-side pause per candidate (--candidate-cooldown,
@@ -59,11 +64,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.compile import (device_tuning_key, effective_target, is_schedule, main_calls, make_target, record_databases,
-                          tuning_module)
+from farm.compile import (device_tuning_key, device_tuning_module, effective_target, is_schedule, main_calls,
+                          make_target, record_databases)
 from farm.models import load_model
 from farm.models.zoo import leaky_variant
-from farm.records import BenchConfig, Device, weight_prepack_setting
+from farm.records import LAYOUTS, BenchConfig, Device
 from farm.rpc.processes import private_farm
 from farm.stats import median, versus_text
 from farm.store import Store
@@ -117,11 +122,12 @@ def coverage_of(cell) -> str:
 class Variant:
     """One curve of the run: a pipeline (weight prepacking off or on), a batch size (candidates a batch; None:
     farm's default) and a search population (None: farm's default), its own device and, when batch sizes or
-    populations are compared, its own store (records and cost model)."""
+    populations are compared, its own store (records and cost model); and a layout (the model's own, or NHWC)."""
 
     on: bool
     batch: int | None
     population: int | None
+    layout: str
     device: Device
     store: Store
     seconds: float = 0.0  # of tuning so far
@@ -132,7 +138,8 @@ class Variant:
     @property
     def label(self) -> str:
         return (PIPELINE[self.on] + (f", batch {self.batch}" if self.batch else "")
-                + (f", population {self.population}" if self.population else ""))
+                + (f", population {self.population}" if self.population else "")
+                + (f", {self.layout}" if self.layout != "model" else ""))
 
 
 def curve(args) -> int:
@@ -146,10 +153,10 @@ def curve(args) -> int:
             # batch sizes or populations compared: a store each, so neither's records nor cost model helps the other
             suffix = (f"-b{batch}" if batch else "") + (f"-p{population}" if population else "")
             store = stores.enter_context(Store(work / (f"results{suffix}.db" if len(searches) > 1 else "results.db")))
-            for on in args.pipelines:
-                name = f"curve-prepack-{'on' if on else 'off'}{suffix}"
-                variants.append(Variant(on, batch, population, Device(name, "local", "bench-tuning-cpu",
-                                                                      {"kind": "llvm"}, weight_prepack=on), store))
+            for on, layout in ((on, layout) for layout in args.layouts for on in args.pipelines):
+                name = f"curve-prepack-{'on' if on else 'off'}{suffix}" + (f"-{layout}" if layout != "model" else "")
+                variants.append(Variant(on, batch, population, layout, Device(
+                    name, "local", "bench-tuning-cpu", {"kind": "llvm"}, weight_prepack=on, layout=layout), store))
         untuned = bench_run(tracker, variants[0].device, model, variants[0].store, work, config, tuned=False)
         print(f"model {model.name}: TVM untuned {median(untuned.result.steady_samples_s) * 1e3:.3g} ms · onnxruntime "
               f"{reference_s(untuned) * 1e3:.3g} ms ({compared(untuned)}); in turns: "
@@ -202,7 +209,7 @@ def print_slowest_tasks(store, device, model, top: int = 5) -> None:
 
     target = effective_target(device)
     tvm_target = make_target(target)
-    tasks = extract_tasks(tuning_module(model, weight_prepack_setting(device, target)), tvm_target, model)
+    tasks = extract_tasks(device_tuning_module(model, device, target), tvm_target, model)
     tuning = tuning_set(store, device)
     with tempfile.TemporaryDirectory(prefix="farm-bench-tasks-") as tmp:
         exact, _ = record_databases(tuning, Path(tmp))
@@ -319,6 +326,12 @@ def pipeline_list(text: str) -> list[bool]:
     return list(dict.fromkeys(names[p] for p in text.split(",")))
 
 
+def layout_list(text: str) -> list[str]:
+    if not text or any(layout not in LAYOUTS for layout in text.split(",")):
+        raise argparse.ArgumentTypeError(f"give {', '.join(LAYOUTS)} or both, comma-separated")
+    return list(dict.fromkeys(text.split(",")))
+
+
 def count_list(example: str):
     """An argparse type: whole numbers >= 1, comma-separated (``example`` in its error)."""
     def parse(text: str) -> list[int]:
@@ -345,6 +358,9 @@ def main() -> int:
     parser.add_argument("--populations", type=count_list("512,128"), default=[None],
                         help="curve: the evolutionary search's population, e.g. 512,128: a curve each (own store), in "
                              "turns (default: farm's own)")
+    parser.add_argument("--layouts", type=layout_list, default=["model"],
+                        help="curve: the convolutions' layout, model (its own), NHWC, or model,NHWC: a curve each, in "
+                             "turns (default: model)")
     parser.add_argument("--no-shared", dest="shared", action="store_false",
                         help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")

@@ -8,8 +8,9 @@ format, toolchain and TVM version.
                    make_target, the toolchain (toolchain_for, CROSS_CC) and export_library
     keys.py        tuning_key, device_tuning_key, key_before_threads, key_without_prepack, artifact_key;
                    TVM_VERSION, PIPELINE_VERSION, RECORD_MATCH
-    frontends.py   import_model (ONNX, torch, TFLite); tuning_module, the module MetaSchedule sees, and
-                   fold_weight_prepack, the weights' repacking folded after the records (weight prepacking)
+    frontends.py   import_model (ONNX, torch, TFLite); tuning_module (device_tuning_module: a device's
+                   settings), the module MetaSchedule sees, its convolutions NHWC where asked (channels_last),
+                   and fold_weight_prepack, the weights' repacking folded after the records (weight prepacking)
     records.py     tuning records into a compile: record_databases, apply_records, untuned_trace, is_schedule
     memory.py      planned_memory, from the Relax module the build produced (BuiltModule)
     build.py       compile_model: build (tuned or not), export, cache (planned_key: its key before it
@@ -19,7 +20,8 @@ format, toolchain and TVM version.
 
 from farm.compile.build import (EXPORT_SUFFIX, artifact_file, compile_model, install_artifact, main_calls,
                                 planned_key)
-from farm.compile.frontends import fold_weight_prepack, import_model, import_onnx, prepack_calls, tuning_module
+from farm.compile.frontends import (channels_last, device_tuning_module, fold_weight_prepack, import_model, import_onnx,
+                                    prepack_calls, tuning_module)
 from farm.compile.keys import (PIPELINE_VERSION, RECORD_MATCH, TVM_VERSION, artifact_key, device_tuning_key,
                                key_before_threads, key_without_prepack, tuning_key)
 from farm.compile.memory import ALLOC_STORAGE, BuiltModule, planned_memory
@@ -30,8 +32,9 @@ from farm.compile.targets import (ANDROID_CPU_TAGS, CROSS_CC, TAG_HOSTS, effecti
 __all__ = [
     "ALLOC_STORAGE", "ANDROID_CPU_TAGS", "CROSS_CC", "EXPORT_SUFFIX", "LOOKUP_INSTRUCTIONS", "PIPELINE_VERSION",
     "RECORD_MATCH", "TAG_HOSTS", "TVM_VERSION", "BuiltModule", "apply_records", "artifact_file", "artifact_key",
-    "compile_model", "device_tuning_key", "effective_target", "export_library", "fallback_device",
-    "fold_weight_prepack", "host_cpu", "import_model", "import_onnx", "install_artifact", "is_schedule",
-    "key_before_threads", "key_without_prepack", "main_calls", "make_target", "planned_key", "planned_memory", "prepack_calls",
-    "record_databases", "toolchain_for", "tuning_key", "tuning_module", "untuned_trace"
+    "channels_last", "compile_model", "device_tuning_key", "device_tuning_module", "effective_target",
+    "export_library", "fallback_device", "fold_weight_prepack", "host_cpu", "import_model", "import_onnx",
+    "install_artifact", "is_schedule", "key_before_threads", "key_without_prepack", "main_calls", "make_target",
+    "planned_key", "planned_memory", "prepack_calls", "record_databases", "toolchain_for", "tuning_key",
+    "tuning_module", "untuned_trace"
 ]

@@ -21,7 +21,7 @@ from farm.compile.memory import BuiltModule, planned_memory
 from farm.compile.records import apply_records
 from farm.compile.targets import effective_target, export_library, make_target, toolchain_for
 from farm.errors import BuildError, message_line
-from farm.records import Artifact, Device, ModelSource, TuningSet, weight_prepack_setting
+from farm.records import Artifact, Device, ModelSource, TuningSet, layout_setting, weight_prepack_setting
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         with tvm.transform.PassContext(instruments=[built]):
             if tuning is not None:
                 executable, tuned_tasks, total_tasks, anchor_tasks = _compile_tuned(
-                    model, tvm_target, tuning, device.export == "system-lib", weight_prepack_setting(device, target))
+                    model, tvm_target, tuning, device.export == "system-lib", weight_prepack_setting(device, target),
+                    layout_setting(device, target))
             elif device.export == "system-lib":
                 executable = relax.build(import_model(model), tvm_target, system_lib=True)
             else:
@@ -168,16 +169,16 @@ def _publish(built: Path, folder: Path) -> Artifact | None:
 
 
 def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool,
-                   weight_prepack: bool):
+                   weight_prepack: bool, layout: str):
     """Compile with MetaSchedule records; returns (executable, functions that got a record, all functions,
     functions whose record came from another task of the same anchor block).
 
     The records are applied to exactly the module the tasks were extracted from (the "zero"
-    pipeline's output, with the device's weight prepacking), then, with prepacking, the repacking of the
+    pipeline's output, with the device's weight prepacking and layout), then, with prepacking, the repacking of the
     weights is folded (``fold_weight_prepack``), and the module built with the default pipeline, which
     does not fuse again. (TVM 0.27's ``compile_relax`` re-runs fusion on that module, and then no record
     applies: measured here on onnx:squeezenet, 30 tasks with records, 277 ms vs 9.1 ms.)"""
-    mod = tuning_module(model, weight_prepack)
+    mod = tuning_module(model, weight_prepack, layout)
     applied, tuned, anchored = apply_records(mod, target, tuning)
     if weight_prepack:
         applied = fold_weight_prepack(applied, target)

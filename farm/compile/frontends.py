@@ -1,27 +1,61 @@
 """A model as a Relax module, through TVM's frontend for its format (ONNX, torch, TFLite); the module
-MetaSchedule tunes (``tuning_module``) and, with weight prepacking, the repacking folded once the records are applied
-(``fold_weight_prepack``): TVM's ``static_shape_tuning_pipeline(cpu_weight_prepack=True)`` in two halves, the tuning
-done by farm in between."""
+MetaSchedule tunes (``tuning_module``: its convolutions NHWC where the device's ``layout`` says so, ``channels_last``)
+and, with weight prepacking, the repacking folded once the records are applied (``fold_weight_prepack``): TVM's
+``static_shape_tuning_pipeline(cpu_weight_prepack=True)`` in two halves, the tuning done by farm in between."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import tvm
 from tvm import relax
+from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
 
 from farm.errors import BuildError, message_line
 from farm.models import onnx_proto
-from farm.records import ModelSource
+from farm.records import Device, ModelSource, layout_setting, weight_prepack_setting
 
 
-def tuning_module(model: ModelSource, weight_prepack: bool) -> tvm.IRModule:
-    """The module MetaSchedule sees: the "zero" pipeline first, or extract_tasks finds nothing; with
-    ``weight_prepack`` (``records.PREPACK_RULE``) each function's constant inputs marked layout-free
-    (``AttachAttrLayoutFreeBuffers``), so MetaSchedule's ``RewriteLayout`` postprocessor may pack them.
+def tuning_module(model: ModelSource, weight_prepack: bool, layout: str = "model") -> tvm.IRModule:
+    """The module MetaSchedule sees: with ``layout`` "NHWC" (``records.LAYOUT_RULE``) the convolutions converted
+    (``channels_last``); the "zero" pipeline, or extract_tasks finds nothing; with ``weight_prepack``
+    (``records.PREPACK_RULE``) each function's constant inputs marked layout-free (``AttachAttrLayoutFreeBuffers``),
+    so MetaSchedule's ``RewriteLayout`` postprocessor may pack them.
 
-    Tuning and tuned compilation both start from this, with the device's one setting, so workloads match (the
+    Tuning and tuned compilation both start from this, with the device's settings, so workloads match (the
     attribute changes them: the functions are renamed, ``fused_conv2d_add_relu`` → ``fused_conv2d_add_relu1``)."""
-    mod = relax.get_pipeline("zero")(import_model(model))
+    mod = import_model(model)
+    if layout == "NHWC":
+        mod = channels_last(mod)
+    mod = relax.get_pipeline("zero")(mod)
     return relax.transform.AttachAttrLayoutFreeBuffers()(mod) if weight_prepack else mod
+
+
+def device_tuning_module(model: ModelSource, device: Device, target: dict[str, Any] | None = None) -> tvm.IRModule:
+    """``tuning_module`` with ``device``'s settings (``target``: its effective target, where the caller has it)."""
+    return tuning_module(model, weight_prepack_setting(device, target), layout_setting(device, target))
+
+
+# A convolution's layouts in an NHWC module: data NHWC, weights HWIO (output channels innermost, as the output's)
+NHWC_CONV = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+
+
+def channels_last(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with its convolutions in NHWC and the ops between them following (Relax's ``ConvertLayout``; the
+    model's inputs and outputs keep their layout: a transpose at each end). Inference's rewrites come first: a
+    dropout is the identity (``ConvertLayout`` cannot infer a layout for its tuple), and the weights' constant
+    expressions are folded, so the transposed weights are constants too."""
+    x = wildcard()
+    dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
+    for name, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[name] = rewrite_call(dropout, lambda _expr, matched: matched[x], func)
+    passes = (relax.transform.DecomposeOpsForInference(), relax.transform.DeadCodeElimination(),
+              relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
+              relax.transform.ConvertLayout(NHWC_CONV), relax.transform.FoldConstant())
+    for layout_pass in passes:
+        mod = layout_pass(mod)
+    return mod
 
 
 # TVM's post-tuning half of cpu_weight_prepack (relax/pipeline.py, static_shape_tuning_pipeline)

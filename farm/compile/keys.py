@@ -10,7 +10,7 @@ from typing import Any
 import tvm
 
 from farm.compile.targets import effective_target
-from farm.records import Device, ModelSource, threads_setting, weight_prepack_setting
+from farm.records import Device, ModelSource, layout_setting, threads_setting, weight_prepack_setting
 
 TVM_VERSION: str = tvm.__version__  # part of every tuning key and artifact key (for modules that import no TVM)
 # bump when farm changes how it lowers models (2: records applied without re-fusion; 3: CPU weight prepacking,
@@ -20,15 +20,19 @@ PIPELINE_VERSION = 3
 RECORD_MATCH = "exact, else anchor-block"
 
 
-def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool = False, tvm: str = TVM_VERSION) -> str:
+def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool = False, tvm: str = TVM_VERSION,
+               layout: str = "model") -> str:
     """Tuning records are valid for one effective target, TVM version and thread count: MetaSchedule ignores the
     target, and a candidate ranked on 1 thread is not the best on 2 (``records.THREADS_RULE``: the runner's sessions
     run on the device's setting). With weight prepacking (``records.PREPACK_RULE``) the tasks are other workloads
     (functions with layout-free weights, renamed), so its records are kept apart; without it the key is the one
     records had before the setting existed (pipeline 2), and those still apply to a device that turns it off.
-    ``tvm``: another TVM version's key for the same settings (what a TVM upgrade may replay)."""
+    ``tvm``: another TVM version's key for the same settings (what a TVM upgrade may replay). A ``layout`` other
+    than the model's own (``records.LAYOUT_RULE``) makes other workloads too; the model's own keeps the key it had
+    before the setting existed."""
     prepack = {"weight_prepack": True} if weight_prepack else {}
-    return _short_hash({"target": target, "tvm": tvm, "threads": threads, **prepack})
+    converted = {"layout": layout} if layout != "model" else {}
+    return _short_hash({"target": target, "tvm": tvm, "threads": threads, **prepack, **converted})
 
 
 def _short_hash(fields: dict[str, Any]) -> str:
@@ -36,9 +40,10 @@ def _short_hash(fields: dict[str, Any]) -> str:
 
 
 def device_tuning_key(device: Device, target: dict[str, Any] | None = None) -> str:
-    """``device``'s tuning key: its effective target (``target``, where the caller has it) and thread setting."""
+    """``device``'s tuning key: its effective target (``target``, where the caller has it) and settings."""
     target = target or effective_target(device)
-    return tuning_key(target, threads_setting(device, target), weight_prepack_setting(device, target))
+    return tuning_key(target, threads_setting(device, target), weight_prepack_setting(device, target),
+                      layout=layout_setting(device, target))
 
 
 def key_without_prepack(device: Device, target: dict[str, Any] | None = None) -> str:
@@ -55,9 +60,14 @@ def key_before_threads(target: dict[str, Any]) -> str:
 
 
 def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
-    """Everything that changes the artifact; a tuned one also how its records are found (``RECORD_MATCH``) and
-    whether its weights are prepacked (an untuned compile never prepacks: nothing chose a layout)."""
-    tuned = {"record_match": RECORD_MATCH, "weight_prepack": weight_prepack_setting(device, target)} if tuning_digest else {}
+    """Everything that changes the artifact; a tuned one also how its records are found (``RECORD_MATCH``),
+    whether its weights are prepacked and its convolutions' layout, where not the model's (an untuned compile never
+    prepacks nor converts: nothing chose a layout)."""
+    tuned: dict[str, Any] = {}
+    if tuning_digest:
+        tuned = {"record_match": RECORD_MATCH, "weight_prepack": weight_prepack_setting(device, target)}
+        if (layout := layout_setting(device, target)) != "model":
+            tuned["layout"] = layout
     blob = json.dumps(
         {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
          "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest, **tuned},

@@ -25,8 +25,8 @@ from typing import Any, Callable, ClassVar
 import psutil
 
 from farm.errors import InventoryError
-from farm.records import (PREPACK_RULE, THREADS_RULE, Device, HostCPU, TrackerAddress, split_address, target_kind,
-                           threads_setting)
+from farm.records import (LAYOUT_RULE, LAYOUTS, PREPACK_RULE, THREADS_RULE, Device, HostCPU, TrackerAddress,
+                           split_address, target_kind, threads_setting)
 from farm.rpc.processes import ManagedProcess
 
 Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
@@ -39,6 +39,7 @@ class Field:
     type: str  # "port" | "count" | "flag" | "text" | "texts" | "address"
     example: str  # a line to write, e.g. 'serial = "R58M123ABC"'
     help: str  # what it means
+    choices: tuple[str, ...] = ()  # a "text" field's only values, where it has a few
 
     def problem(self, value: Any) -> str:
         """Why ``value`` is not one of this field's values ('' when it is)."""
@@ -57,6 +58,8 @@ class Field:
             return "must be a string"
         if self.type == "address" and split_address(value) is None:
             return "is not HOST:PORT"
+        if self.choices and value not in self.choices:
+            return "is not one of " + ", ".join(repr(c) for c in self.choices)
         return ""
 
 
@@ -177,7 +180,8 @@ WEIGHT_PREPACK = Field("flag", "weight_prepack = false", PREPACK_RULE)
 SEARCH_POPULATION = Field("count", "search_population = 128",
                           "farm tune: the schedules MetaSchedule's evolutionary search keeps a batch (default 512); "
                           "fewer generate a batch faster and explore less (tune.config.SEARCH_POPULATION)")
-COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK, "search_population": SEARCH_POPULATION}
+LAYOUT = Field("text", 'layout = "NHWC"', LAYOUT_RULE, choices=LAYOUTS)
+COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK, "layout": LAYOUT, "search_population": SEARCH_POPULATION}
 
 
 def thread_options(device: Device) -> tuple[str, ...]:

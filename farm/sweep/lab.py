@@ -101,7 +101,7 @@ def build_group(device: Device, model: str) -> str:
     export, compiler and settings), hashed: devices alike share it, so their builds take one lock and one artifact
     (the key itself needs the model's bytes and the records, which the build worker reads)."""
     fields = [model, device.kind, device.target, device.host, device.export, device.options.get("cc"), device.threads,
-              device.weight_prepack]
+              device.weight_prepack, *([device.layout] if device.layout else [])]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from farm.compile import TVM_VERSION, device_tuning_key, effective_target
-from farm.records import threads_setting, weight_prepack_setting
+from farm.records import layout_setting, threads_setting, weight_prepack_setting
 from farm.costmodel import FORMAT, load_cost_model, new_cost_model
 from farm.errors import FarmError
 from farm.records import Device, TuningSet, utc_now
@@ -36,6 +36,7 @@ def export_database(store: Store, device: Device, out_dir: Path) -> TuningSet:
         (out_dir / "cost_model.npz").write_bytes(saved.body)
     manifest = {"format": PACK_FORMAT, "tuning_key": key, "target": target, "tvm_version": TVM_VERSION,
                 "threads": threads_setting(device, target), "weight_prepack": weight_prepack_setting(device, target),
+                "layout": layout_setting(device, target),
                 "workloads": len(tuning.workloads), "records": len(tuning.records),
                 "cost_model": {"file": "cost_model.npz", "format": saved.format, "samples": saved.samples} if saved else None,
                 "exported_from": device.name, "exported_at": utc_now()}
@@ -88,6 +89,11 @@ def _read_manifest(manifest_path: Path, in_dir: Path, device: Device, target: di
                         f"{'has' if prepack else 'does not have'} it",
                         "its records are other workloads: import it for a device with that weight_prepack setting, "
                         "or tune here")
+    layout = layout_setting(device, target)
+    if manifest.get("layout", "model") != layout:  # a pack from before the setting has the model's own
+        raise FarmError(f"{in_dir} was tuned with layout {manifest.get('layout', 'model')!r}, {device.name!r} has "
+                        f"{layout!r}", "its records are other workloads: import it for a device with that layout "
+                        "setting, or tune here")
     if theirs[0] != target:
         raise FarmError(f"{in_dir} was tuned for target {json.dumps(theirs[0], sort_keys=True)}, not "
                         f"{device.name!r}'s {json.dumps(target, sort_keys=True)}",

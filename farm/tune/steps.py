@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import TVM_VERSION, device_tuning_key, effective_target, make_target, toolchain_for, tuning_module
+from farm.compile import (TVM_VERSION, device_tuning_key, device_tuning_module, effective_target, make_target,
+                          toolchain_for)
 from farm.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
 from farm.devices import kind_of
 from farm.errors import DeviceUnavailable, FarmError, ModelError
-from farm.records import Device, ModelSource, TrackerAddress, target_kind, weight_prepack_setting
+from farm.records import Device, ModelSource, TrackerAddress, target_kind
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.sweep import tuning_set
@@ -89,7 +90,7 @@ def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: 
         raise FarmError(f"device {device.name!r}: MetaSchedule needs the target's core count",
                         f"add num-cores = N to the target of {device.name!r} in devices.toml")
     tvm_target = make_target(target)
-    tasks = extract_tasks(tuning_module(model, weight_prepack_setting(device, target)), tvm_target, model)
+    tasks = extract_tasks(device_tuning_module(model, device, target), tvm_target, model)
     if config.tasks:
         tasks = [t for t in tasks if config.tasks in t.task_name]
     if not tasks:
@@ -178,5 +179,5 @@ def _finish(session: TuneSession, cost_model) -> None:
 
 def list_tasks(device: Device, model: ModelSource) -> list[str]:
     target = effective_target(device)
-    return [t.task_name for t in extract_tasks(tuning_module(model, weight_prepack_setting(device, target)),
-                                               make_target(target), model)]
+    tasks = extract_tasks(device_tuning_module(model, device, target), make_target(target), model)
+    return [t.task_name for t in tasks]
