@@ -212,17 +212,20 @@ def weight_prepack_setting(device: Device, target: dict[str, Any] | None = None)
 
 # The data layouts a device's tuned compiles may give a model's convolutions (devices.toml's ``layout``)
 LAYOUTS = ("model", "NHWC")
-LAYOUT_RULE = ('the data layout of a tuned compile\'s convolutions: "model" keeps the model\'s own (ONNX\'s NCHW), '
-               '"NHWC" converts them (Relax\'s ConvertLayout: channels innermost, so a conv\'s output channels are '
-               'what the CPU\'s vectors hold); default: "model"; records tuned with either are kept apart')
+LAYOUT_RULE = ('the data layout of tuning\'s and tuned compiles\' convolutions: "NHWC" converts them (Relax\'s '
+               'ConvertLayout: channels innermost, so the CPU\'s vectors hold a conv\'s output channels; the model\'s '
+               'inputs and outputs keep their layout), "model" keeps the model\'s own (ONNX\'s NCHW); default: NHWC '
+               'for llvm targets, the model\'s own elsewhere; records tuned with either are kept apart')
 
 
 def layout_setting(device: Device, target: dict[str, Any] | None = None) -> str:
     """The layout ``device``'s tuning and tuned compiles give convolutions (``LAYOUT_RULE``): devices.toml's
-    ``layout``, else "model" (``target``, the effective one, where the caller has it: the default's rule may read
-    it)."""
-    del target
-    return device.layout or "model"
+    ``layout``, else NHWC for an llvm target (``target``, the effective one, where the caller has it), else the
+    model's own. On this host's CPU, NHWC tuned squeezenet 1.3–2× faster in the same minutes
+    (tools/bench_tuning.py --layouts, docs/benchmarks.md); GPU targets were not measured with it."""
+    if device.layout is not None:
+        return device.layout
+    return "NHWC" if target_kind(target or device.target) == "llvm" else "model"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ and a tuned artifact whose convolutions run channels-last while its inputs and o
 still match the reference runtime."""
 
 import json
+import logging
 
 import pytest
 
@@ -15,32 +16,38 @@ kind = "local"
 key = "k"
 target = { kind = "llvm" }
 threads = 2
+layout = "model"
 [devices.nhwc]
 kind = "local"
 key = "k"
 target = { kind = "llvm" }
 threads = 2
-layout = "NHWC"
+[devices.gpu]
+kind = "opencl"
+key = "g"
+target = { kind = "opencl" }
+host = { kind = "llvm" }
 '''
 
 
-def test_the_layout_is_the_model_s_unless_set_and_its_records_are_kept_apart(tmp_path):
-    from farm.compile import artifact_key, device_tuning_key, effective_target, key_without_prepack, tuning_key
+def test_the_layout_is_the_model_s_unless_set_and_its_records_are_kept_apart(tmp_path, caplog):
+    from farm.compile import artifact_key, device_tuning_key, effective_target, fallback_device, tuning_key
     from farm.errors import FarmError, InventoryError
     from farm.models import load_model
     from farm.store import Store
+    from farm.sweep import tuning_set
     from farm.tune.packs import export_database, import_database
 
     devices = parse_inventory(DEVICES).devices
-    model, nhwc = devices["model"], devices["nhwc"]
-    assert [layout_setting(d) for d in (model, nhwc)] == ["model", "NHWC"]
+    model, nhwc, gpu = devices["model"], devices["nhwc"], devices["gpu"]
+    # NHWC by default on llvm targets (a GPU's CPU fallback included), the model's own elsewhere
+    assert [layout_setting(d) for d in (model, nhwc, gpu, fallback_device(gpu))] == ["model", "NHWC", "model", "NHWC"]
     with pytest.raises(InventoryError, match="layout 'NCHWc' is not one of 'model', 'NHWC'"):
-        parse_inventory(DEVICES.replace('layout = "NHWC"', 'layout = "NCHWc"'))
+        parse_inventory(DEVICES.replace('layout = "model"', 'layout = "NCHWc"'))
     # the model's own layout keeps the key records had before the setting; NHWC: other workloads, another key
     target = effective_target(model)
     assert device_tuning_key(model) == tuning_key(target, 2, True) == tuning_key(target, 2, True, layout="model")
     assert device_tuning_key(nhwc) == tuning_key(target, 2, True, layout="NHWC") != device_tuning_key(model)
-    assert key_without_prepack(nhwc) == key_without_prepack(model)
     convnet = load_model("convnet")
     assert artifact_key(convnet, nhwc, target, "cc", "tuned") != artifact_key(convnet, model, target, "cc", "tuned")
     assert artifact_key(convnet, nhwc, target, "cc") == artifact_key(convnet, model, target, "cc")  # untuned: the same
@@ -50,6 +57,14 @@ def test_the_layout_is_the_model_s_unless_set_and_its_records_are_kept_apart(tmp
         with pytest.raises(FarmError, match="was tuned with layout 'model', 'nhwc' has 'NHWC'"):
             import_database(store, nhwc, tmp_path / "pack")
         assert import_database(store, model, tmp_path / "pack") == 0
+        store.add_tuning_lines(device_tuning_key(model), ['{"w": 1}'], [(0, '[0, "model layout"]', 1e-3)], None)
+        assert len(tuning_set(store, model).records) == 1
+        with caplog.at_level(logging.WARNING, logger="farm.sweep"):
+            for _ in range(3):
+                assert tuning_set(store, nhwc).records == ()  # never mixed
+    said = [r.getMessage() for r in caplog.records if "model's own layout" in r.getMessage()]
+    assert len(said) == 1 and 'layout = "model" in devices.toml uses them' in said[0], said
+    assert "(layout NHWC, weight prepacking on: other workloads)" in said[0], said
 
 
 def test_an_nhwc_tuned_artifact_converts_its_convolutions_and_still_matches_the_reference(
@@ -61,17 +76,17 @@ def test_an_nhwc_tuned_artifact_converts_its_convolutions_and_still_matches_the_
     from farm.compile import main_calls
 
     inventory = tmp_path / "devices.toml"
-    inventory.write_text(farm_net.inventory_text(
-        f'\n[devices.cpu-nhwc]\nkind = "local"\nkey = "test-a"\ntarget = {{ kind = "llvm" }}\nthreads = {TEST_THREADS}\n'
-        f'search_population = {TEST_POPULATION}\nlayout = "NHWC"\n'))
+    inventory.write_text(farm_net.inventory_text(  # cpu-a: NHWC, the default on llvm
+        f'\n[devices.cpu-model]\nkind = "local"\nkey = "test-a"\ntarget = {{ kind = "llvm" }}\nthreads = {TEST_THREADS}\n'
+        f'search_population = {TEST_POPULATION}\nlayout = "model"\n'))
     base = ("--devices", str(inventory))
-    for device in ("cpu-nhwc", "cpu-a"):
+    for device in ("cpu-a", "cpu-model"):
         tuned = run_farm(*base, "tune", "--device", device, "--model", "convnet", "--tasks", "conv2d1", "--no-profile",
                          "--trials", "2", "--json", env=farm_env)
         assert tuned.returncode == 0, tuned.stderr
         assert json.loads(tuned.stdout)["status"] == "done"
     calls = {}
-    for device in ("cpu-nhwc", "cpu-a"):
+    for device in ("cpu-a", "cpu-model"):
         artifact = json.loads(run_farm(*base, "compile", "--device", device, "--model", "convnet", "--json",
                                        env=farm_env).stdout)[0]
         assert artifact["tuned_tasks"] >= 1, artifact
@@ -81,5 +96,25 @@ def test_an_nhwc_tuned_artifact_converts_its_convolutions_and_still_matches_the_
         assert bench.returncode == 0, bench.stderr
         result = json.loads(bench.stdout)
         assert result["tuned_tasks"] == artifact["tuned_tasks"] and result["check"]["status"] == "passed", result
-    assert [c for c in calls["cpu-nhwc"] if "transpose" in c], calls["cpu-nhwc"]
-    assert not [c for c in calls["cpu-a"] if "transpose" in c], calls["cpu-a"]
+    assert [c for c in calls["cpu-a"] if "transpose" in c], calls["cpu-a"]
+    assert not [c for c in calls["cpu-model"] if "transpose" in c], calls["cpu-model"]
+
+
+def test_a_convolution_s_leakyrelu_epilogue_follows_it_into_nhwc(tmp_path):
+    """TVM 0.27 gives LeakyRelu no layout rule: without farm's, ConvertLayout puts a transpose on each side of every
+    one. convnet with LeakyRelu for Relu converts with exactly convnet's transposes (one at the input, one at each
+    output), and its LeakyRelus run on NHWC tensors, alpha kept."""
+    import re
+
+    from farm.compile import channels_last, import_model
+    from farm.models import load_model
+    from farm.models.zoo import leaky_variant
+
+    def main_text(spec: str) -> str:
+        return channels_last(import_model(load_model(spec)), spec)["main"].script(show_meta=False)
+
+    relu, leaky = main_text("convnet"), main_text(str(leaky_variant("convnet", tmp_path)))
+    assert relu.count("R.permute_dims(") == leaky.count("R.permute_dims(") == 3, relu
+    leaky_lines = [line for line in leaky.splitlines() if "R.nn.leakyrelu(" in line]
+    assert len(leaky_lines) == 2 and all(re.search(r"\(1, \d+, \d+, (16|32)\)", line) for line in leaky_lines), leaky_lines
+    assert all("alpha=0.01" in line for line in leaky_lines), leaky_lines

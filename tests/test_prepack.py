@@ -31,7 +31,7 @@ host = { kind = "llvm" }
 
 
 def test_prepacking_is_on_for_llvm_off_for_gpus_and_its_records_are_kept_apart(tmp_path, caplog):
-    from farm.compile import device_tuning_key, effective_target, fallback_device, key_without_prepack, tuning_key
+    from farm.compile import device_tuning_key, effective_target, fallback_device, tuning_key
     from farm.errors import InventoryError
     from farm.sweep import tuning_set
 
@@ -42,9 +42,12 @@ def test_prepacking_is_on_for_llvm_off_for_gpus_and_its_records_are_kept_apart(t
         parse_inventory(DEVICES.replace('host = { kind = "llvm" }', 'host = { kind = "llvm" }\nweight_prepack = true'))
     with pytest.raises(InventoryError, match="weight_prepack 'no' must be true or false"):
         parse_inventory(DEVICES.replace("weight_prepack = false", 'weight_prepack = "no"'))
-    # off: the key records had before the setting (pipeline 2), so they still apply; on: other workloads, another key
-    assert device_tuning_key(off) == key_without_prepack(on) == tuning_key(effective_target(off), 2)
-    assert device_tuning_key(on) != device_tuning_key(off)
+    # off: the key records had before the setting (pipeline 2) where the layout is the model's own; on: other
+    # workloads, another key
+    target = effective_target(off)
+    assert device_tuning_key(off) == tuning_key(target, 2, False, layout="NHWC")
+    assert device_tuning_key(on) == tuning_key(target, 2, True, layout="NHWC") != device_tuning_key(off)
+    assert tuning_key(target, 2, False, layout="model") == tuning_key(target, 2)
     with Store(tmp_path / "r.db") as store:
         store.add_tuning_lines(device_tuning_key(off), ['{"w": 1}'], [(0, '[0, "without prepacking"]', 1e-3)], None)
         assert len(tuning_set(store, off).records) == 1
@@ -53,6 +56,7 @@ def test_prepacking_is_on_for_llvm_off_for_gpus_and_its_records_are_kept_apart(t
                 assert tuning_set(store, on).records == ()  # never mixed
     said = [r.getMessage() for r in caplog.records if "without weight prepacking" in r.getMessage()]
     assert len(said) == 1 and "weight_prepack = false in devices.toml uses them" in said[0], said
+    assert "(layout NHWC, weight prepacking on: other workloads)" in said[0], said
 
 
 def test_a_tuned_artifact_prepacks_its_weights_at_build_time_and_still_matches_the_reference(

@@ -6,7 +6,7 @@ format, toolchain and TVM version.
 
     targets.py     the effective target (tags resolved, the kind's rules, host_cpu), fallback_device,
                    make_target, the toolchain (toolchain_for, CROSS_CC) and export_library
-    keys.py        tuning_key, device_tuning_key, key_before_threads, key_without_prepack, artifact_key;
+    keys.py        tuning_key, device_tuning_key, key_before_threads, artifact_key;
                    TVM_VERSION, PIPELINE_VERSION, RECORD_MATCH
     frontends.py   import_model (ONNX, torch, TFLite); tuning_module (device_tuning_module: a device's
                    settings), the module MetaSchedule sees, its convolutions NHWC where asked (channels_last),
@@ -23,7 +23,7 @@ from farm.compile.build import (EXPORT_SUFFIX, artifact_file, compile_model, ins
 from farm.compile.frontends import (channels_last, device_tuning_module, fold_weight_prepack, import_model, import_onnx,
                                     prepack_calls, tuning_module)
 from farm.compile.keys import (PIPELINE_VERSION, RECORD_MATCH, TVM_VERSION, artifact_key, device_tuning_key,
-                               key_before_threads, key_without_prepack, tuning_key)
+                               key_before_threads, tuning_key)
 from farm.compile.memory import ALLOC_STORAGE, BuiltModule, planned_memory
 from farm.compile.records import LOOKUP_INSTRUCTIONS, apply_records, is_schedule, record_databases, untuned_trace
 from farm.compile.targets import (ANDROID_CPU_TAGS, CROSS_CC, TAG_HOSTS, effective_target, export_library,
@@ -34,7 +34,7 @@ __all__ = [
     "RECORD_MATCH", "TAG_HOSTS", "TVM_VERSION", "BuiltModule", "apply_records", "artifact_file", "artifact_key",
     "channels_last", "compile_model", "device_tuning_key", "device_tuning_module", "effective_target",
     "export_library", "fallback_device", "fold_weight_prepack", "host_cpu", "import_model", "import_onnx",
-    "install_artifact", "is_schedule", "key_before_threads", "key_without_prepack", "main_calls", "make_target",
+    "install_artifact", "is_schedule", "key_before_threads", "main_calls", "make_target",
     "planned_key", "planned_memory", "prepack_calls", "record_databases", "toolchain_for", "tuning_key",
     "tuning_module", "untuned_trace"
 ]

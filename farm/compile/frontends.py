@@ -5,6 +5,7 @@ and, with weight prepacking, the repacking folded once the records are applied (
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import tvm
@@ -14,6 +15,8 @@ from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
 from farm.errors import BuildError, message_line
 from farm.models import onnx_proto
 from farm.records import Device, ModelSource, layout_setting, weight_prepack_setting
+
+log = logging.getLogger(__name__)
 
 
 def tuning_module(model: ModelSource, weight_prepack: bool, layout: str = "model") -> tvm.IRModule:
@@ -26,7 +29,7 @@ def tuning_module(model: ModelSource, weight_prepack: bool, layout: str = "model
     attribute changes them: the functions are renamed, ``fused_conv2d_add_relu`` → ``fused_conv2d_add_relu1``)."""
     mod = import_model(model)
     if layout == "NHWC":
-        mod = channels_last(mod)
+        mod = channels_last(mod, model.name)
     mod = relax.get_pipeline("zero")(mod)
     return relax.transform.AttachAttrLayoutFreeBuffers()(mod) if weight_prepack else mod
 
@@ -38,24 +41,46 @@ def device_tuning_module(model: ModelSource, device: Device, target: dict[str, A
 
 # A convolution's layouts in an NHWC module: data NHWC, weights HWIO (output channels innermost, as the output's)
 NHWC_CONV = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+# Elementwise ops of one tensor that TVM 0.27 gives no layout rule (FRelaxInferLayout): ConvertLayout would put a
+# transpose on each side of every one (squeezenet with LeakyRelu: 52). They take relu's rule, which keeps their
+# attributes (alpha) and gives the output its input's layout.
+UNARY_WITHOUT_LAYOUT_RULE = ("relax.nn.leakyrelu", "relax.nn.softplus")
 
 
-def channels_last(mod: tvm.IRModule) -> tvm.IRModule:
+def _elementwise_layout_rules() -> None:
+    rule = tvm.ir.Op.get("relax.nn.relu").get_attr("FRelaxInferLayout")
+    for name in UNARY_WITHOUT_LAYOUT_RULE:
+        if tvm.ir.Op.get(name).get_attr("FRelaxInferLayout") is None:
+            tvm.ir.register_op_attr(name, "FRelaxInferLayout", rule)
+
+
+def channels_last(mod: tvm.IRModule, name: str = "the model") -> tvm.IRModule:
     """``mod`` with its convolutions in NHWC and the ops between them following (Relax's ``ConvertLayout``; the
     model's inputs and outputs keep their layout: a transpose at each end). Inference's rewrites come first: a
     dropout is the identity (``ConvertLayout`` cannot infer a layout for its tuple), and the weights' constant
-    expressions are folded, so the transposed weights are constants too."""
+    expressions are folded, so the transposed weights are constants too. Elementwise ops with no layout rule in TVM
+    take relu's (``UNARY_WITHOUT_LAYOUT_RULE``).
+
+    A model the pass cannot convert keeps its own layout, with one warning (``name``): tuning and tuned compiles
+    both come here, so they still see one module."""
+    _elementwise_layout_rules()
     x = wildcard()
     dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
-    for name, func in list(mod.functions.items()):
+    for var, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mod[name] = rewrite_call(dropout, lambda _expr, matched: matched[x], func)
+            mod[var] = rewrite_call(dropout, lambda _expr, matched: matched[x], func)
     passes = (relax.transform.DecomposeOpsForInference(), relax.transform.DeadCodeElimination(),
               relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
               relax.transform.ConvertLayout(NHWC_CONV), relax.transform.FoldConstant())
-    for layout_pass in passes:
-        mod = layout_pass(mod)
-    return mod
+    converted = mod
+    try:
+        for layout_pass in passes:
+            converted = layout_pass(converted)
+    except (RuntimeError, ValueError) as exc:  # TVM's errors: an op ConvertLayout cannot infer a layout for
+        log.warning("%s: tuned and compiled in the model's own layout: Relax's ConvertLayout could not convert it "
+                    "to NHWC (%s)", name, message_line(exc))
+        return mod
+    return converted
 
 
 # TVM's post-tuning half of cpu_weight_prepack (relax/pipeline.py, static_shape_tuning_pipeline)

@@ -14,8 +14,9 @@ from farm.records import Device, ModelSource, layout_setting, threads_setting, w
 
 TVM_VERSION: str = tvm.__version__  # part of every tuning key and artifact key (for modules that import no TVM)
 # bump when farm changes how it lowers models (2: records applied without re-fusion; 3: CPU weight prepacking,
-# records.PREPACK_RULE, where the device's weight_prepack is on)
-PIPELINE_VERSION = 3
+# records.PREPACK_RULE, where the device's weight_prepack is on; 4: convolutions NHWC, records.LAYOUT_RULE, by default
+# on llvm targets)
+PIPELINE_VERSION = 4
 # how a compile finds a function's record: its own, else one of the same anchor block (part of a tuned artifact's key)
 RECORD_MATCH = "exact, else anchor-block"
 
@@ -44,13 +45,6 @@ def device_tuning_key(device: Device, target: dict[str, Any] | None = None) -> s
     target = target or effective_target(device)
     return tuning_key(target, threads_setting(device, target), weight_prepack_setting(device, target),
                       layout=layout_setting(device, target))
-
-
-def key_without_prepack(device: Device, target: dict[str, Any] | None = None) -> str:
-    """``device``'s tuning key with weight prepacking off: where its records were before pipeline 3 (and are while
-    its ``weight_prepack`` is false). They do not apply with prepacking on: other workloads."""
-    target = target or effective_target(device)
-    return tuning_key(target, threads_setting(device, target))
 
 
 def key_before_threads(target: dict[str, Any]) -> str:

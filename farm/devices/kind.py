@@ -178,7 +178,7 @@ class ThisHost(DeviceKind):
 THREADS = Field("count", "threads = 4", THREADS_RULE)
 WEIGHT_PREPACK = Field("flag", "weight_prepack = false", PREPACK_RULE)
 SEARCH_POPULATION = Field("count", "search_population = 128",
-                          "farm tune: the schedules MetaSchedule's evolutionary search keeps a batch (default 512); "
+                          "farm tune: the schedules MetaSchedule's evolutionary search keeps a batch (default 128); "
                           "fewer generate a batch faster and explore less (tune.config.SEARCH_POPULATION)")
 LAYOUT = Field("text", 'layout = "NHWC"', LAYOUT_RULE, choices=LAYOUTS)
 COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK, "layout": LAYOUT, "search_population": SEARCH_POPULATION}

@@ -1,13 +1,14 @@
 """A cell's compile with the store's tuning records for its device (``tuning_set``, ``compile_cell``), and the
-one warning for records that no longer apply: from before farm set threads, or without weight prepacking."""
+one warning for records that no longer apply: from before farm set threads, without weight prepacking, or in the
+model's own layout."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from farm.compile import compile_model, device_tuning_key, effective_target, key_before_threads, key_without_prepack
-from farm.records import Artifact, Device, ModelSource, TuningSet, threads_setting, weight_prepack_setting
+from farm.compile import compile_model, device_tuning_key, effective_target, key_before_threads, tuning_key
+from farm.records import Artifact, Device, ModelSource, TuningSet, layout_setting, threads_setting, weight_prepack_setting
 from farm.store import Store
 
 log = logging.getLogger(__name__)
@@ -29,15 +30,25 @@ _TOLD: set[str] = set()  # devices whose records that no longer apply this proce
 
 def warn_records_that_do_not_apply(store: Store, device: Device, target: dict) -> None:
     """One line, once per device and process, when a device with no records has some under an older key: made
-    without weight prepacking (pipeline 2, or ``weight_prepack = false``: other workloads), or before farm set
-    threads (measured on TVM's default thread count; the tuning key holds the threads since schema 14)."""
+    without weight prepacking (pipeline 2, or ``weight_prepack = false``: other workloads), in the model's own
+    layout where the device's is NHWC (other workloads), or before farm set threads (measured on TVM's default
+    thread count; the tuning key holds the threads since schema 14)."""
     if device.name in _TOLD:
         return
     threads = threads_setting(device, target)
     again = f"farm tune --device {device.name} tunes it again on {f'{threads} threads' if threads else 'its online CPUs'}"
-    if weight_prepack_setting(device, target) and store.ever_had_records(key_without_prepack(device, target)):
-        log.warning("%s: its tuning records were made without weight prepacking and do not apply with it (other "
-                    "workloads); %s, or weight_prepack = false in devices.toml uses them", device.name, again)
+    prepack, layout = weight_prepack_setting(device, target), layout_setting(device, target)
+    # the other settings' keys (other workloads): how the records were made, and the devices.toml lines that use them
+    other = [(tuning_key(target, threads, prepack), "in the model's own layout", 'layout = "model"'),
+             (tuning_key(target, threads, False, layout=layout), "without weight prepacking", "weight_prepack = false"),
+             (tuning_key(target, threads), "in the model's own layout without weight prepacking (pipeline 2)",
+              'layout = "model" and weight_prepack = false')]
+    made = next(((how, lines) for key, how, lines in other
+                 if key != device_tuning_key(device, target) and store.ever_had_records(key)), None)
+    if made is not None:
+        log.warning("%s: its tuning records were made %s and do not apply with its settings (layout %s, weight "
+                    "prepacking %s: other workloads); %s, or %s in devices.toml uses them", device.name, made[0],
+                    layout, "on" if prepack else "off", again, made[1])
     elif store.ever_had_records(key_before_threads(target)):
         log.warning("%s: its tuning records were measured before farm set threads (TVM's default: half the CPUs on "
                     "x86) and no longer apply; %s", device.name, again)
