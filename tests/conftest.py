@@ -47,6 +47,15 @@ TEST_THREADS = 1
 TEST_POPULATION = 64
 
 
+def settings_inventory(setting: str, on: str = "on", off: str = "off") -> str:
+    """Devices for a CPU setting's tests (no server): ``on``, a local llvm device on the defaults; ``off``, the same
+    with ``setting`` (a devices.toml line); ``gpu``, an OpenCL device with an llvm host. Each test file names its
+    own: a warning said once per device name and process stays said for the next file in the same worker."""
+    local = '\nkind = "local"\nkey = "k"\ntarget = { kind = "llvm" }\nthreads = 2\n'
+    return (f"[devices.{on}]{local}[devices.{off}]{local}{setting}\n"
+            '[devices.gpu]\nkind = "opencl"\nkey = "g"\ntarget = { kind = "opencl" }\nhost = { kind = "llvm" }\n')
+
+
 # Test files that run longest start first: tools/test.sh runs pytest-xdist with --dist loadfile (one file per worker
 # at a time) and --no-loadscope-reorder, so files are handed out in this collection order; by default xdist orders
 # them by their number of tests instead, which put the one-test README and docs walks last, alone, as the tail.

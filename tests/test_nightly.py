@@ -31,12 +31,12 @@ def test_a_sweep_tunes_the_model_furthest_from_onnxruntime_keeps_what_is_faster_
     # the night of a TVM upgrade: the records exist only under an earlier version's key. First under one for other
     # threads: measured on another thread count, they are never replayed (#33); then under the same settings' key
     from farm.compile import tuning_key
-    from farm.records import threads_setting
+    from farm.records import layout_setting, threads_setting
 
     target, cpu_a = json.loads(session[3]), load_inventory(inventory_file).devices["cpu-a"]
-    threads = threads_setting(cpu_a, target)
-    other_threads, earlier = (tuning_key(target, threads + 1, True, tvm="0.26.0"),
-                              tuning_key(target, threads, True, tvm="0.26.0"))
+    threads, layout = threads_setting(cpu_a, target), layout_setting(cpu_a, target)
+    other_threads, earlier = (tuning_key(target, threads + 1, True, tvm="0.26.0", layout=layout),
+                              tuning_key(target, threads, True, tvm="0.26.0", layout=layout))
     with db:
         for table in ("tune_sessions", "tune_records", "tune_workloads"):
             db.execute(f"UPDATE {table} SET tuning_key=? WHERE tuning_key=?", (other_threads, session[2]))
@@ -96,10 +96,10 @@ def test_a_session_that_changes_none_of_the_model_s_code_is_kept_without_measuri
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from farm.compile import effective_target, make_target, tuning_module, untuned_trace
+    from farm.compile import effective_target, make_target, device_tuning_module, untuned_trace
     from farm.models import load_model
     from farm.nightly import _validate
-    from farm.records import BenchConfig, TuningSet, weight_prepack_setting
+    from farm.records import BenchConfig, TuningSet
     from tests.test_compile import LOCAL
 
     model = load_model("mlp")
@@ -107,7 +107,7 @@ def test_a_session_that_changes_none_of_the_model_s_code_is_kept_without_measuri
     normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     database = ms.database.JSONDatabase(str(tmp_path / "w.json"), str(tmp_path / "r.json"), allow_missing=True)
     # each function's untuned code as its record (farm tune's), from the module LOCAL tunes
-    for func in tuning_module(model, weight_prepack_setting(LOCAL)).functions.values():
+    for func in device_tuning_module(model, LOCAL).functions.values():
         if isinstance(func, tvm.tirx.PrimFunc):
             mod = normalize(func)
             database.commit_tuning_record(ms.database.TuningRecord(

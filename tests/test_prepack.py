@@ -9,25 +9,9 @@ import pytest
 from farm.inventory import parse_inventory
 from farm.records import weight_prepack_setting
 from farm.store import Store
-from tests.conftest import run_farm
+from tests.conftest import run_farm, settings_inventory
 
-DEVICES = '''[devices.on]
-kind = "local"
-key = "k"
-target = { kind = "llvm" }
-threads = 2
-[devices.off]
-kind = "local"
-key = "k"
-target = { kind = "llvm" }
-threads = 2
-weight_prepack = false
-[devices.gpu]
-kind = "opencl"
-key = "g"
-target = { kind = "opencl" }
-host = { kind = "llvm" }
-'''
+DEVICES = settings_inventory("weight_prepack = false")
 
 
 def test_prepacking_is_on_for_llvm_off_for_gpus_and_its_records_are_kept_apart(tmp_path, caplog):

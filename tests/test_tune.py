@@ -321,16 +321,16 @@ def test_a_task_counts_as_searched_once_a_candidate_of_its_own_was_measured_even
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    from farm.compile import effective_target, make_target, tuning_module, untuned_trace
+    from farm.compile import effective_target, make_target, device_tuning_module, untuned_trace
     from farm.models import load_model
-    from farm.records import TuningSet, weight_prepack_setting
+    from farm.records import TuningSet
     from farm.tune.metaschedule import extract_tasks
     from farm.tune.records import prior_databases, searched_before
     from tests.test_compile import LOCAL
 
     model = load_model("convnet")
     target = make_target(effective_target(LOCAL))
-    tasks = tuple(extract_tasks(tuning_module(model, weight_prepack_setting(LOCAL)), target, model))
+    tasks = tuple(extract_tasks(device_tuning_module(model, LOCAL), target, model))
     assert len(tasks) >= 3
     normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     database = ms.database.JSONDatabase(str(tmp_path / "w.json"), str(tmp_path / "r.json"), allow_missing=True)

@@ -127,7 +127,7 @@ class Variant:
     on: bool
     batch: int | None
     population: int | None
-    layout: str
+    layout: str | None  # None: farm's default for the target
     device: Device
     store: Store
     seconds: float = 0.0  # of tuning so far
@@ -139,7 +139,7 @@ class Variant:
     def label(self) -> str:
         return (PIPELINE[self.on] + (f", batch {self.batch}" if self.batch else "")
                 + (f", population {self.population}" if self.population else "")
-                + (f", {self.layout}" if self.layout != "model" else ""))
+                + (f", layout {self.layout}" if self.layout else ""))
 
 
 def curve(args) -> int:
@@ -154,7 +154,7 @@ def curve(args) -> int:
             suffix = (f"-b{batch}" if batch else "") + (f"-p{population}" if population else "")
             store = stores.enter_context(Store(work / (f"results{suffix}.db" if len(searches) > 1 else "results.db")))
             for on, layout in ((on, layout) for layout in args.layouts for on in args.pipelines):
-                name = f"curve-prepack-{'on' if on else 'off'}{suffix}" + (f"-{layout}" if layout != "model" else "")
+                name = f"curve-prepack-{'on' if on else 'off'}{suffix}" + (f"-{layout}" if layout else "")
                 variants.append(Variant(on, batch, population, layout, Device(
                     name, "local", "bench-tuning-cpu", {"kind": "llvm"}, weight_prepack=on, layout=layout), store))
         untuned = bench_run(tracker, variants[0].device, model, variants[0].store, work, config, tuned=False)
@@ -358,9 +358,9 @@ def main() -> int:
     parser.add_argument("--populations", type=count_list("512,128"), default=[None],
                         help="curve: the evolutionary search's population, e.g. 512,128: a curve each (own store), in "
                              "turns (default: farm's own)")
-    parser.add_argument("--layouts", type=layout_list, default=["model"],
+    parser.add_argument("--layouts", type=layout_list, default=[None],
                         help="curve: the convolutions' layout, model (its own), NHWC, or model,NHWC: a curve each, in "
-                             "turns (default: model)")
+                             "turns (default: farm's own, NHWC on this host's CPU)")
     parser.add_argument("--no-shared", dest="shared", action="store_false",
                         help="curve: skip the last step, a model sharing the tuned convs compiled with no session")
     parser.add_argument("--scaling", action="store_true", help="trials/min at K = 1 and 2 servers of one key")

@@ -19,7 +19,7 @@ from farm.records import Device, ModelSource, layout_setting, weight_prepack_set
 log = logging.getLogger(__name__)
 
 
-def tuning_module(model: ModelSource, weight_prepack: bool, layout: str = "model") -> tvm.IRModule:
+def tuning_module(model: ModelSource, weight_prepack: bool, layout: str) -> tvm.IRModule:
     """The module MetaSchedule sees: with ``layout`` "NHWC" (``records.LAYOUT_RULE``) the convolutions converted
     (``channels_last``); the "zero" pipeline, or extract_tasks finds nothing; with ``weight_prepack``
     (``records.PREPACK_RULE``) each function's constant inputs marked layout-free (``AttachAttrLayoutFreeBuffers``),
@@ -61,26 +61,43 @@ def channels_last(mod: tvm.IRModule, name: str = "the model") -> tvm.IRModule:
     expressions are folded, so the transposed weights are constants too. Elementwise ops with no layout rule in TVM
     take relu's (``UNARY_WITHOUT_LAYOUT_RULE``).
 
-    A model the pass cannot convert keeps its own layout, with one warning (``name``): tuning and tuned compiles
-    both come here, so they still see one module."""
+    A model the pass cannot convert keeps its own layout, with a warning (``name``), and so does one it converts with
+    transposes left inside (an op with no layout rule between two convs: densenet121's light model kept 242):
+    tuning and tuned compiles both come here, so they still see one module."""
     _elementwise_layout_rules()
     x = wildcard()
     dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
     for var, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             mod[var] = rewrite_call(dropout, lambda _expr, matched: matched[x], func)
-    passes = (relax.transform.DecomposeOpsForInference(), relax.transform.DeadCodeElimination(),
-              relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
-              relax.transform.ConvertLayout(NHWC_CONV), relax.transform.FoldConstant())
+    for inference_pass in (relax.transform.DecomposeOpsForInference(), relax.transform.DeadCodeElimination(),
+                           relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()):
+        mod = inference_pass(mod)
     converted = mod
     try:
-        for layout_pass in passes:
+        for layout_pass in (relax.transform.ConvertLayout(NHWC_CONV), relax.transform.FoldConstant()):
             converted = layout_pass(converted)
     except (RuntimeError, ValueError) as exc:  # TVM's errors: an op ConvertLayout cannot infer a layout for
         log.warning("%s: tuned and compiled in the model's own layout: Relax's ConvertLayout could not convert it "
                     "to NHWC (%s)", name, message_line(exc))
         return mod
+    added, ends = _transposes(converted) - _transposes(mod), _ends(mod)
+    if added > ends:  # an op with no layout rule, between two transposes: copies where NHWC should save time
+        log.warning("%s: tuned and compiled in the model's own layout: in NHWC, Relax's ConvertLayout left %d "
+                    "transposes inside it (ops it has no layout rule for)", name, added - ends)
+        return mod
     return converted
+
+
+def _transposes(mod: tvm.IRModule) -> int:
+    return mod["main"].script(show_meta=False).count("R.permute_dims(")
+
+
+def _ends(mod: tvm.IRModule) -> int:
+    """The transposes an NHWC conversion may add to ``mod``'s ``main``: one a tensor in or out."""
+    main = mod["main"]
+    result = main.ret_ty  # a tuple's has fields
+    return len(main.params) + (len(result.fields) if hasattr(result, "fields") else 1)
 
 
 # TVM's post-tuning half of cpu_weight_prepack (relax/pipeline.py, static_shape_tuning_pipeline)

@@ -54,7 +54,7 @@ TRIALS_PER_RUNNER = 16
 # Schedules MetaSchedule's evolutionary search keeps a batch (its EvolutionarySearch default is 512): it samples
 # about 0.8 × this many new ones, evolves them four times by the cost model and measures the batch's best.
 # Generating a batch costs CPU in proportion (a convnet conv on a 2-core host: ~60 s at 512, whether 8 or 64 are
-# then measured). On this host's CPU, 128 measured 2.4-2.6× the trials of 512 in the same minutes and tuned
+# then measured). On this host's CPU, 128 measured 2.4-2.9× the trials of 512 in the same minutes and tuned
 # squeezenet as well or better at every point (20 minutes: 2.77 against 3.14 ms in the model's layout, 2.09 against
 # 2.09 in NHWC; tools/bench_tuning.py --populations 512,128 --layouts model,NHWC, docs/benchmarks.md).
 # A device's search_population in devices.toml overrides it, --population a session's; never below the batch.
