@@ -90,7 +90,12 @@ def channels_last(mod: tvm.IRModule, name: str = "the model") -> tvm.IRModule:
 
 
 def _transposes(mod: tvm.IRModule) -> int:
-    return mod["main"].script(show_meta=False).count("R.permute_dims(")
+    """The ``permute_dims`` calls in ``mod``'s ``main``."""
+    transpose, found = tvm.ir.Op.get("relax.permute_dims"), []
+    relax.analysis.post_order_visit(
+        mod["main"].body, lambda expr: found.append(expr) if isinstance(expr, relax.Call) and expr.op.same_as(transpose)
+        else None)
+    return len(found)
 
 
 def _ends(mod: tvm.IRModule) -> int:

@@ -32,8 +32,12 @@ def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool
     than the model's own (``records.LAYOUT_RULE``) makes other workloads too; the model's own keeps the key it had
     before the setting existed."""
     prepack = {"weight_prepack": True} if weight_prepack else {}
-    converted = {"layout": layout} if layout != "model" else {}
-    return _short_hash({"target": target, "tvm": tvm, "threads": threads, **prepack, **converted})
+    return _short_hash({"target": target, "tvm": tvm, "threads": threads, **prepack, **_converted(layout)})
+
+
+def _converted(layout: str) -> dict[str, str]:
+    """A key's layout field: none for the model's own, so keys from before the setting stay as they were."""
+    return {"layout": layout} if layout != "model" else {}
 
 
 def _short_hash(fields: dict[str, Any]) -> str:
@@ -59,9 +63,8 @@ def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], too
     prepacks nor converts: nothing chose a layout)."""
     tuned: dict[str, Any] = {}
     if tuning_digest:
-        tuned = {"record_match": RECORD_MATCH, "weight_prepack": weight_prepack_setting(device, target)}
-        if (layout := layout_setting(device, target)) != "model":
-            tuned["layout"] = layout
+        tuned = {"record_match": RECORD_MATCH, "weight_prepack": weight_prepack_setting(device, target),
+                 **_converted(layout_setting(device, target))}
     blob = json.dumps(
         {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
          "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest, **tuned},

@@ -43,8 +43,8 @@ def warn_records_that_do_not_apply(store: Store, device: Device, target: dict) -
              (tuning_key(target, threads, False, layout=layout), "without weight prepacking", "weight_prepack = false"),
              (tuning_key(target, threads), "in the model's own layout without weight prepacking (pipeline 2)",
               'layout = "model" and weight_prepack = false')]
-    made = next(((how, lines) for key, how, lines in other
-                 if key != device_tuning_key(device, target) and store.ever_had_records(key)), None)
+    own = device_tuning_key(device, target)
+    made = next(((how, lines) for key, how, lines in other if key != own and store.ever_had_records(key)), None)
     if made is not None:
         log.warning("%s: its tuning records were made %s and do not apply with its settings (layout %s, weight "
                     "prepacking %s: other workloads); %s, or %s in devices.toml uses them", device.name, made[0],
