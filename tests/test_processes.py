@@ -103,12 +103,14 @@ def test_watchdog_serve_and_down_at_once_lose_no_server(tracker, tmp_path, farm_
 
     def serve(*devices: str) -> None:
         # --wait 0: the registry, not registration, is under test (a server takes seconds to import TVM and register);
-        # its record is written before the wait, which then fails with exit 1 and this line alone
+        # its record is written before the wait, which then fails with exit 1 and this line alone; or, when the
+        # other loop's `farm down` stopped the new server during that wait, a line that says so
         proc = run_farm("serve", *[f"--device={d}" for d in devices], "--wait", "0", env=env, timeout=120)
         lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 0 or (proc.returncode == 1 and len(lines) == 2
-                                        and lines[0].startswith("error: servers for ")
-                                        and "did not register" in lines[0]), proc.stderr
+        assert proc.returncode == 0 or (proc.returncode == 1 and len(lines) == 2 and (
+            (lines[0].startswith("error: servers for ") and "did not register" in lines[0])
+            or (lines[0].startswith("error: the server for ") and "was stopped before it registered" in lines[0]))), \
+            proc.stderr
 
     def down() -> None:
         proc = run_farm("down", "--json", env=env, timeout=120)
@@ -150,6 +152,39 @@ def test_watchdog_serve_and_down_at_once_lose_no_server(tracker, tmp_path, farm_
             watchdog.wait()
         for group in server_groups(tracker):  # what a failed run left: servers of this test's private tracker
             os.killpg(group, signal.SIGKILL)
+
+
+def test_a_server_another_command_stopped_is_said_stopped_not_failed(tracker, tmp_path):
+    """The race the test above runs into: `farm serve` waits for its new server while a `farm down` stops it. The
+    wait ends with "was stopped before it registered", named by the signal when this process started the server,
+    else by its record gone from the registry; a server that failed on its own still "exited at start"."""
+    from farm.errors import DeviceError
+    from farm.rpc.processes import exited_at_start, start_server, update_records
+
+    def ended(*names: str) -> list[ManagedProcess]:
+        started = [start_server(tracker, n, f"race-{n}", tmp_path) for n in names]
+        update_records(tmp_path, lambda current: current + started)
+        return started
+
+    def give_up(started: list[ManagedProcess]) -> str:
+        with pytest.raises(DeviceError) as raised:
+            exited_at_start(started, tmp_path)({r.key for r in started})
+        return raised.value.message
+
+    killed, = ended("killed")
+    os.killpg(killed.pid, signal.SIGTERM)
+    while psutil.Process(killed.pid).status() != psutil.STATUS_ZOMBIE:  # ended, not yet reaped: this is its parent
+        time.sleep(0.02)
+    assert give_up([killed]) == "the server for killed (race-killed) was stopped before it registered (by SIGTERM)"
+    dropped, = ended("dropped")
+    assert stop_process(dropped)  # reaps it, as `farm down` in another process would leave it: no status to read
+    update_records(tmp_path, lambda current: [r for r in current if r != dropped])
+    assert give_up([dropped]).endswith("was stopped before it registered (and its record dropped)")
+    crashed, = ended("crashed")
+    os.killpg(crashed.pid, signal.SIGUSR1)
+    while psutil.Process(crashed.pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.02)
+    assert give_up([crashed]).startswith("the server for crashed (race-crashed) exited at start (killed by SIGUSR1): ")
 
 
 def test_concurrent_updates_keep_every_record(tmp_path):

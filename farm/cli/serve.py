@@ -109,7 +109,7 @@ def bring_up_devices(inventory, names: list[str], tracker, state: Path, wait_s: 
     gone = {r for r, s in states.items() if s == "gone"}
     records = processes.update_records(state, lambda current: [r for r in current if r not in gone] + started)
     waiting = {r.key: 1 for r in started if kind_of(inventory.devices[r.name]).registers_at_start}
-    wait_for_servers(tracker, waiting, timeout_s=wait_s, give_up=processes.exited_at_start(started))
+    wait_for_servers(tracker, waiting, timeout_s=wait_s, give_up=processes.exited_at_start(started, state))
     for r in started:
         if note := kind_of(inventory.devices[r.name]).started_note(r):
             print(note, file=sys.stderr)
