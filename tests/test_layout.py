@@ -134,3 +134,40 @@ def test_a_model_nhwc_would_fill_with_transposes_keeps_its_own_layout(caplog):
     assert "R.nn.conv2d(" in kept["main"].script(show_meta=False) and 'data_layout="NHWC"' not in kept.script()
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("two-convs: ")]
     assert len(said) == 1 and "left 2 transposes inside it" in said[0], said
+
+
+def test_an_onnx_sum_of_two_branches_converts_to_nhwc_and_still_matches_the_reference(tmp_path):
+    """ONNX's Sum (resnet50's residual adds) imports as a 5-D stack and sum, each term broadcast to its own shape:
+    ops ConvertLayout has no rule for, so resnet50 kept its layout. A conv block with a residual Sum now converts with
+    one transpose at each end, and the compiled NHWC module's output matches onnxruntime's."""
+    import numpy as np
+    import onnx
+    import tvm
+    from onnx import helper, numpy_helper
+    from tvm import relax
+
+    from farm.compile import channels_last, import_model
+    from farm.models import load_model, reference_outputs
+
+    rng = np.random.default_rng(7)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype("float32") * 0.2, f"w{i}")
+               for i in (0, 1, 2)]
+    graph = helper.make_graph(  # a stem conv, then a residual block: two convs and their input summed
+        [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+         helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+         helper.make_node("Sum", ["c2", "r0"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+        "residual", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 10, 10])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 10, 10])], weights)
+    path = tmp_path / "residual.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    model = load_model(str(path))
+    imported = import_model(model)
+    assert "R.stack(" in imported["main"].script(show_meta=False)  # what the rewrite is for
+    converted = channels_last(imported, "residual")
+    text = converted["main"].script(show_meta=False)
+    assert text.count("R.permute_dims(") == 2 and "R.stack(" not in text and 'data_layout="NHWC"' in text, text
+    x = rng.standard_normal((1, 8, 10, 10)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(converted, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, reference_outputs(model, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -62,14 +62,11 @@ def channels_last(mod: tvm.IRModule, name: str = "the model") -> tvm.IRModule:
     take relu's (``UNARY_WITHOUT_LAYOUT_RULE``).
 
     A model the pass cannot convert keeps its own layout, with a warning (``name``), and so does one it converts with
-    transposes left inside (an op with no layout rule between two convs: densenet121's light model kept 242):
+    transposes left inside (an op with no layout rule between two convs: densenet121's light model kept 240,
+    shufflenet's channel shuffle, a 5-D reshape and transpose, 32):
     tuning and tuned compiles both come here, so they still see one module."""
     _elementwise_layout_rules()
-    x = wildcard()
-    dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
-    for var, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mod[var] = rewrite_call(dropout, lambda _expr, matched: matched[x], func)
+    mod = _inference_rewrites(mod)
     for inference_pass in (relax.transform.DecomposeOpsForInference(), relax.transform.DeadCodeElimination(),
                            relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()):
         mod = inference_pass(mod)
@@ -87,6 +84,48 @@ def channels_last(mod: tvm.IRModule, name: str = "the model") -> tvm.IRModule:
                     "transposes inside it (ops it has no layout rule for)", name, added - ends)
         return mod
     return converted
+
+
+def _inference_rewrites(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the ops ``ConvertLayout`` has no rule for, where an inference module can do without them:
+    a dropout is the identity; a ``broadcast_to`` its input's own shape is its input; ONNX's ``Sum`` of equal shapes
+    (imported as ``sum(stack((a, b, ...)), axis=0)``, 5-D: resnet50's residual adds) is ``a + b + ...``."""
+    x, shape, items = wildcard(), wildcard(), wildcard()
+    dropout = is_tuple_get_item(is_op("relax.nn.dropout")(x), 0)
+    same_shape = is_op("relax.broadcast_to")(x, shape)
+    stack = is_op("relax.stack")(items)
+    summed = is_op("relax.sum")(stack)
+
+    def unbroadcast(expr: relax.Expr, matched: dict) -> relax.Expr:
+        given, wanted = _static_shape(matched[x]), _static_shape(expr)
+        return matched[x] if given is not None and given == wanted else expr
+
+    def added(expr: relax.Expr, matched: dict) -> relax.Expr:
+        terms = matched[items]
+        if (not isinstance(terms, relax.Tuple) or int(matched[stack].attrs.axis) != 0 or expr.attrs.keepdims
+                or expr.attrs.axis is None or [int(a) for a in expr.attrs.axis] != [0]
+                or len(shapes := {_static_shape(t) for t in terms.fields}) != 1 or None in shapes):
+            return expr
+        total = terms.fields[0]
+        for term in terms.fields[1:]:
+            total = relax.op.add(total, term)
+        return total
+
+    for var, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            func = rewrite_call(dropout, lambda _expr, matched: matched[x], func)
+            func = rewrite_call(same_shape, unbroadcast, func)
+            mod[var] = rewrite_call(summed, added, func)
+    return mod
+
+
+def _static_shape(expr: relax.Expr) -> tuple[str, tuple[int, ...]] | None:
+    """``expr``'s dtype and shape when both are known and every dimension is a number, else None."""
+    ty = expr.ty
+    dims = getattr(ty, "shape", None)
+    if dims is None or not hasattr(dims, "values") or any(not hasattr(d, "value") for d in dims.values):
+        return None
+    return (ty.dtype, tuple(int(d.value) for d in dims.values))
 
 
 def _transposes(mod: tvm.IRModule) -> int:
