@@ -156,35 +156,54 @@ def test_watchdog_serve_and_down_at_once_lose_no_server(tracker, tmp_path, farm_
 
 def test_a_server_another_command_stopped_is_said_stopped_not_failed(tracker, tmp_path):
     """The race the test above runs into: `farm serve` waits for its new server while a `farm down` stops it. The
-    wait ends with "was stopped before it registered", named by the signal when this process started the server,
-    else by its record gone from the registry; a server that failed on its own still "exited at start"."""
+    wait ends with "was stopped before it registered", named by SIGTERM when this process started the server, else
+    by its record gone from the registry. A server that ended on its own (an exit code, another signal, a record
+    dropped after it died) or one in no registry still "exited at start", with its log."""
     from farm.errors import DeviceError
-    from farm.rpc.processes import exited_at_start, start_server, update_records
+    from farm.rpc.processes import exited_at_start, local_process, spawn, start_server, update_records
 
-    def ended(*names: str) -> list[ManagedProcess]:
-        started = [start_server(tracker, n, f"race-{n}", tmp_path) for n in names]
-        update_records(tmp_path, lambda current: current + started)
-        return started
+    def started(name: str) -> ManagedProcess:
+        record = start_server(tracker, name, f"race-{name}", tmp_path)
+        update_records(tmp_path, lambda current: current + [record])
+        return record
 
-    def give_up(started: list[ManagedProcess]) -> str:
+    def ended(record: ManagedProcess, sig: int) -> ManagedProcess:
+        os.killpg(record.pid, sig)
+        deadline = time.monotonic() + 60
+        while psutil.Process(record.pid).status() != psutil.STATUS_ZOMBIE:  # ended, not reaped: this is its parent
+            assert time.monotonic() < deadline, f"{record.name} did not end on {sig}"
+            time.sleep(0.02)
+        return record
+
+    def dropped(record: ManagedProcess) -> ManagedProcess:
+        update_records(tmp_path, lambda current: [r for r in current if r != record])
+        return record
+
+    def give_up(record: ManagedProcess, registry: Path | None = tmp_path) -> str:
         with pytest.raises(DeviceError) as raised:
-            exited_at_start(started, tmp_path)({r.key for r in started})
+            exited_at_start([record], registry)({record.key})
         return raised.value.message
 
-    killed, = ended("killed")
-    os.killpg(killed.pid, signal.SIGTERM)
-    while psutil.Process(killed.pid).status() != psutil.STATUS_ZOMBIE:  # ended, not yet reaped: this is its parent
+    said = give_up(ended(started("killed"), signal.SIGTERM))
+    assert said == "the server for killed (race-killed) was stopped before it registered (by SIGTERM)", said
+    gone = started("reaped")
+    assert stop_process(gone)  # reaps it, as a `farm down` of this process would: no status left to read
+    assert give_up(dropped(gone)).endswith("was stopped before it registered (its record was dropped)")
+    said = give_up(ended(started("crashed"), signal.SIGUSR1))
+    assert said.startswith("the server for crashed (race-crashed) exited at start (killed by SIGUSR1): "), said
+    failed = ended(started("failed"), signal.SIGTERM)  # the same SIGTERM, where no farm command stops servers
+    assert give_up(dropped(failed), None).startswith("the server for failed (race-failed) exited at start (killed by "
+                                                     "SIGTERM): ")
+    log = tmp_path / "server-bad.log"  # a server that fails on its own once started: an error line, exit code 1
+    proc = spawn([sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit('bad: no such library')"], log)
+    bad = local_process("server", "bad", "race-bad", proc.pid, 0, str(log), "farm.rpc.server")
+    update_records(tmp_path, lambda current: current + [bad])
+    deadline = time.monotonic() + 60
+    while psutil.Process(bad.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the failing server did not exit"
         time.sleep(0.02)
-    assert give_up([killed]) == "the server for killed (race-killed) was stopped before it registered (by SIGTERM)"
-    dropped, = ended("dropped")
-    assert stop_process(dropped)  # reaps it, as `farm down` in another process would leave it: no status to read
-    update_records(tmp_path, lambda current: [r for r in current if r != dropped])
-    assert give_up([dropped]).endswith("was stopped before it registered (and its record dropped)")
-    crashed, = ended("crashed")
-    os.killpg(crashed.pid, signal.SIGUSR1)
-    while psutil.Process(crashed.pid).status() != psutil.STATUS_ZOMBIE:
-        time.sleep(0.02)
-    assert give_up([crashed]).startswith("the server for crashed (race-crashed) exited at start (killed by SIGUSR1): ")
+    said = give_up(dropped(bad))  # its record dropped after it died (a watchdog's restart, another serve's clean-up)
+    assert said.startswith("the server for bad (race-bad) exited at start: ") and "no such library" in said, said
 
 
 def test_concurrent_updates_keep_every_record(tmp_path):

@@ -102,7 +102,8 @@ def _inference_rewrites(mod: tvm.IRModule) -> tvm.IRModule:
 
     def added(expr: relax.Expr, matched: dict) -> relax.Expr:
         terms = matched[items]
-        if (not isinstance(terms, relax.Tuple) or int(matched[stack].attrs.axis) != 0 or expr.attrs.keepdims
+        if (not isinstance(terms, relax.Tuple) or matched[stack].attrs.axis is None
+                or int(matched[stack].attrs.axis) != 0 or expr.attrs.keepdims
                 or expr.attrs.axis is None or [int(a) for a in expr.attrs.axis] != [0]
                 or len(shapes := {_static_shape(t) for t in terms.fields}) != 1 or None in shapes):
             return expr

@@ -217,37 +217,47 @@ def is_running(record: ManagedProcess) -> bool:
 def exited_at_start(started: list[ManagedProcess], state_dir: Path | None = None) -> Callable[[set[str]], None]:
     """For ``wait_for_servers``: a DeviceError at once, with its log's last lines (a loader's "cannot open shared
     object file", a taken port), when a server of ``started`` on this host whose key is still missing has exited,
-    instead of the registration timeout. A server another command stopped meanwhile (`farm down` run at the same
-    time: killed by a signal, or its record gone from ``state_dir``'s registry) is said to have been stopped, not to
-    have failed: its log is empty and a user would look for a fault that is not there."""
+    instead of the registration timeout.
+
+    With ``state_dir`` (the registry `farm down` stops servers from), a server another command stopped meanwhile is
+    said to have been stopped, not to have failed (its log is empty: a user would look for a fault that is not
+    there): killed by SIGTERM, what ``stop_process`` sends first; or, its record gone from the registry, killed by
+    SIGKILL or ended with no status this process can read. A server that exited on its own, or was killed where no
+    farm command stops it (no ``state_dir``: a demo's, a bench's), exited at start."""
     servers = [r for r in started if r.role == "server" and not r.remote]
 
     def check(missing: set[str]) -> None:
         exited = next((r for r in servers if r.key in missing and not is_running(r)), None)
         if exited is None:
             return
-        signalled = _exit_signal(exited.pid)
-        if signalled in STOP_SIGNALS or (state_dir is not None and exited not in load_records(state_dir)):
-            how = f"by {signal.Signals(signalled).name}" if signalled else "and its record dropped"
+        ended = _exit_status(exited.pid)  # None: not this process's child, or reaped already
+        by = _signal_name(ended) if ended is not None and ended < 0 else None
+        if state_dir is not None and (by == "SIGTERM" or (ended is None or by == "SIGKILL")
+                                      and exited not in load_records(state_dir)):
+            how = f"by {by}" if by else "its record was dropped"
             raise DeviceError(f"the server for {exited.name} ({exited.key}) was stopped before it registered ({how})",
-                              "another command stopped it (`farm down`, `farm serve --stop`, a kill); "
-                              "run `farm serve` again once that is done")
-        by = f" (killed by {signal.Signals(signalled).name})" if signalled else ""
-        raise DeviceError(f"the server for {exited.name} ({exited.key}) exited at start{by}: {log_tail(exited.log_path)}",
-                          f"its log: {exited.log_path}")
+                              "another command stopped it (`farm down`, `farm serve --stop`, a kill); run `farm "
+                              f"serve` again once that is done (its log: {exited.log_path})")
+        raise DeviceError(f"the server for {exited.name} ({exited.key}) exited at start"
+                          f"{f' (killed by {by})' if by else ''}: {log_tail(exited.log_path)}", f"its log: {exited.log_path}")
     return check
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)  # what ``stop_process`` sends
-
-
-def _exit_signal(pid: int) -> int | None:
-    """The signal that ended ``pid``, when it is this process's child and ended by one (reaping it); else None."""
+def _exit_status(pid: int) -> int | None:
+    """How ``pid`` ended, as Popen's returncode has it (its exit code, or minus the signal that killed it), when it
+    is this process's child and has ended (reaping it); else None."""
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return None
-    return os.WTERMSIG(status) if done == pid and os.WIFSIGNALED(status) else None
+    return os.waitstatus_to_exitcode(status) if done == pid else None
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {-returncode}"
 
 
 def stop_process(record: ManagedProcess, grace_s: float = 3.0) -> bool:
