@@ -204,6 +204,16 @@ def test_a_server_another_command_stopped_is_said_stopped_not_failed(tracker, tm
         time.sleep(0.02)
     said = give_up(dropped(bad))  # its record dropped after it died (a watchdog's restart, another serve's clean-up)
     assert said.startswith("the server for bad (race-bad) exited at start: ") and "no such library" in said, said
+    # the race CI met: `farm down`'s SIGTERM has emptied the server's command line, so it is no longer running, but
+    # the kernel is still freeing its memory: it cannot be waited for yet, and its record is still there (down drops
+    # it once the group is gone). Here a child whose command line never had the marker ends by SIGTERM 0.5 s later
+    log = tmp_path / "server-exiting.log"
+    proc = spawn([sys.executable, "-c", "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGTERM)"],
+                 log)
+    exiting = local_process("server", "exiting", "race-exiting", proc.pid, 0, str(log), "farm.rpc.server")
+    update_records(tmp_path, lambda current: current + [exiting])
+    said = give_up(exiting)
+    assert said == "the server for exiting (race-exiting) was stopped before it registered (by SIGTERM)", said
 
 
 def test_concurrent_updates_keep_every_record(tmp_path):

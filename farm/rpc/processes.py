@@ -243,14 +243,26 @@ def exited_at_start(started: list[ManagedProcess], state_dir: Path | None = None
     return check
 
 
-def _exit_status(pid: int) -> int | None:
+EXITING_S = 10.0  # how long an ended child may take to become waitable; a large one unmaps its memory first
+
+
+def _exit_status(pid: int, wait_s: float = EXITING_S) -> int | None:
     """How ``pid`` ended, as Popen's returncode has it (its exit code, or minus the signal that killed it), when it
-    is this process's child and has ended (reaping it); else None."""
-    try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    return os.waitstatus_to_exitcode(status) if done == pid else None
+    is this process's child (reaping it); else None. Called once ``is_running`` said it is gone, which it says as
+    soon as a killed process's command line is empty: while the kernel still frees its memory, before it can be
+    waited for (under load, long enough for a `farm serve` to miss the SIGTERM of a concurrent `farm down`). So a
+    child is polled until it can be reaped, for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
 
 
 def _signal_name(returncode: int) -> str:
