@@ -171,3 +171,49 @@ def test_an_onnx_sum_of_two_branches_converts_to_nhwc_and_still_matches_the_refe
     vm = relax.VirtualMachine(tvm.compile(converted, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(got, reference_outputs(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_norm_after_a_convolution_is_folded_into_its_weights_and_still_matches_the_reference(tmp_path):
+    """A BatchNormalization after a Conv (resnet50's 53) is folded into the conv's weights and a bias at import, as
+    onnxruntime folds it: no divide is left for that one in the module, so none lands in the tuned kernel's epilogue.
+    One after a conv with a bias (an add between them) is decomposed as before. Compiled in the model's layout and in
+    NHWC, the output matches onnxruntime's."""
+    import numpy as np
+    import onnx
+    import tvm
+    from onnx import helper, numpy_helper
+    from tvm import relax
+
+    from farm.compile import channels_last, import_model
+    from farm.models import load_model, reference_outputs
+
+    rng = np.random.default_rng(11)
+
+    def arrays(prefix: str, channels: int) -> list:  # a batch norm's scale, bias, mean and variance: none trivial
+        values = (rng.uniform(0.5, 2.0, channels), rng.standard_normal(channels), rng.standard_normal(channels),
+                  rng.uniform(0.2, 3.0, channels))
+        return [numpy_helper.from_array(v.astype("float32"), f"{prefix}{n}") for n, v in zip("sbmv", values)]
+
+    initializers = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype("float32") * 0.3, "w0"),
+                    numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3, "w1"),
+                    numpy_helper.from_array(rng.standard_normal(8).astype("float32"), "b1"),
+                    *arrays("n0", 8), *arrays("n1", 8)]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c0", "n0s", "n0b", "n0m", "n0v"], ["n0"], epsilon=1e-3),
+         helper.make_node("Relu", ["n0"], ["r0"]),
+         helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"]),  # with a bias: not the pattern TVM folds
+         helper.make_node("BatchNormalization", ["c1", "n1s", "n1b", "n1m", "n1v"], ["y"])],
+        "conv_bn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 12, 12])], initializers)
+    path = tmp_path / "conv_bn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    model = load_model(str(path))
+    imported = import_model(model)
+    text = relax.transform.FoldConstant()(imported)["main"].script(show_meta=False)  # the new weights computed
+    assert "batch_norm" not in text and text.count("R.divide(") == 1, text  # the second one's, decomposed
+    x = rng.standard_normal((1, 3, 12, 12)).astype("float32")
+    expected = reference_outputs(model, {"x": x})[0]
+    for mod in (imported, channels_last(imported, "conv_bn")):
+        vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-4)

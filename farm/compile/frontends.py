@@ -131,9 +131,14 @@ def _static_shape(expr: relax.Expr) -> tuple[str, tuple[int, ...]] | None:
 
 def _transposes(mod: tvm.IRModule) -> int:
     """The ``permute_dims`` calls in ``mod``'s ``main``."""
-    transpose, found = tvm.ir.Op.get("relax.permute_dims"), []
+    return _calls(mod, "relax.permute_dims")
+
+
+def _calls(mod: tvm.IRModule, op_name: str) -> int:
+    """The calls of the Relax op ``op_name`` in ``mod``'s ``main``."""
+    op, found = tvm.ir.Op.get(op_name), []
     relax.analysis.post_order_visit(
-        mod["main"].body, lambda expr: found.append(expr) if isinstance(expr, relax.Call) and expr.op.same_as(transpose)
+        mod["main"].body, lambda expr: found.append(expr) if isinstance(expr, relax.Call) and expr.op.same_as(op)
         else None)
     return len(found)
 
@@ -180,7 +185,7 @@ def import_model(model: ModelSource) -> tvm.IRModule:
         except Exception as exc:
             raise BuildError(f"TVM's torch importer rejected {model.name}: {message_line(exc)}",
                              "the program may use an operator TVM 0.27 does not support") from exc
-        return relax.transform.DecomposeOpsForInference()(mod)
+        return for_inference(mod)
     if model.frontend == "tflite":
         from tvm.relax.frontend.tflite import from_tflite
 
@@ -193,7 +198,7 @@ def import_model(model: ModelSource) -> tvm.IRModule:
             raise BuildError(f"TVM's TFLite importer rejected {model.name}: {message_line(exc)}",
                              "the model may use an operator TVM 0.27 does not support") from exc
         mod = mod[0] if isinstance(mod, tuple) else mod
-        return relax.transform.DecomposeOpsForInference()(mod)
+        return for_inference(mod)
     return import_onnx(model)
 
 
@@ -207,4 +212,17 @@ def import_onnx(model: ModelSource) -> tvm.IRModule:
     except Exception as exc:
         raise BuildError(f"TVM's ONNX importer rejected {model.name}: {message_line(exc)}",
                          "the model may use an operator TVM 0.27 does not support; see the TVM log above") from exc
+    return for_inference(mod)
+
+
+def for_inference(mod: tvm.IRModule) -> tvm.IRModule:
+    """An imported module as inference runs it: each batch norm that follows a convolution folded into its weights
+    and a bias (TVM's ``FoldBatchnormToConv2D``, once the weights' constant expressions are folded, so computed
+    weights count as constants), as onnxruntime and TFLite's converter fold them; then the other batch norms and
+    training-only ops decomposed (``DecomposeOpsForInference``). Unfolded, a batch norm stays in the conv's kernel
+    as a subtract, a divide, a multiply and an add on every output (resnet50: 53 of them) where folded it is one add.
+    (Folding constants compiles each constant op: seconds; a module without batch norms skips it here.)"""
+    if _calls(mod, "relax.nn.batch_norm"):
+        for fold_pass in (relax.transform.FoldConstant(), relax.transform.FoldBatchnormToConv2D()):
+            mod = fold_pass(mod)
     return relax.transform.DecomposeOpsForInference()(mod)
