@@ -131,14 +131,9 @@ def _static_shape(expr: relax.Expr) -> tuple[str, tuple[int, ...]] | None:
 
 def _transposes(mod: tvm.IRModule) -> int:
     """The ``permute_dims`` calls in ``mod``'s ``main``."""
-    return _calls(mod, "relax.permute_dims")
-
-
-def _calls(mod: tvm.IRModule, op_name: str) -> int:
-    """The calls of the Relax op ``op_name`` in ``mod``'s ``main``."""
-    op, found = tvm.ir.Op.get(op_name), []
+    transpose, found = tvm.ir.Op.get("relax.permute_dims"), []
     relax.analysis.post_order_visit(
-        mod["main"].body, lambda expr: found.append(expr) if isinstance(expr, relax.Call) and expr.op.same_as(op)
+        mod["main"].body, lambda expr: found.append(expr) if isinstance(expr, relax.Call) and expr.op.same_as(transpose)
         else None)
     return len(found)
 
@@ -221,8 +216,19 @@ def for_inference(mod: tvm.IRModule) -> tvm.IRModule:
     weights count as constants), as onnxruntime and TFLite's converter fold them; then the other batch norms and
     training-only ops decomposed (``DecomposeOpsForInference``). Unfolded, a batch norm stays in the conv's kernel
     as a subtract, a divide, a multiply and an add on every output (resnet50: 53 of them) where folded it is one add.
-    (Folding constants compiles each constant op: seconds; a module without batch norms skips it here.)"""
-    if _calls(mod, "relax.nn.batch_norm"):
+    (Folding constants compiles each constant op: seconds; a module without batch norms skips it here.) TVM's pass
+    adds a float32 epsilon to the variance, which TVM refuses for a float16 model (an fp16 variant): those keep
+    their batch norms, decomposed."""
+    if _batch_norm_dtypes(mod) == {"float32"}:
         for fold_pass in (relax.transform.FoldConstant(), relax.transform.FoldBatchnormToConv2D()):
             mod = fold_pass(mod)
     return relax.transform.DecomposeOpsForInference()(mod)
+
+
+def _batch_norm_dtypes(mod: tvm.IRModule) -> set[str]:
+    """The dtypes of the tensors ``mod``'s ``main`` batch-normalizes."""
+    op, found = tvm.ir.Op.get("relax.nn.batch_norm"), set()
+    relax.analysis.post_order_visit(
+        mod["main"].body, lambda expr: found.add(str(expr.args[0].ty.dtype))
+        if isinstance(expr, relax.Call) and expr.op.same_as(op) else None)
+    return found
