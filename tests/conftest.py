@@ -56,6 +56,25 @@ def settings_inventory(setting: str, on: str = "on", off: str = "off") -> str:
             '[devices.gpu]\nkind = "opencl"\nkey = "g"\ntarget = { kind = "opencl" }\nhost = { kind = "llvm" }\n')
 
 
+def assert_records_kept_apart(store, tuned, other, caplog, said: str, hint: str) -> None:
+    """A record stored under ``tuned``'s tuning key applies to it and never to ``other`` (a device of
+    ``settings_inventory`` on the defaults: layout NHWC, weight prepacking on), whose store lookups warn once, in a
+    line that holds ``said`` and ``hint`` and names ``other``'s settings."""
+    import logging
+
+    from farm.compile import device_tuning_key
+    from farm.sweep import tuning_set
+
+    store.add_tuning_lines(device_tuning_key(tuned), ['{"w": 1}'], [(0, f'[0, "{said}"]', 1e-3)], None)
+    assert len(tuning_set(store, tuned).records) == 1
+    with caplog.at_level(logging.WARNING, logger="farm.sweep"):
+        for _ in range(3):
+            assert tuning_set(store, other).records == ()  # never mixed
+    lines = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert len(lines) == 1 and hint in lines[0], lines
+    assert "(layout NHWC, weight prepacking on: other workloads)" in lines[0], lines
+
+
 # Test files that run longest start first: tools/test.sh runs pytest-xdist with --dist loadfile (one file per worker
 # at a time) and --no-loadscope-reorder, so files are handed out in this collection order; by default xdist orders
 # them by their number of tests instead, which put the one-test README and docs walks last, alone, as the tail.

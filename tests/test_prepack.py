@@ -2,14 +2,13 @@
 artifact whose weights were repacked at build time and whose outputs still match the reference runtime."""
 
 import json
-import logging
 
 import pytest
 
 from farm.inventory import parse_inventory
 from farm.records import weight_prepack_setting
 from farm.store import Store
-from tests.conftest import run_farm, settings_inventory
+from tests.conftest import assert_records_kept_apart, run_farm, settings_inventory
 
 DEVICES = settings_inventory("weight_prepack = false")
 
@@ -17,7 +16,6 @@ DEVICES = settings_inventory("weight_prepack = false")
 def test_prepacking_is_on_for_llvm_off_for_gpus_and_its_records_are_kept_apart(tmp_path, caplog):
     from farm.compile import device_tuning_key, effective_target, fallback_device, tuning_key
     from farm.errors import InventoryError
-    from farm.sweep import tuning_set
 
     devices = parse_inventory(DEVICES).devices
     on, off, gpu = devices["on"], devices["off"], devices["gpu"]
@@ -33,14 +31,8 @@ def test_prepacking_is_on_for_llvm_off_for_gpus_and_its_records_are_kept_apart(t
     assert device_tuning_key(on) == tuning_key(target, 2, True, layout="NHWC") != device_tuning_key(off)
     assert tuning_key(target, 2, False, layout="model") == tuning_key(target, 2)
     with Store(tmp_path / "r.db") as store:
-        store.add_tuning_lines(device_tuning_key(off), ['{"w": 1}'], [(0, '[0, "without prepacking"]', 1e-3)], None)
-        assert len(tuning_set(store, off).records) == 1
-        with caplog.at_level(logging.WARNING, logger="farm.sweep"):
-            for _ in range(3):
-                assert tuning_set(store, on).records == ()  # never mixed
-    said = [r.getMessage() for r in caplog.records if "without weight prepacking" in r.getMessage()]
-    assert len(said) == 1 and "weight_prepack = false in devices.toml uses them" in said[0], said
-    assert "(layout NHWC, weight prepacking on: other workloads)" in said[0], said
+        assert_records_kept_apart(store, off, on, caplog, "without weight prepacking",
+                                  "weight_prepack = false in devices.toml uses them")
 
 
 def test_a_tuned_artifact_prepacks_its_weights_at_build_time_and_still_matches_the_reference(
