@@ -74,14 +74,27 @@ def free_port(host: str = "127.0.0.1") -> int:
                 return port
 
 
+# What ``spawn`` started in this process, kept until its exit status is read (``_exit_status``, ``_reap``): a dropped
+# Popen of a live child goes to Python's list of children the next Popen anywhere in this process reaps, which would
+# lose the status (`farm serve` reads it to tell a server another command stopped from one that failed). Ended ones
+# are polled at each spawn, so a long-running watchdog leaves no zombies, and the oldest ended ones are forgotten.
+_CHILDREN: dict[int, subprocess.Popen] = {}
+_ENDED_KEPT = 64
+
+
 def spawn(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``command`` in its own process group (session), output appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    ended = [pid for pid, child in _CHILDREN.items() if child.poll() is not None]
+    for pid in ended[:max(0, len(ended) - _ENDED_KEPT)]:
+        del _CHILDREN[pid]
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, **(env or {})},
         )
+    _CHILDREN[proc.pid] = proc
+    return proc
 
 
 def boot_id() -> str:
@@ -247,22 +260,20 @@ EXITING_S = 10.0  # how long an ended child may take to become waitable; a large
 
 
 def _exit_status(pid: int, wait_s: float = EXITING_S) -> int | None:
-    """How ``pid`` ended, as Popen's returncode has it (its exit code, or minus the signal that killed it), when it
-    is this process's child (reaping it); else None. Called once ``is_running`` said it is gone, which it says as
-    soon as a killed process's command line is empty: while the kernel still frees its memory, before it can be
-    waited for (under load, long enough for a `farm serve` to miss the SIGTERM of a concurrent `farm down`). So a
-    child is polled until it can be reaped, for up to ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if done == pid:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.01)
+    """How ``pid`` ended, as Popen's returncode has it (its exit code, or minus the signal that killed it), when
+    ``spawn`` started it in this process and its status was not read yet (reading it); else None. Called once
+    ``is_running`` said it is gone, which it says as soon as a killed process's command line is empty: while the
+    kernel still frees its memory, before it can be waited for (under load, long enough for a `farm serve` to miss
+    the SIGTERM of a concurrent `farm down`). So the child is waited for, up to ``wait_s``."""
+    child = _CHILDREN.get(pid)
+    if child is None:
+        return None
+    try:
+        code = child.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return None
+    del _CHILDREN[pid]
+    return code
 
 
 def _signal_name(returncode: int) -> str:
@@ -341,6 +352,11 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is this process's child and has ended; the status is not kept."""
+    if (child := _CHILDREN.get(pid)) is not None:
+        if child.poll() is not None:
+            del _CHILDREN[pid]
+        return
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
