@@ -213,3 +213,42 @@ def test_a_batch_norm_after_a_convolution_is_folded_into_its_weights_and_still_m
     # its fp16 variant keeps its batch norms (TVM's pass adds a float32 epsilon to a float16 variance), decomposed
     half = import_model(make_variant(model, "fp16"))["main"].script(show_meta=False)
     assert "batch_norm" not in half and half.count("R.divide(") == 2, half
+
+
+def test_a_convolution_with_output_channels_short_of_whole_vectors_is_padded_and_still_matches_the_reference(
+        tmp_path):
+    """In NHWC a conv's output channels are the axis its kernel vectorizes: squeezenet's last conv (1,000 channels)
+    ran at half its other convs' rate. A conv with 130 channels (a classifier's, with bias, relu and global pool)
+    computes 144, zero weights for the extra 14, sliced off after its relu; one with 128 is left as it is. The
+    compiled module's outputs match onnxruntime's."""
+    import numpy as np
+    import onnx
+    import tvm
+    from onnx import helper, numpy_helper
+    from tvm import relax
+
+    from farm.compile import channels_last, import_model
+    from farm.models import load_model, reference_outputs
+
+    rng = np.random.default_rng(5)
+    initializers = [numpy_helper.from_array(rng.standard_normal((128, 8, 3, 3)).astype("float32") * 0.2, "w0"),
+                    numpy_helper.from_array(rng.standard_normal((130, 128, 1, 1)).astype("float32") * 0.1, "w1"),
+                    numpy_helper.from_array(rng.standard_normal(130).astype("float32"), "b1")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+         helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("GlobalAveragePool", ["r1"], ["y"])],
+        "classifier", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 130, 1, 1])], initializers)
+    path = tmp_path / "classifier.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    model = load_model(str(path))
+    converted = channels_last(import_model(model), "classifier")
+    text = converted["main"].script(show_meta=False)
+    widths = [line.split("R.Tensor((1, 6, 6, ")[1].split(")")[0] for line in text.splitlines()
+              if "R.nn.conv2d(" in line]
+    assert widths == ["128", "144"] and text.count("R.strided_slice(") == 1, text
+    x = rng.standard_normal((1, 8, 6, 6)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(converted, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), reference_outputs(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
