@@ -129,41 +129,57 @@ def test_a_model_nhwc_would_fill_with_transposes_keeps_its_own_layout(caplog):
     assert len(said) == 1 and "left 2 transposes inside it" in said[0], said
 
 
+def onnx_file_model(folder, name: str, nodes: list, x_shape: list[int], y_shape: list[int], initializers: list):
+    """A float32 ONNX graph ``x`` → ``y`` of ``nodes``, saved in ``folder`` and loaded as farm loads a model file."""
+    import onnx
+    from onnx import helper
+
+    from farm.models import load_model
+
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, y_shape)], initializers)
+    path = folder / f"{name}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return load_model(str(path))
+
+
+def assert_matches_reference(mod, model, x) -> None:
+    """``mod`` compiled for this CPU gives onnxruntime's output for ``model`` on ``x``, to 1e-4."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from farm.models import reference_outputs
+
+    vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), reference_outputs(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_an_onnx_sum_of_two_branches_converts_to_nhwc_and_still_matches_the_reference(tmp_path):
     """ONNX's Sum (resnet50's residual adds) imports as a 5-D stack and sum, each term broadcast to its own shape:
     ops ConvertLayout has no rule for, so resnet50 kept its layout. A conv block with a residual Sum now converts with
     one transpose at each end, and the compiled NHWC module's output matches onnxruntime's."""
     import numpy as np
-    import onnx
-    import tvm
     from onnx import helper, numpy_helper
-    from tvm import relax
 
     from farm.compile import channels_last, import_model
-    from farm.models import load_model, reference_outputs
 
     rng = np.random.default_rng(7)
     weights = [numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype("float32") * 0.2, f"w{i}")
                for i in (0, 1, 2)]
-    graph = helper.make_graph(  # a stem conv, then a residual block: two convs and their input summed
-        [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
-         helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
-         helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-         helper.make_node("Sum", ["c2", "r0"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
-        "residual", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 10, 10])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 10, 10])], weights)
-    path = tmp_path / "residual.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-    model = load_model(str(path))
+    model = onnx_file_model(tmp_path, "residual", [  # a stem conv, then a residual block: two convs and their input summed
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sum", ["c2", "r0"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+        [1, 8, 10, 10], [1, 8, 10, 10], weights)
     imported = import_model(model)
     assert "R.stack(" in imported["main"].script(show_meta=False)  # what the rewrite is for
     converted = channels_last(imported, "residual")
     text = converted["main"].script(show_meta=False)
     assert text.count("R.permute_dims(") == 2 and "R.stack(" not in text and 'data_layout="NHWC"' in text, text
-    x = rng.standard_normal((1, 8, 10, 10)).astype("float32")
-    vm = relax.VirtualMachine(tvm.compile(converted, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    np.testing.assert_allclose(got, reference_outputs(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert_matches_reference(converted, model, rng.standard_normal((1, 8, 10, 10)).astype("float32"))
 
 
 def test_a_batch_norm_after_a_convolution_is_folded_into_its_weights_and_still_matches_the_reference(tmp_path):
@@ -172,13 +188,11 @@ def test_a_batch_norm_after_a_convolution_is_folded_into_its_weights_and_still_m
     One after a conv with a bias (an add between them) is decomposed as before. Compiled in the model's layout and in
     NHWC, the output matches onnxruntime's."""
     import numpy as np
-    import onnx
-    import tvm
     from onnx import helper, numpy_helper
     from tvm import relax
 
     from farm.compile import channels_last, import_model
-    from farm.models import load_model, make_variant, reference_outputs
+    from farm.models import make_variant
 
     rng = np.random.default_rng(11)
 
@@ -191,25 +205,19 @@ def test_a_batch_norm_after_a_convolution_is_folded_into_its_weights_and_still_m
                     numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3, "w1"),
                     numpy_helper.from_array(rng.standard_normal(8).astype("float32"), "b1"),
                     *arrays("n0", 8), *arrays("n1", 8)]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
-         helper.make_node("BatchNormalization", ["c0", "n0s", "n0b", "n0m", "n0v"], ["n0"], epsilon=1e-3),
-         helper.make_node("Relu", ["n0"], ["r0"]),
-         helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"]),  # with a bias: not the pattern TVM folds
-         helper.make_node("BatchNormalization", ["c1", "n1s", "n1b", "n1m", "n1v"], ["y"])],
-        "conv_bn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 12, 12])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 12, 12])], initializers)
-    path = tmp_path / "conv_bn.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-    model = load_model(str(path))
+    model = onnx_file_model(tmp_path, "conv_bn", [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c0", "n0s", "n0b", "n0m", "n0v"], ["n0"], epsilon=1e-3),
+        helper.make_node("Relu", ["n0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"]),  # with a bias: not the pattern TVM folds
+        helper.make_node("BatchNormalization", ["c1", "n1s", "n1b", "n1m", "n1v"], ["y"])],
+        [1, 3, 12, 12], [1, 8, 12, 12], initializers)
     imported = import_model(model)
     text = relax.transform.FoldConstant()(imported)["main"].script(show_meta=False)  # the new weights computed
     assert "batch_norm" not in text and text.count("R.divide(") == 1, text  # the second one's, decomposed
     x = rng.standard_normal((1, 3, 12, 12)).astype("float32")
-    expected = reference_outputs(model, {"x": x})[0]
     for mod in (imported, channels_last(imported, "conv_bn")):
-        vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-4)
+        assert_matches_reference(mod, model, x)
     # its fp16 variant keeps its batch norms (TVM's pass adds a float32 epsilon to a float16 variance), decomposed
     half = import_model(make_variant(model, "fp16"))["main"].script(show_meta=False)
     assert "batch_norm" not in half and half.count("R.divide(") == 2, half
@@ -222,33 +230,22 @@ def test_a_convolution_with_output_channels_short_of_whole_vectors_is_padded_and
     computes 144, zero weights for the extra 14, sliced off after its relu; one with 128 is left as it is. The
     compiled module's outputs match onnxruntime's."""
     import numpy as np
-    import onnx
-    import tvm
     from onnx import helper, numpy_helper
-    from tvm import relax
 
     from farm.compile import channels_last, import_model
-    from farm.models import load_model, reference_outputs
 
     rng = np.random.default_rng(5)
     initializers = [numpy_helper.from_array(rng.standard_normal((128, 8, 3, 3)).astype("float32") * 0.2, "w0"),
                     numpy_helper.from_array(rng.standard_normal((130, 128, 1, 1)).astype("float32") * 0.1, "w1"),
                     numpy_helper.from_array(rng.standard_normal(130).astype("float32"), "b1")]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
-         helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
-         helper.make_node("GlobalAveragePool", ["r1"], ["y"])],
-        "classifier", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 6, 6])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 130, 1, 1])], initializers)
-    path = tmp_path / "classifier.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-    model = load_model(str(path))
+    model = onnx_file_model(tmp_path, "classifier", [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("GlobalAveragePool", ["r1"], ["y"])],
+        [1, 8, 6, 6], [1, 130, 1, 1], initializers)
     converted = channels_last(import_model(model), "classifier")
     text = converted["main"].script(show_meta=False)
     widths = [line.split("R.Tensor((1, 6, 6, ")[1].split(")")[0] for line in text.splitlines()
               if "R.nn.conv2d(" in line]
     assert widths == ["128", "144"] and text.count("R.strided_slice(") == 1, text
-    x = rng.standard_normal((1, 8, 6, 6)).astype("float32")
-    vm = relax.VirtualMachine(tvm.compile(converted, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), reference_outputs(model, {"x": x})[0],
-                               rtol=1e-4, atol=1e-4)
+    assert_matches_reference(converted, model, rng.standard_normal((1, 8, 6, 6)).astype("float32"))
