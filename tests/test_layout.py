@@ -226,13 +226,19 @@ def test_a_batch_norm_after_a_convolution_is_folded_into_its_weights_and_still_m
 def test_a_convolution_with_output_channels_short_of_whole_vectors_is_padded_and_still_matches_the_reference(
         tmp_path):
     """In NHWC a conv's output channels are the axis its kernel vectorizes: squeezenet's last conv (1,000 channels)
-    ran at half its other convs' rate. A conv with 130 channels (a classifier's, with bias, relu and global pool)
-    computes 144, zero weights for the extra 14, sliced off after its relu; one with 128 is left as it is. The
-    compiled module's outputs match onnxruntime's."""
+    ran at half its other convs' rate. With AVX-512's 16 float32 lanes, a conv with 130 channels (a classifier's,
+    with bias, relu and global pool) computes 144, zero weights for the extra 14, sliced off after its relu; one with
+    128 is left as it is. The compiled module's outputs match onnxruntime's. A target's lanes come from its CPU."""
     import numpy as np
+    import tvm
     from onnx import helper, numpy_helper
 
     from farm.compile import channels_last, import_model
+    from farm.compile.frontends import float32_lanes
+
+    assert [float32_lanes(tvm.target.Target(t)) for t in (
+        {"kind": "llvm", "mcpu": "znver5"}, {"kind": "llvm", "mcpu": "haswell"}, {"kind": "llvm", "mcpu": "x86-64"},
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, {"kind": "opencl"})] == [16, 8, 4, 4, 0]
 
     rng = np.random.default_rng(5)
     initializers = [numpy_helper.from_array(rng.standard_normal((128, 8, 3, 3)).astype("float32") * 0.2, "w0"),
@@ -243,9 +249,15 @@ def test_a_convolution_with_output_channels_short_of_whole_vectors_is_padded_and
         helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
         helper.make_node("GlobalAveragePool", ["r1"], ["y"])],
         [1, 8, 6, 6], [1, 130, 1, 1], initializers)
-    converted = channels_last(import_model(model), "classifier")
-    text = converted["main"].script(show_meta=False)
-    widths = [line.split("R.Tensor((1, 6, 6, ")[1].split(")")[0] for line in text.splitlines()
-              if "R.nn.conv2d(" in line]
-    assert widths == ["128", "144"] and text.count("R.strided_slice(") == 1, text
+    imported = import_model(model)
+
+    def widths(mod) -> list[str]:  # each conv's output channels, and the slices
+        text = mod["main"].script(show_meta=False)
+        return [line.split("R.Tensor((1, 6, 6, ")[1].split(")")[0] for line in text.splitlines()
+                if "R.nn.conv2d(" in line] + [f"{text.count('R.strided_slice(')} slice(s)"]
+
+    assert widths(channels_last(imported, "classifier")) == ["128", "130", "0 slice(s)"]  # lanes not given
+    assert widths(channels_last(imported, "classifier", 8)) == ["128", "136", "1 slice(s)"]
+    converted = channels_last(imported, "classifier", 16)
+    assert widths(converted) == ["128", "144", "1 slice(s)"]
     assert_matches_reference(converted, model, rng.standard_normal((1, 8, 6, 6)).astype("float32"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from farm.compile.frontends import fold_weight_prepack, import_model, prepack_calls, tuning_module
+from farm.compile.frontends import fold_weight_prepack, float32_lanes, import_model, prepack_calls, tuning_module
 from farm.compile.keys import PIPELINE_VERSION, TVM_VERSION, artifact_key
 from farm.compile.memory import BuiltModule, planned_memory
 from farm.compile.records import apply_records
@@ -178,7 +178,7 @@ def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: Tuning
     weights is folded (``fold_weight_prepack``), and the module built with the default pipeline, which
     does not fuse again. (TVM 0.27's ``compile_relax`` re-runs fusion on that module, and then no record
     applies: measured here on onnx:squeezenet, 30 tasks with records, 277 ms vs 9.1 ms.)"""
-    mod = tuning_module(model, weight_prepack, layout)
+    mod = tuning_module(model, weight_prepack, layout, float32_lanes(target))
     applied, tuned, anchored = apply_records(mod, target, tuning)
     if weight_prepack:
         applied = fold_weight_prepack(applied, target)

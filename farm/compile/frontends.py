@@ -10,6 +10,7 @@ from typing import Any
 
 import tvm
 from tvm import relax
+from tvm.target import codegen
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
 from farm.errors import BuildError, message_line
@@ -19,24 +20,41 @@ from farm.records import Device, ModelSource, layout_setting, weight_prepack_set
 log = logging.getLogger(__name__)
 
 
-def tuning_module(model: ModelSource, weight_prepack: bool, layout: str) -> tvm.IRModule:
+def tuning_module(model: ModelSource, weight_prepack: bool, layout: str, lanes: int = 0) -> tvm.IRModule:
     """The module MetaSchedule sees: with ``layout`` "NHWC" (``records.LAYOUT_RULE``) the convolutions converted
     (``channels_last``); the "zero" pipeline, or extract_tasks finds nothing; with ``weight_prepack``
     (``records.PREPACK_RULE``) each function's constant inputs marked layout-free (``AttachAttrLayoutFreeBuffers``),
     so MetaSchedule's ``RewriteLayout`` postprocessor may pack them.
 
+    In NHWC, ``lanes`` (the target CPU's float32 vector lanes, ``float32_lanes``) pads convs to whole vectors.
+
     Tuning and tuned compilation both start from this, with the device's settings, so workloads match (the
     attribute changes them: the functions are renamed, ``fused_conv2d_add_relu`` → ``fused_conv2d_add_relu1``)."""
     mod = import_model(model)
     if layout == "NHWC":
-        mod = channels_last(mod, model.name)
+        mod = channels_last(mod, model.name, lanes)
     mod = relax.get_pipeline("zero")(mod)
     return relax.transform.AttachAttrLayoutFreeBuffers()(mod) if weight_prepack else mod
 
 
 def device_tuning_module(model: ModelSource, device: Device, target: dict[str, Any] | None = None) -> tvm.IRModule:
     """``tuning_module`` with ``device``'s settings (``target``: its effective target, where the caller has it)."""
-    return tuning_module(model, weight_prepack_setting(device, target), layout_setting(device, target))
+    from farm.compile.targets import effective_target, make_target
+
+    target = target or effective_target(device)
+    return tuning_module(model, weight_prepack_setting(device, target), layout_setting(device, target),
+                         float32_lanes(make_target(target)))  # as a tuned compile gets them (build.py)
+
+
+def float32_lanes(target: tvm.target.Target) -> int:
+    """The float32 lanes of ``target``'s widest vectors, for an llvm target by its CPU's features: 16 with AVX-512,
+    8 with AVX, else 4 (SSE, NEON); 0 for other targets."""
+    if target.kind.name != "llvm":
+        return 0
+    for feature, lanes in (("avx512f", 16), ("avx", 8)):
+        if codegen.llvm_cpu_has_features(feature, target):
+            return lanes
+    return 4
 
 
 # A convolution's layouts in an NHWC module: data NHWC, weights HWIO (output channels innermost, as the output's)
@@ -54,12 +72,12 @@ def _elementwise_layout_rules() -> None:
             tvm.ir.register_op_attr(name, "FRelaxInferLayout", rule)
 
 
-def channels_last(mod: tvm.IRModule, name: str = "the model") -> tvm.IRModule:
+def channels_last(mod: tvm.IRModule, name: str = "the model", lanes: int = 0) -> tvm.IRModule:
     """``mod`` with its convolutions in NHWC and the ops between them following (Relax's ``ConvertLayout``; the
     model's inputs and outputs keep their layout: a transpose at each end). Inference's rewrites come first: a
     dropout is the identity (``ConvertLayout`` cannot infer a layout for its tuple), and the weights' constant
     expressions are folded, so the transposed weights are constants too. Elementwise ops with no layout rule in TVM
-    take relu's (``UNARY_WITHOUT_LAYOUT_RULE``).
+    take relu's (``UNARY_WITHOUT_LAYOUT_RULE``). With ``lanes``, convs are padded to whole vectors (``whole_vectors``).
 
     A model the pass cannot convert keeps its own layout, with a warning (``name``), and so does one it converts with
     transposes left inside (an op with no layout rule between two convs: densenet121's light model kept 240,
@@ -83,33 +101,30 @@ def channels_last(mod: tvm.IRModule, name: str = "the model") -> tvm.IRModule:
         log.warning("%s: tuned and compiled in the model's own layout: in NHWC, Relax's ConvertLayout left %d "
                     "transposes inside it (ops it has no layout rule for)", name, added - ends)
         return mod
-    return whole_vectors(converted)
+    return whole_vectors(converted, lanes) if lanes else converted
 
 
-# A CPU's widest float32 vector: AVX-512's 16 lanes (a multiple of AVX2's 8 and NEON's 4)
-LANES = 16
 PAD_FROM = 128  # output channels from which padding to whole vectors wastes under 1/8 of a conv's work
 
 
-def whole_vectors(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` (NHWC) with each float32 convolution whose output channels are not a multiple of ``LANES`` (from
+def whole_vectors(mod: tvm.IRModule, lanes: int) -> tvm.IRModule:
+    """``mod`` (NHWC) with each float32 convolution whose output channels are not a multiple of ``lanes`` (from
     ``PAD_FROM``) given zero weights up to the next multiple, its bias add and relu following, and the extra channels
-    sliced off after them (a slice a following reduction, such as a classifier's global pool, takes into its kernel).
-    In NHWC the output channels are innermost, the axis a tuned kernel vectorizes: squeezenet's last conv (1,000
-    channels, 62.5 vectors of 16) ran at half its other convs' rate; with 1,008 it can use whole vectors."""
+    sliced off after them. In NHWC the output channels are innermost, the axis a tuned kernel vectorizes:
+    squeezenet's last conv (1,000 channels, 62.5 of AVX-512's 16-lane vectors) ran at half its other convs' rate."""
     x, weight, bias = wildcard(), is_const(), is_const()
     conv = is_op("relax.nn.conv2d")(x, weight)
     with_bias = is_op("relax.add")(conv, bias)
     chains = (is_op("relax.nn.relu")(with_bias), with_bias, is_op("relax.nn.relu")(conv), conv)
 
     def padded(expr: relax.Expr, matched: dict) -> relax.Expr:
-        call, kernel = matched[conv], matched[weight].value.numpy()
-        attrs, channels = call.attrs, kernel.shape[-1]
+        call, ty = matched[conv], matched[weight].ty
+        attrs, channels = call.attrs, int(ty.shape.values[-1].value)
         if (attrs.kernel_layout != "HWIO" or attrs.out_layout != "NHWC" or int(attrs.groups) != 1
-                or kernel.dtype != "float32" or channels < PAD_FROM or channels % LANES == 0):
+                or ty.dtype != "float32" or channels < PAD_FROM or channels % lanes == 0):
             return expr
-        wide = -(-channels // LANES) * LANES
-        out = relax.Call(call.op, (matched[x], relax.const(_pad_last(kernel, wide))), attrs)
+        wide = -(-channels // lanes) * lanes
+        out = relax.Call(call.op, (matched[x], relax.const(_pad_last(matched[weight].value.numpy(), wide))), attrs)
         if with_bias in matched:
             shift = matched[bias].value.numpy()
             if shift.ndim != 4 or shift.shape[:3] != (1, 1, 1) or shift.shape[3] != channels:

@@ -17,7 +17,8 @@ from typing import Callable
 from farm.devices.kind import DeviceKind
 from farm.errors import DeviceError, FarmError, InventoryError
 from farm.records import Device, TrackerAddress
-from farm.rpc.processes import ManagedProcess, load_records, process_state, stop_process, update_records
+from farm.rpc.processes import (ManagedProcess, collect_ended, load_records, process_state, stop_process,
+                                 update_records)
 
 
 @functools.cache
@@ -91,6 +92,7 @@ def watch(devices: dict[str, Device], tracker: TrackerAddress, state_dir: Path, 
             else:
                 on_event(f"{record.name}: server pid {record.pid} was gone and its record was dropped meanwhile "
                          f"(`farm down`); its restart, pid {fresh[0].pid}, is {outcome}")
+        collect_ended()  # the dead servers this process started: no zombies while it watches
         stop.wait(interval_s)
     return restarts
 

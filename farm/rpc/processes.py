@@ -77,17 +77,23 @@ def free_port(host: str = "127.0.0.1") -> int:
 # What ``spawn`` started in this process, kept until its exit status is read (``_exit_status``, ``_reap``): a dropped
 # Popen of a live child goes to Python's list of children the next Popen anywhere in this process reaps, which would
 # lose the status (`farm serve` reads it to tell a server another command stopped from one that failed). Ended ones
-# are polled at each spawn, so a long-running watchdog leaves no zombies, and the oldest ended ones are forgotten.
+# are reaped at each spawn and each round of a watchdog (``collect_ended``), which then leaves no zombies; the oldest
+# ended ones are forgotten.
 _CHILDREN: dict[int, subprocess.Popen] = {}
 _ENDED_KEPT = 64
+
+
+def collect_ended() -> None:
+    """Reap what ``spawn`` started that has ended (its status kept for ``_exit_status``, the newest ``_ENDED_KEPT``)."""
+    ended = [pid for pid, child in list(_CHILDREN.items()) if child.poll() is not None]
+    for pid in ended[:max(0, len(ended) - _ENDED_KEPT)]:
+        _CHILDREN.pop(pid, None)
 
 
 def spawn(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``command`` in its own process group (session), output appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    ended = [pid for pid, child in _CHILDREN.items() if child.poll() is not None]
-    for pid in ended[:max(0, len(ended) - _ENDED_KEPT)]:
-        del _CHILDREN[pid]
+    collect_ended()
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -272,7 +278,7 @@ def _exit_status(pid: int, wait_s: float = EXITING_S) -> int | None:
         code = child.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         return None
-    del _CHILDREN[pid]
+    _CHILDREN.pop(pid, None)
     return code
 
 
@@ -354,9 +360,11 @@ def _group_alive(pgid: int) -> bool:
 def _reap(pid: int) -> None:
     """Collect ``pid``'s exit status if it is this process's child and has ended; the status is not kept."""
     if (child := _CHILDREN.get(pid)) is not None:
+        reaped_before = child.returncode is not None  # then the pid may be another child's now: wait for it too
         if child.poll() is not None:
-            del _CHILDREN[pid]
-        return
+            _CHILDREN.pop(pid, None)
+        if not reaped_before:
+            return
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
