@@ -13,6 +13,7 @@ from tvm import relax
 from tvm.target import codegen
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
+from farm.compile.kernels import copy_per_input
 from farm.errors import BuildError, message_line
 from farm.models import onnx_proto
 from farm.records import Device, ModelSource, layout_setting, weight_prepack_setting
@@ -26,7 +27,8 @@ def tuning_module(model: ModelSource, weight_prepack: bool, layout: str, lanes: 
     (``records.PREPACK_RULE``) each function's constant inputs marked layout-free (``AttachAttrLayoutFreeBuffers``),
     so MetaSchedule's ``RewriteLayout`` postprocessor may pack them.
 
-    In NHWC, ``lanes`` (the target CPU's float32 vector lanes, ``float32_lanes``) pads convs to whole vectors.
+    ``lanes`` is the target CPU's float32 vector lanes (``float32_lanes``; 0 on other targets). On a CPU,
+    concatenations are copies per input (``kernels.copy_per_input``); in NHWC, convs are padded to whole vectors.
 
     Tuning and tuned compilation both start from this, with the device's settings, so workloads match (the
     attribute changes them: the functions are renamed, ``fused_conv2d_add_relu`` → ``fused_conv2d_add_relu1``)."""
@@ -34,6 +36,8 @@ def tuning_module(model: ModelSource, weight_prepack: bool, layout: str, lanes: 
     if layout == "NHWC":
         mod = channels_last(mod, model.name, lanes)
     mod = relax.get_pipeline("zero")(mod)
+    if lanes:
+        mod = copy_per_input(mod)
     return relax.transform.AttachAttrLayoutFreeBuffers()(mod) if weight_prepack else mod
 
 

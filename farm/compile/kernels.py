@@ -1,0 +1,79 @@
+"""Kernels rewritten after fusion, before MetaSchedule sees them: where TVM's lowering of an op leaves a CPU kernel
+no schedule can make fast, the same computation written so that one can (``copy_per_input``)."""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import Schedule
+
+# the block TVM's lowering of relax.concat (topi.concatenate) computes the output in: one block, every output element
+# chosen from the inputs by an if_then_else on its index
+CONCAT_BLOCK = "T_concat"
+
+
+def copy_per_input(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each function fusion left as a concatenation alone (one ``T_concat`` block, static shapes)
+    rewritten as one copy per input into its slice of the output, each a plain loop nest.
+
+    TVM's concatenation picks every output element from its inputs by an ``if_then_else`` on the element's index,
+    which no schedule vectorizes well. In NHWC a fire module's concatenation is along the innermost axis: squeezenet's
+    largest (two 55×55×64 inputs) took 51 µs tuned, against 19 µs for the copies tuned alike, and onnxruntime's 19.
+    Fused kernels that contain a concatenation (a concatenation then a relu) keep TVM's form."""
+    out = mod
+    for gv, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and (axis := _concat_axis(func)) is not None:
+            out = out if out is not mod else mod.clone()
+            out[gv] = _copies(func, axis)
+    return out
+
+
+def _concat_axis(func: tvm.tirx.PrimFunc) -> int | None:
+    """The axis ``func`` concatenates its inputs along, if it is TVM's concatenation alone with static shapes."""
+    try:
+        sch = Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # not a block-structured function (already scheduled, or no root block)
+        return None
+    if len(blocks) != 1 or sch.get(blocks[0]).name_hint != CONCAT_BLOCK or len(func.params) < 3:
+        return None
+    shapes = []
+    for param in func.params:  # (a PrimFunc's parameters are its buffers)
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in getattr(param, "shape", [None])):
+            return None
+        shapes.append([int(d) for d in param.shape])
+    *inputs, output = shapes
+    dtypes = {str(p.dtype) for p in func.params}
+    axes = [a for a in range(len(output))
+            if all(len(s) == len(output) and all(s[i] == output[i] for i in range(len(output)) if i != a)
+                   for s in inputs) and sum(s[a] for s in inputs) == output[a]]
+    return axes[0] if len(axes) == 1 and len(dtypes) == 1 else None
+
+
+def _copies(func: tvm.tirx.PrimFunc, axis: int) -> tvm.tirx.PrimFunc:
+    """``func`` (a concatenation along ``axis``) as one block per input copying it into its slice of the output."""
+    *inputs, output = func.params
+    dtype = output.dtype
+    rank = len(output.shape)
+    names = [f"v{i}" for i in range(rank)]
+
+    def shape(buffer: tvm.ir.expr.Var) -> str:
+        return "(" + ", ".join(f"T.int64({int(d)})" for d in buffer.shape) + ("," if rank == 1 else "") + ")"
+
+    lines = ["@T.prim_func(private=True, s_tir=True)",
+             "def concat(" + ", ".join(f"x{i}: T.Buffer({shape(b)}, \"{dtype}\")" for i, b in enumerate(inputs))
+             + f", out: T.Buffer({shape(output)}, \"{dtype}\")):",
+             "    T.func_attr({\"tirx.noalias\": True})"]
+    offset = 0
+    for i, buffer in enumerate(inputs):
+        loops = ", ".join(f"i{k}" for k in range(rank))
+        extents = ", ".join(f"T.int64({int(d)})" for d in buffer.shape)
+        at = ", ".join(f"{n} + T.int64({offset})" if k == axis and offset else n for k, n in enumerate(names))
+        lines += [f"    for {loops} in T.grid({extents}):",
+                  f"        with T.sblock(\"copy_{i}\"):",
+                  f"            {', '.join(names)} = T.axis.remap(\"{'S' * rank}\", [{loops}])",
+                  f"            out[{at}] = x{i}[{', '.join(names)}]"]
+        offset += int(buffer.shape[axis])
+    parsed = tvm.script.parser.parse("\n".join(lines), extra_vars={"T": tvm.script.tirx})
+    for key, value in (func.attrs or {}).items():
+        parsed = parsed.with_attr(key, value)
+    return parsed
