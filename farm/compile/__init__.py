@@ -11,6 +11,7 @@ format, toolchain and TVM version.
     frontends.py   import_model (ONNX, torch, TFLite); tuning_module (device_tuning_module: a device's
                    settings), the module MetaSchedule sees, its convolutions NHWC where asked (channels_last),
                    and fold_weight_prepack, the weights' repacking folded after the records (weight prepacking)
+    kernels.py     copy_per_input: fused kernels TVM lowers in a form no CPU schedule makes fast, rewritten
     records.py     tuning records into a compile: record_databases, apply_records, untuned_trace, is_schedule
     memory.py      planned_memory, from the Relax module the build produced (BuiltModule)
     build.py       compile_model: build (tuned or not), export, cache (planned_key: its key before it
