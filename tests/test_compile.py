@@ -109,7 +109,8 @@ def test_builders_of_one_key_at_once_publish_one_whole_artifact(tmp_path):
 
 def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
     """tools/bench_kernels.py (where a tuned model's time goes): every kernel main calls is timed inside the model
-    and alone, on the device's threads as TVM reports them; with no records, no kernel has one."""
+    and alone, on the device's threads as TVM reports them; with no records, no kernel has one. With --reference,
+    onnxruntime's nodes are timed by its profiler on the same threads, by op type and node."""
     import os
     import re
     import sys
@@ -123,7 +124,7 @@ def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "FARM_DB", "FARM_DEVICES")}
     done = subprocess.run([sys.executable, str(REPO / "tools" / "bench_kernels.py"), "--devices", str(REPO / "devices.toml"),
                            "--device", "x86-local", "--model", "mlp", "--db", str(tmp_path / "empty.db"), "--runs", "3",
-                           "--warmup", "1"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+                           "--warmup", "1", "--reference"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     reported, given = map(int, re.search(r"(\d+) TVM threads as runtime.NumThreads reports \((\d+) set\)",
                                          done.stdout).groups())
@@ -133,3 +134,9 @@ def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
     assert any(row[0].startswith("matmul") for row in kernels), done.stdout
     assert all(len(k) == 5 and float(k[2]) > 0 and float(k[3]) > 0 and k[4] == "-" for k in kernels), done.stdout
     assert "the records' sum: 0.00 ms" in done.stdout
+    ours, theirs = done.stdout.split("\nonnxruntime ", 1)
+    assert int(re.search(r" on (\d+) threads \(intra_op_num_threads\)", theirs).group(1)) == given, theirs
+    op_types = {row[0]: (int(row[1]), float(row[2])) for row in
+                (line.split() for line in theirs.split("\nits ", 1)[0].splitlines()[2:])}
+    assert op_types and all(nodes >= 1 and micros > 0 for nodes, micros in op_types.values()), theirs
+    assert {"MatMul", "Gemm", "FusedMatMul"} & set(op_types), theirs

@@ -9,7 +9,13 @@ passed it, and beside its task's best record in the store (what `farm tune` meas
 bench_tuning's "top 5 tasks" go by; "-": no schedule of its own, never searched or its untuned code won). The
 instrument's own cost a call is printed too (the VM's cheapest builtin, timed the same way).
 
+--reference: then the reference runtime's side (ONNX models: onnxruntime, on the same threads and inputs, with the
+options `farm bench` gives it), timed node by node by its own profiler: each op type's time a run, and its
+slowest nodes. Kernels do not map one to one (each runtime fuses its own way), op types do: squeezenet's
+concatenations took 2.4× onnxruntime's time this way, which no record showed.
+
     .venv/bin/python tools/bench_kernels.py --device x86-local --model onnx:squeezenet --db .farm/results.db
+    .venv/bin/python tools/bench_kernels.py --device x86-local --model onnx:squeezenet --reference
 
 What it showed on squeezenet: docs/benchmarks.md, "Where a tuned squeezenet's time goes".
 """
@@ -33,6 +39,9 @@ def main() -> int:
                         help="the SQLite store holding the device's tuning records")
     parser.add_argument("--runs", type=int, default=30, help="runs of main timed call by call (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="runs dropped first (default 5)")
+    parser.add_argument("--reference", action="store_true",
+                        help="then onnxruntime's time by op type and node, by its profiler (ONNX models)")
+    parser.add_argument("--top", type=int, default=15, help="the reference's slowest nodes listed (default 15)")
     args = parser.parse_args()
 
     from farm.errors import FarmError
@@ -120,7 +129,52 @@ def kernels(device, args, threads: int) -> int:
     unsearched = sum(r[0] for r in rows if r[4] is None and r[3] is not None)
     print(f"sum of the calls {total * 1e3:.2f} ms; kernels with no schedule of their own: {unsearched * 1e3:.2f} ms "
           f"({unsearched / total:.0%}); the records' sum: {sum(r[4] or 0 for r in rows) * 1e3:.2f} ms")
+    if args.reference:
+        if model.frontend != "onnx":
+            return fail(f"--reference profiles onnxruntime, and {model.name} is a {model.frontend} model",
+                        "leave out --reference for this model")
+        reference_kernels(model, given, threads, args)
     return 0
+
+
+def reference_kernels(model, given, threads: int, args) -> None:
+    """onnxruntime's side: the model run --warmup + --runs times with its profiler on, each node's kernel time
+    (its profiler's ``*_kernel_time`` events) the median of the timed runs, by op type and by node."""
+    import json
+
+    import numpy as np
+    import onnxruntime
+
+    from farm.models.runtimes import onnxruntime_options
+
+    options = onnxruntime_options(threads)
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp(prefix="farm-bench-kernels-")) / "onnxruntime")
+    session = onnxruntime.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
+    feed = {spec.name: given[spec.name] for spec in model.inputs}
+    whole = []
+    for _ in range(args.warmup + args.runs):
+        start = time.perf_counter()
+        session.run(None, feed)
+        whole.append(time.perf_counter() - start)
+    nodes: dict[tuple[str, str], list[float]] = {}  # (op type, node) → its kernel time in each run, in order
+    for event in json.loads(Path(session.end_profiling()).read_text()):
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            node = (event.get("args", {}).get("op_name", "?"), event["name"].removesuffix("_kernel_time"))
+            nodes.setdefault(node, []).append(event["dur"] * 1e-6)
+    timed = {node: float(np.median(samples[-args.runs:])) for node, samples in nodes.items()}
+    by_type: dict[str, list[float]] = {}
+    for (op_type, _), seconds in timed.items():
+        by_type.setdefault(op_type, []).append(seconds)
+    print(f"\nonnxruntime {onnxruntime.__version__} on {threads} threads (intra_op_num_threads), the same inputs: run "
+          f"{np.median(whole[args.warmup:]) * 1e3:.2f} ms with its profiler on (median of {args.runs}); nodes' kernel "
+          f"times sum to {sum(timed.values()) * 1e3:.2f} ms")
+    print(f"{'op type':24s} {'nodes':>5s}  {'µs a run':>10s}")
+    for op_type, times in sorted(by_type.items(), key=lambda t: sum(t[1]), reverse=True):
+        print(f"{op_type:24s} {len(times):5d}  {sum(times) * 1e6:10.1f}")
+    print(f"its {args.top} slowest nodes:")
+    for (op_type, node), seconds in sorted(timed.items(), key=lambda t: t[1], reverse=True)[:args.top]:
+        print(f"  {op_type + ' ' + node:42s} {seconds * 1e6:10.1f}")
 
 
 def call_alone(func, call_args, runs: int = 50) -> float:

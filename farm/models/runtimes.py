@@ -47,7 +47,8 @@ def open_runtime(model: ModelSource, threads: int | None) -> RuntimeSession:
                          "the TVM figure stands alone for this model") from exc
 
 
-def _onnxruntime(model: ModelSource, threads: int | None) -> RuntimeSession:
+def onnxruntime_options(threads: int | None) -> Any:
+    """The reference's ``onnxruntime.SessionOptions``: every graph optimization, ops in sequence, ``threads``."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -56,7 +57,13 @@ def _onnxruntime(model: ModelSource, threads: int | None) -> RuntimeSession:
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
+    return options
+
+
+def _onnxruntime(model: ModelSource, threads: int | None) -> RuntimeSession:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.data, onnxruntime_options(threads), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
 
     def run(inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
