@@ -71,6 +71,9 @@ def kernels(device, args, threads: int) -> int:
     from farm.sweep.tuning import tuning_set
 
     model = load_model(args.model)
+    if args.reference and model.frontend != "onnx":
+        return fail(f"--reference profiles onnxruntime, and {model.name} is a {model.frontend} model",
+                    "leave out --reference for this model")
     if not Path(args.db).is_file():
         return fail(f"{args.db}: no such store", "pass --db PATH: the SQLite file farm tune wrote the records to")
     with Store(Path(args.db), readonly=True) as store:
@@ -130,16 +133,14 @@ def kernels(device, args, threads: int) -> int:
     print(f"sum of the calls {total * 1e3:.2f} ms; kernels with no schedule of their own: {unsearched * 1e3:.2f} ms "
           f"({unsearched / total:.0%}); the records' sum: {sum(r[4] or 0 for r in rows) * 1e3:.2f} ms")
     if args.reference:
-        if model.frontend != "onnx":
-            return fail(f"--reference profiles onnxruntime, and {model.name} is a {model.frontend} model",
-                        "leave out --reference for this model")
-        reference_kernels(model, given, threads, args)
+        reference_kernels(model, given, threads, args.warmup, args.runs, args.top)
     return 0
 
 
-def reference_kernels(model, given, threads: int, args) -> None:
-    """onnxruntime's side: the model run --warmup + --runs times with its profiler on, each node's kernel time
-    (its profiler's ``*_kernel_time`` events) the median of the timed runs, by op type and by node."""
+def reference_kernels(model, given: dict, threads: int, warmup: int, runs: int, top: int) -> None:
+    """onnxruntime's side: the model run ``warmup`` + ``runs`` times with its profiler on, each node's kernel time
+    (its profiler's ``*_kernel_time`` events, a node once a run) the median of the timed runs, by op type and by
+    node."""
     import json
 
     import numpy as np
@@ -147,33 +148,35 @@ def reference_kernels(model, given, threads: int, args) -> None:
 
     from farm.models.runtimes import onnxruntime_options
 
-    options = onnxruntime_options(threads)
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path(tempfile.mkdtemp(prefix="farm-bench-kernels-")) / "onnxruntime")
-    session = onnxruntime.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
-    feed = {spec.name: given[spec.name] for spec in model.inputs}
-    whole = []
-    for _ in range(args.warmup + args.runs):
-        start = time.perf_counter()
-        session.run(None, feed)
-        whole.append(time.perf_counter() - start)
+    with tempfile.TemporaryDirectory(prefix="farm-bench-kernels-") as folder:
+        options = onnxruntime_options(threads)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "onnxruntime")
+        session = onnxruntime.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
+        feed = {spec.name: given[spec.name] for spec in model.inputs}
+        whole = []
+        for _ in range(warmup + runs):
+            start = time.perf_counter()
+            session.run(None, feed)
+            whole.append(time.perf_counter() - start)
+        events = json.loads(Path(session.end_profiling()).read_text())
     nodes: dict[tuple[str, str], list[float]] = {}  # (op type, node) → its kernel time in each run, in order
-    for event in json.loads(Path(session.end_profiling()).read_text()):
+    for event in events:
         if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
             node = (event.get("args", {}).get("op_name", "?"), event["name"].removesuffix("_kernel_time"))
             nodes.setdefault(node, []).append(event["dur"] * 1e-6)
-    timed = {node: float(np.median(samples[-args.runs:])) for node, samples in nodes.items()}
+    timed = {node: float(np.median(samples[-runs:])) for node, samples in nodes.items()}
     by_type: dict[str, list[float]] = {}
     for (op_type, _), seconds in timed.items():
         by_type.setdefault(op_type, []).append(seconds)
     print(f"\nonnxruntime {onnxruntime.__version__} on {threads} threads (intra_op_num_threads), the same inputs: run "
-          f"{np.median(whole[args.warmup:]) * 1e3:.2f} ms with its profiler on (median of {args.runs}); nodes' kernel "
+          f"{np.median(whole[warmup:]) * 1e3:.2f} ms with its profiler on (median of {runs}); nodes' kernel "
           f"times sum to {sum(timed.values()) * 1e3:.2f} ms")
     print(f"{'op type':24s} {'nodes':>5s}  {'µs a run':>10s}")
     for op_type, times in sorted(by_type.items(), key=lambda t: sum(t[1]), reverse=True):
         print(f"{op_type:24s} {len(times):5d}  {sum(times) * 1e6:10.1f}")
-    print(f"its {args.top} slowest nodes:")
-    for (op_type, node), seconds in sorted(timed.items(), key=lambda t: t[1], reverse=True)[:args.top]:
+    print(f"its {top} slowest nodes:")
+    for (op_type, node), seconds in sorted(timed.items(), key=lambda t: t[1], reverse=True)[:top]:
         print(f"  {op_type + ' ' + node:42s} {seconds * 1e6:10.1f}")
 
 

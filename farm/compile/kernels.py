@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tvm
 from tvm.s_tir import Schedule
+from tvm_ffi import structural_equal
 
 # the block TVM's lowering of relax.concat (topi.concatenate) computes the output in: one block, every output element
 # chosen from the inputs by an if_then_else on its index
@@ -28,25 +29,46 @@ def copy_per_input(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def _concat_axis(func: tvm.tirx.PrimFunc) -> int | None:
-    """The axis ``func`` concatenates its inputs along, if it is TVM's concatenation alone with static shapes."""
+    """The axis ``func`` concatenates its inputs along, in the order of its parameters, if it is exactly TVM's
+    lowering of a concatenation (compared with ``topi.concatenate`` lowered anew), unscheduled, with static shapes."""
+    attrs = func.attrs or {}
+    if attrs.get("tirx.is_scheduled"):
+        return None
     try:
         sch = Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except Exception:  # not a block-structured function (already scheduled, or no root block)
+    except Exception:  # not a block-structured function
         return None
     if len(blocks) != 1 or sch.get(blocks[0]).name_hint != CONCAT_BLOCK or len(func.params) < 3:
         return None
     shapes = []
-    for param in func.params:  # (a PrimFunc's parameters are its buffers)
+    for param in func.params:  # buffer parameters with static shapes only
         if not all(isinstance(d, tvm.tirx.IntImm) for d in getattr(param, "shape", [None])):
             return None
         shapes.append([int(d) for d in param.shape])
     *inputs, output = shapes
-    dtypes = {str(p.dtype) for p in func.params}
-    axes = [a for a in range(len(output))
-            if all(len(s) == len(output) and all(s[i] == output[i] for i in range(len(output)) if i != a)
-                   for s in inputs) and sum(s[a] for s in inputs) == output[a]]
-    return axes[0] if len(axes) == 1 and len(dtypes) == 1 else None
+    if len({str(p.dtype) for p in func.params}) != 1:
+        return None
+    for axis in range(len(output)):
+        if (all(len(s) == len(output) and all(s[i] == output[i] for i in range(len(output)) if i != axis)
+                for s in inputs) and sum(s[axis] for s in inputs) == output[axis]
+                and structural_equal(_without_attrs(_lowered(func, axis)), _without_attrs(func))):
+            return axis
+    return None
+
+
+def _lowered(func: tvm.tirx.PrimFunc, axis: int) -> tvm.tirx.PrimFunc:
+    """TVM's lowering of a concatenation along ``axis`` of inputs shaped as ``func``'s, in its parameters' order."""
+    from tvm import te, topi
+
+    inputs = [te.placeholder([int(d) for d in p.shape], str(p.dtype), f"x{i}") for i, p in enumerate(func.params[:-1])]
+    return te.create_prim_func([*inputs, topi.concatenate(inputs, axis)], index_dtype_override="int64")
+
+
+def _without_attrs(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    for key in list((func.attrs or {}).keys()):
+        func = func.without_attr(key)
+    return func
 
 
 def _copies(func: tvm.tirx.PrimFunc, axis: int) -> tvm.tirx.PrimFunc:
@@ -56,7 +78,7 @@ def _copies(func: tvm.tirx.PrimFunc, axis: int) -> tvm.tirx.PrimFunc:
     rank = len(output.shape)
     names = [f"v{i}" for i in range(rank)]
 
-    def shape(buffer: tvm.ir.expr.Var) -> str:
+    def shape(buffer: tvm.tirx.Buffer) -> str:
         return "(" + ", ".join(f"T.int64({int(d)})" for d in buffer.shape) + ("," if rank == 1 else "") + ")"
 
     lines = ["@T.prim_func(private=True, s_tir=True)",
