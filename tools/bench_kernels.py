@@ -10,9 +10,9 @@ bench_tuning's "top 5 tasks" go by; "-": no schedule of its own, never searched 
 instrument's own cost a call is printed too (the VM's cheapest builtin, timed the same way).
 
 --reference: then the reference runtime's side (ONNX models: onnxruntime, on the same threads and inputs, with the
-options `farm bench` gives it), timed node by node by its own profiler: each op type's time a run, and its
-slowest nodes. Kernels do not map one to one (each runtime fuses its own way), op types do: squeezenet's
-concatenations took 2.4× onnxruntime's time this way, which no record showed.
+options `farm bench` gives it, timed first in a process of its own), node by node by its own profiler: each op
+type's time a run, and its slowest nodes. Kernels do not map one to one (each runtime fuses its own way), op types
+do: squeezenet's concatenations took 2.4× onnxruntime's time this way, which no record showed.
 
     .venv/bin/python tools/bench_kernels.py --device x86-local --model onnx:squeezenet --db .farm/results.db
     .venv/bin/python tools/bench_kernels.py --device x86-local --model onnx:squeezenet --reference
@@ -23,10 +23,12 @@ What it showed on squeezenet: docs/benchmarks.md, "Where a tuned squeezenet's ti
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 
@@ -78,11 +80,16 @@ def kernels(device, args, threads: int) -> int:
         return fail(f"{args.db}: no such store", "pass --db PATH: the SQLite file farm tune wrote the records to")
     with Store(Path(args.db), readonly=True) as store:
         tuning = tuning_set(store, device)
+    given = make_inputs(model)
+    reference = []
+    if args.reference:  # first, in a fresh process: in this one, after TVM compiled or ran the model, onnxruntime's
+        # run took 3.3-3.6 ms against 1.6-1.7 in a process of its own (not understood; not farm bench's order)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            reference = pool.submit(reference_kernels, model, given, threads, args.warmup, args.runs, args.top).result()
     artifact = compile_model(model, device, Path(tempfile.mkdtemp(prefix="farm-bench-kernels-")), tuning)
     reported = tvm.get_global_func("runtime.NumThreads")()
     dev = tvm.cpu()
     vm = relax.VirtualMachine(tvm.runtime.load_module(artifact.path), dev)
-    given = make_inputs(model)
     inputs = [tvm.runtime.tensor(given[spec.name], dev) for spec in model.inputs]
     whole = vm.time_evaluator("main", dev, number=10, repeat=5)(*inputs).results
 
@@ -132,15 +139,15 @@ def kernels(device, args, threads: int) -> int:
     unsearched = sum(r[0] for r in rows if r[4] is None and r[3] is not None)
     print(f"sum of the calls {total * 1e3:.2f} ms; kernels with no schedule of their own: {unsearched * 1e3:.2f} ms "
           f"({unsearched / total:.0%}); the records' sum: {sum(r[4] or 0 for r in rows) * 1e3:.2f} ms")
-    if args.reference:
-        reference_kernels(model, given, threads, args.warmup, args.runs, args.top)
+    for line in reference:
+        print(line)
     return 0
 
 
-def reference_kernels(model, given: dict, threads: int, warmup: int, runs: int, top: int) -> None:
-    """onnxruntime's side: the model run ``warmup`` + ``runs`` times with its profiler on, each node's kernel time
-    (its profiler's ``*_kernel_time`` events, a node once a run) the median of the timed runs, by op type and by
-    node."""
+def reference_kernels(model, given: dict, threads: int, warmup: int, runs: int, top: int) -> list[str]:
+    """onnxruntime's side, as lines to print: the model run ``warmup`` + ``runs`` times with its profiler on, each
+    node's kernel time (its profiler's ``*_kernel_time`` events, a node once a run) the median of the timed runs, by
+    op type and by node."""
     import json
 
     import numpy as np
@@ -169,15 +176,16 @@ def reference_kernels(model, given: dict, threads: int, warmup: int, runs: int, 
     by_type: dict[str, list[float]] = {}
     for (op_type, _), seconds in timed.items():
         by_type.setdefault(op_type, []).append(seconds)
-    print(f"\nonnxruntime {onnxruntime.__version__} on {threads} threads (intra_op_num_threads), the same inputs: run "
-          f"{np.median(whole[warmup:]) * 1e3:.2f} ms with its profiler on (median of {runs}); nodes' kernel "
-          f"times sum to {sum(timed.values()) * 1e3:.2f} ms")
-    print(f"{'op type':24s} {'nodes':>5s}  {'µs a run':>10s}")
+    lines = [f"\nonnxruntime {onnxruntime.__version__} on {threads} threads (intra_op_num_threads), the same inputs, "
+             f"in a process of its own: run {np.median(whole[warmup:]) * 1e3:.2f} ms with its profiler on (median of "
+             f"{runs}); nodes' kernel times sum to {sum(timed.values()) * 1e3:.2f} ms",
+             f"{'op type':24s} {'nodes':>5s}  {'µs a run':>10s}"]
     for op_type, times in sorted(by_type.items(), key=lambda t: sum(t[1]), reverse=True):
-        print(f"{op_type:24s} {len(times):5d}  {sum(times) * 1e6:10.1f}")
-    print(f"its {top} slowest nodes:")
+        lines.append(f"{op_type:24s} {len(times):5d}  {sum(times) * 1e6:10.1f}")
+    lines.append(f"its {top} slowest nodes:")
     for (op_type, node), seconds in sorted(timed.items(), key=lambda t: t[1], reverse=True)[:top]:
-        print(f"  {op_type + ' ' + node:42s} {seconds * 1e6:10.1f}")
+        lines.append(f"  {op_type + ' ' + node:42s} {seconds * 1e6:10.1f}")
+    return lines
 
 
 def call_alone(func, call_args, runs: int = 50) -> float:
