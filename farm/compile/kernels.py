@@ -4,16 +4,11 @@ no schedule can make fast, the same computation written so that one can (``copy_
 from __future__ import annotations
 
 import tvm
-from tvm.s_tir import Schedule
 from tvm_ffi import structural_equal
-
-# the block TVM's lowering of relax.concat (topi.concatenate) computes the output in: one block, every output element
-# chosen from the inputs by an if_then_else on its index
-CONCAT_BLOCK = "T_concat"
 
 
 def copy_per_input(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each function fusion left as a concatenation alone (one ``T_concat`` block, static shapes)
+    """``mod`` with each function fusion left as a concatenation alone (TVM's lowering of it, static shapes)
     rewritten as one copy per input into its slice of the output, each a plain loop nest.
 
     TVM's concatenation picks every output element from its inputs by an ``if_then_else`` on the element's index,
@@ -31,15 +26,7 @@ def copy_per_input(mod: tvm.IRModule) -> tvm.IRModule:
 def _concat_axis(func: tvm.tirx.PrimFunc) -> int | None:
     """The axis ``func`` concatenates its inputs along, in the order of its parameters, if it is exactly TVM's
     lowering of a concatenation (compared with ``topi.concatenate`` lowered anew), unscheduled, with static shapes."""
-    attrs = func.attrs or {}
-    if attrs.get("tirx.is_scheduled"):
-        return None
-    try:
-        sch = Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except Exception:  # not a block-structured function
-        return None
-    if len(blocks) != 1 or sch.get(blocks[0]).name_hint != CONCAT_BLOCK or len(func.params) < 3:
+    if (func.attrs or {}).get("tirx.is_scheduled") or len(func.params) < 3:
         return None
     shapes = []
     for param in func.params:  # buffer parameters with static shapes only
@@ -96,6 +83,4 @@ def _copies(func: tvm.tirx.PrimFunc, axis: int) -> tvm.tirx.PrimFunc:
                   f"            out[{at}] = x{i}[{', '.join(names)}]"]
         offset += int(buffer.shape[axis])
     parsed = tvm.script.parser.parse("\n".join(lines), extra_vars={"T": tvm.script.tirx})
-    for key, value in (func.attrs or {}).items():
-        parsed = parsed.with_attr(key, value)
-    return parsed
+    return parsed.with_attrs(func.attrs) if func.attrs else parsed
