@@ -228,6 +228,24 @@ def layout_setting(device: Device, target: dict[str, Any] | None = None) -> str:
     return "NHWC" if target_kind(target or device.target) == "llvm" else "model"
 
 
+# How tuning times a candidate on a CPU: inside a model, a kernel finds its input where the kernel before left it, but
+# its weights have left the caches since the last run (resnet50's 100 MB of them stream from memory every run). Timed
+# warm, back to back, resnet50's stage-4 convs and its matmul ran 1.3-4x faster than inside the model, and schedules
+# within 1 % of each other warm were 20 % apart cold (tools/bench_kernels.py, docs/benchmarks.md).
+COLD_WEIGHTS_RULE = ("how tuning times a candidate: on llvm targets its weights and output flushed from the CPU's "
+                     "caches before each of 10 runs (its input left warm), as inside a model and as TVM's x86 tuning "
+                     "recipe does; elsewhere 3 runs of at least 20 ms back to back; records measured each way are "
+                     "kept apart")
+COLD_RUNS = 10  # runs a candidate is timed, each after the flush (their mean is its record's time, as MetaSchedule's)
+
+
+def cold_weights(target: dict[str, Any]) -> bool:
+    """Whether tuning for ``target`` (the effective one) times candidates with their weights flushed from the caches
+    (``COLD_WEIGHTS_RULE``): on llvm targets, whose flush (``cache_flush_cpu_non_first_arg``) TVM's runtime has for
+    x86 and aarch64; a GPU's weights live in its own memory."""
+    return target_kind(target) == "llvm"
+
+
 @dataclass(frozen=True)
 class HostCPU:
     """This host's CPU as a device kind's target rules need it: LLVM's name for it (None when LLVM does not

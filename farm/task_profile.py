@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from farm.errors import FarmError, message_line
-from farm.records import Device, TrackerAddress
+from farm.records import COLD_RUNS, Device, TrackerAddress
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,12 @@ class TaskShare:
 
 
 def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: Any,
-                  export: Callable[[str, Any], str], timeout_s: float) -> list[float]:
+                  export: Callable[[str, Any], str], timeout_s: float, cold: bool = False) -> list[float]:
     """Each task's untuned time per call on ``device`` (seconds), in one session; ``export(path, module)`` writes a
-    built module as a library the device loads (the one tuning's candidates use). Raises FarmError."""
+    built module as a library the device loads (the one tuning's candidates use); ``cold``: timed as the runner
+    times candidates (``time_modules``). Raises FarmError."""
     runs = time_modules(tracker, device, [(f"{t.task_name} untuned", t.dispatched[0]) for t in tasks], target, export,
-                        timeout_s, number=1, repeat=3,
+                        timeout_s, number=1, repeat=3, cold=cold,
                         hint="tuning shares the trials by MetaSchedule's own scheduler instead")
     return [min(r) for r in runs]
 
@@ -51,11 +52,12 @@ def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: 
 def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[str, Any]], target: Any,
                  export: Callable[[str, Any], str], timeout_s: float, number: int, repeat: int,
                  build_fn: Callable[[Any, Any, None], Any] | None = None,
-                 hint: str = "tuning goes on without this figure") -> list[list[float]]:
+                 hint: str = "tuning goes on without this figure", cold: bool = False) -> list[list[float]]:
     """Each (name, PrimFunc module) built for ``target`` (by ``build_fn(mod, target, None)``, else TVM's default
     lowering) and timed on ``device`` in one session (zeros for its buffers; measure's ``device_timer`` with ``number``,
-    ``repeat``, at least ``PROFILE_MIN_REPEAT_MS`` a repeat): its results per module, seconds a call. Raises
-    FarmError naming the module that failed, with ``hint``.
+    ``repeat``, at least ``PROFILE_MIN_REPEAT_MS`` a repeat; ``cold``: as the tuning runner times a candidate with
+    its weights flushed, ``records.COLD_WEIGHTS_RULE``: ``COLD_RUNS`` single runs, each after the flush): its results
+    per module, seconds a call. Raises FarmError naming the module that failed, with ``hint``.
     (TVM is imported here: the CLI reads this module's defaults without it.)"""
     import numpy as np
     import tvm
@@ -80,7 +82,9 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
             infos = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=build_fn is not None)
             args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)
                     for info in infos]
-            times.append(list(device_timer(remote, remote.entry_name, dev, number, repeat, PROFILE_MIN_REPEAT_MS)(*args)))
+            timer = (device_timer(remote, remote.entry_name, dev, 1, COLD_RUNS, 0, "cache_flush_cpu_non_first_arg")
+                     if cold else device_timer(remote, remote.entry_name, dev, number, repeat, PROFILE_MIN_REPEAT_MS))
+            times.append(list(timer(*args)))
         except Exception as exc:  # TVM's errors: the profile is advice, the search goes on without it
             raise FarmError(f"could not time task {label} on {device.name}: {message_line(exc)}",
                             hint) from exc

@@ -1,5 +1,6 @@
 """The keys that say when a tuning record or an artifact is valid: ``tuning_key`` (effective target, TVM version,
-threads, weight prepacking) and ``artifact_key`` (everything that changes the artifact), and the versions they hold."""
+threads, weight prepacking, layout, how candidates were timed) and ``artifact_key`` (everything that changes the
+artifact), and the versions they hold."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import tvm
 
 from farm.compile.targets import effective_target
-from farm.records import Device, ModelSource, layout_setting, threads_setting, weight_prepack_setting
+from farm.records import Device, ModelSource, cold_weights, layout_setting, threads_setting, weight_prepack_setting
 
 TVM_VERSION: str = tvm.__version__  # part of every tuning key and artifact key (for modules that import no TVM)
 # bump when farm changes how it lowers models (2: records applied without re-fusion; 3: CPU weight prepacking,
@@ -24,7 +25,7 @@ RECORD_MATCH = "exact, else anchor-block"
 
 
 def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool = False, tvm: str = TVM_VERSION,
-               layout: str = "model") -> str:
+               layout: str = "model", cold: bool | None = None) -> str:
     """Tuning records are valid for one effective target, TVM version and thread count: MetaSchedule ignores the
     target, and a candidate ranked on 1 thread is not the best on 2 (``records.THREADS_RULE``: the runner's sessions
     run on the device's setting). With weight prepacking (``records.PREPACK_RULE``) the tasks are other workloads
@@ -32,9 +33,12 @@ def tuning_key(target: dict[str, Any], threads: int | None, weight_prepack: bool
     records had before the setting existed (pipeline 2), and those still apply to a device that turns it off.
     ``tvm``: another TVM version's key for the same settings (what a TVM upgrade may replay). A ``layout`` other
     than the model's own (``records.LAYOUT_RULE``) makes other workloads too; the model's own keeps the key it had
-    before the setting existed."""
+    before the setting existed. Candidates timed with their weights flushed from the caches (``cold``, by default
+    ``records.cold_weights`` of the target: llvm targets, ``records.COLD_WEIGHTS_RULE``) rank otherwise than timed
+    back to back, so those records are kept apart too (``cold=False``: the key llvm records had before)."""
     prepack = {"weight_prepack": True} if weight_prepack else {}
-    return _short_hash({"target": target, "tvm": tvm, "threads": threads, **prepack, **_converted(layout)})
+    flushed = {"cold_weights": True} if (cold_weights(target) if cold is None else cold) else {}
+    return _short_hash({"target": target, "tvm": tvm, "threads": threads, **prepack, **_converted(layout), **flushed})
 
 
 def _converted(layout: str) -> dict[str, str]:

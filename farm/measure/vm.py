@@ -24,11 +24,13 @@ def load_vm(session, remote_name: str, dev) -> relax.VirtualMachine:
 
 
 def device_timer(module, name: str, dev, number: int, repeat: int,
-                 min_repeat_ms: float = 0) -> Callable[..., tuple[float, ...]]:
+                 min_repeat_ms: float = 0, f_preproc: str = "") -> Callable[..., tuple[float, ...]]:
     """TVM's ``time_evaluator`` of ``module``'s function ``name`` on ``dev``, timed on the device (warm-up
     discarded): called with the function's arguments, it gives each of ``repeat`` results, seconds a call (the
-    mean of ``number`` calls)."""
-    timer = module.time_evaluator(name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    mean of ``number`` calls); ``f_preproc``: a device function called before each repeat (TVM's
+    ``cache_flush_cpu_non_first_arg``)."""
+    timer = module.time_evaluator(name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                  f_preproc=f_preproc)
     return lambda *args: tuple(float(v) for v in timer(*args).results)
 
 

@@ -1,6 +1,6 @@
 """A cell's compile with the store's tuning records for its device (``tuning_set``, ``compile_cell``), and the
-one warning for records that no longer apply: from before farm set threads, without weight prepacking, or in the
-model's own layout."""
+one warning for records that no longer apply: from before farm set threads, without weight prepacking, in the
+model's own layout, or timed with warm weights."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import logging
 from pathlib import Path
 
 from farm.compile import compile_model, device_tuning_key, effective_target, key_before_threads, tuning_key
-from farm.records import Artifact, Device, ModelSource, TuningSet, layout_setting, threads_setting, weight_prepack_setting
+from farm.records import (Artifact, Device, ModelSource, TuningSet, cold_weights, layout_setting, threads_setting,
+                           weight_prepack_setting)
 from farm.store import Store
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ _TOLD: set[str] = set()  # devices whose records that no longer apply this proce
 def warn_records_that_do_not_apply(store: Store, device: Device, target: dict) -> None:
     """One line, once per device and process, when a device with no records has some under an older key: made
     without weight prepacking (pipeline 2, or ``weight_prepack = false``: other workloads), in the model's own
-    layout where the device's is NHWC (other workloads), or before farm set threads (measured on TVM's default
+    layout where the device's is NHWC (other workloads), timed with the weights in the caches (before farm flushed
+    them on llvm targets, ``records.COLD_WEIGHTS_RULE``), or before farm set threads (measured on TVM's default
     thread count; the tuning key holds the threads since schema 14)."""
     if device.name in _TOLD:
         return
@@ -49,6 +51,10 @@ def warn_records_that_do_not_apply(store: Store, device: Device, target: dict) -
         log.warning("%s: its tuning records were made %s and do not apply with its settings (layout %s, weight "
                     "prepacking %s: other workloads); %s, or %s in devices.toml uses them", device.name, made[0],
                     layout, "on" if prepack else "off", again, made[1])
+    elif cold_weights(target) and store.ever_had_records(tuning_key(target, threads, prepack, layout=layout, cold=False)):
+        log.warning("%s: its tuning records were timed with their weights in the CPU's caches, as farm tuned before "
+                    "it flushed them between runs (inside a model they come from memory) and no longer apply; %s",
+                    device.name, again)
     elif store.ever_had_records(key_before_threads(target)):
         log.warning("%s: its tuning records were measured before farm set threads (TVM's default: half the CPUs on "
                     "x86) and no longer apply; %s", device.name, again)

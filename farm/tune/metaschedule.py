@@ -33,7 +33,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.compile import export_library
 from farm.errors import BuildError, DeviceUnavailable, message_line
-from farm.records import Device, ModelSource, TrackerAddress
+from farm.records import COLD_RUNS, Device, ModelSource, TrackerAddress
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.tune.config import BUSY_RETRIES, TuneConfig
@@ -272,12 +272,13 @@ class AfterBuildRunner(PyRunner):
 
 
 def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, runners: int,
-                ahead: bool) -> AfterBuildRunner:
+                ahead: bool, cold: bool) -> AfterBuildRunner:
     """The session's runner: ``runners`` candidates measured at once on the servers of ``device``'s key, each
-    waiting for its library (up to the builder's timeout when builds run ahead)."""
+    waiting for its library (up to the builder's timeout when builds run ahead); ``cold`` (``records.cold_weights``):
+    timed with weights flushed from the caches before each run."""
     rpc = unchecked(RPCRunner)(
         RPCConfig(tracker.host, tracker.port, device.key, session_timeout_sec=int(config.runner_timeout_s)),
-        EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False),
+        evaluator_config(cold),
         f_create_session=functools.partial(open_session, tracker.host, tracker.port, device.key,
                                            config.request_timeout_s, config.runner_timeout_s),
         f_run_evaluator=functools.partial(_run_with_cooldown, config.candidate_cooldown_s)
@@ -286,6 +287,15 @@ def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, run
     rpc.pool.shutdown(wait=False)  # AfterBuildRunner measures with RPCRunner's functions in its own pool
     return AfterBuildRunner(rpc, runners, config.builder_timeout_s if ahead else 1.0,
                             config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
+
+
+def evaluator_config(cold: bool) -> EvaluatorConfig:
+    """How the runner times a candidate (``records.COLD_WEIGHTS_RULE``): cold, ``COLD_RUNS`` single runs, each after
+    TVM's ``cache_flush_cpu_non_first_arg`` (every argument but the first, the input, flushed from the CPU's caches);
+    else 3 runs back to back, repeated until they last 20 ms."""
+    if cold:
+        return EvaluatorConfig(number=1, repeat=COLD_RUNS, min_repeat_ms=0, enable_cpu_cache_flush=True)
+    return EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False)
 
 
 def make_builder(toolchain: str, config: TuneConfig, ahead: bool, deadline: float | None = None):

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from farm.compile import TVM_VERSION, device_tuning_key, effective_target
-from farm.records import layout_setting, threads_setting, weight_prepack_setting
+from farm.records import cold_weights, layout_setting, threads_setting, weight_prepack_setting
 from farm.costmodel import FORMAT, load_cost_model, new_cost_model
 from farm.errors import FarmError
 from farm.records import Device, TuningSet, utc_now
@@ -36,7 +36,7 @@ def export_database(store: Store, device: Device, out_dir: Path) -> TuningSet:
         (out_dir / "cost_model.npz").write_bytes(saved.body)
     manifest = {"format": PACK_FORMAT, "tuning_key": key, "target": target, "tvm_version": TVM_VERSION,
                 "threads": threads_setting(device, target), "weight_prepack": weight_prepack_setting(device, target),
-                "layout": layout_setting(device, target),
+                "layout": layout_setting(device, target), "cold_weights": cold_weights(target),
                 "workloads": len(tuning.workloads), "records": len(tuning.records),
                 "cost_model": {"file": "cost_model.npz", "format": saved.format, "samples": saved.samples} if saved else None,
                 "exported_from": device.name, "exported_at": utc_now()}
@@ -67,8 +67,8 @@ def import_database(store: Store, device: Device, in_dir: Path) -> int:
 
 
 def _read_manifest(manifest_path: Path, in_dir: Path, device: Device, target: dict) -> dict:
-    """The pack's manifest, refused unless it was tuned for ``target`` with this TVM version, the device's threads
-    and its weight prepacking."""
+    """The pack's manifest, refused unless it was tuned for ``target`` with this TVM version, the device's threads,
+    weight prepacking and layout, and its candidates timed as this farm times them for the target (cold weights)."""
     try:
         manifest = json.loads(manifest_path.read_text())
         theirs = (manifest["target"], manifest["tvm_version"])
@@ -98,4 +98,8 @@ def _read_manifest(manifest_path: Path, in_dir: Path, device: Device, target: di
         raise FarmError(f"{in_dir} was tuned for target {json.dumps(theirs[0], sort_keys=True)}, not "
                         f"{device.name!r}'s {json.dumps(target, sort_keys=True)}",
                         "import it for a device with that target (farm devices shows each device's target)")
+    if manifest.get("cold_weights", False) != cold_weights(target):  # same target: a pack from before farm flushed
+        raise FarmError(f"{in_dir}'s records were timed with their weights in the CPU's caches, as farm tuned before it "
+                        "flushed them between runs (records.COLD_WEIGHTS_RULE)",
+                        "records timed warm rank otherwise and no longer apply: tune here")
     return manifest

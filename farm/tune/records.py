@@ -21,7 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from farm.compile import is_schedule, record_databases, untuned_trace
 from farm.errors import FarmError, message_line
-from farm.records import Device, TrackerAddress, TuningSet
+from farm.records import Device, TrackerAddress, TuningSet, cold_weights
 from farm.store import Store
 from farm.task_profile import time_modules
 from farm.tune.config import Progress, TuneConfig
@@ -199,7 +199,7 @@ def _seeds(tracker: TrackerAddress, device: Device, tuning: Tuning, plan: Plan, 
     try:
         runs = time_modules(tracker, device, [(contexts[i].task_name, sch.mod) for i, sch in picked], tuning.tvm_target,
                             functools.partial(export_to, tuning.toolchain), config.request_timeout_s, number=3, repeat=1,
-                            build_fn=build_candidate)
+                            build_fn=build_candidate, cold=cold_weights(tuning.target))
     except FarmError as exc:
         say(f"{exc.message}; the search starts without them")
         return {}

@@ -17,7 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from farm.costmodel import samples_of
 from farm.errors import message_line
-from farm.records import Device, TrackerAddress
+from farm.records import Device, TrackerAddress, cold_weights
 from farm.tune.config import TuneConfig
 from farm.tune.metaschedule import (PassScheduler, logs_to_file_only, make_builder, make_runner,
                                     session_log_dir)
@@ -137,6 +137,6 @@ def open_search(tracker: TrackerAddress, device: Device, tuning: Tuning, plan: P
         f"cost model: {samples_of(cost_model)} sample(s) from earlier sessions; {tuning.runners} runner(s) on key "
         f"{device.key!r}; {'builds run ahead of the measurements' if tuning.ahead else 'each batch is built, then measured'}")
     # made after the seeds were timed: their pools start their processes at once (warm_pool)
-    search.runner = make_runner(tracker, device, config, tuning.runners, tuning.ahead)
+    search.runner = make_runner(tracker, device, config, tuning.runners, tuning.ahead, cold_weights(tuning.target))
     search.builder = make_builder(tuning.toolchain, config, tuning.ahead, session.deadline)
     return search

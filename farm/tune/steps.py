@@ -20,7 +20,7 @@ from farm.compile import (TVM_VERSION, device_tuning_key, device_tuning_module, 
 from farm.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
 from farm.devices import kind_of
 from farm.errors import DeviceUnavailable, FarmError, ModelError
-from farm.records import Device, ModelSource, TrackerAddress, target_kind
+from farm.records import Device, ModelSource, TrackerAddress, cold_weights, target_kind
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.sweep import tuning_set
@@ -114,7 +114,8 @@ def _profile(tracker: TrackerAddress, device: Device, tuning: Tuning, config: Tu
     say(f"timing {len(tuning.tasks)} task(s) untuned on {device.name} to share {config.trials} trials by time")
     try:
         return profile_tasks(tracker, device, list(tuning.tasks), tuning.tvm_target,
-                             functools.partial(export_to, tuning.toolchain), config.request_timeout_s)
+                             functools.partial(export_to, tuning.toolchain), config.request_timeout_s,
+                             cold_weights(tuning.target))
     except FarmError as exc:
         say(f"{exc.message}; {exc.hint}")
         return None
