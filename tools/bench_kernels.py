@@ -5,9 +5,11 @@ The model is compiled with the store's records for an inventory device of this h
 compiles it, and run here by the Relax VM on the device's threads (TVM_NUM_THREADS, read back from
 runtime.NumThreads). An instrument times every call `main` makes (the first --warmup runs dropped, then the median
 of --runs): each kernel's time inside the model, beside the same kernel called alone on the tensors the model
-passed it, and beside its task's best record in the store (what `farm tune` measured, and what its shares and
-bench_tuning's "top 5 tasks" go by; "-": no schedule of its own, never searched or its untuned code won). The
-instrument's own cost a call is printed too (the VM's cheapest builtin, timed the same way).
+passed it, back to back and cold (every tensor but the first flushed from the CPU's caches before each call, by
+TVM's cache_flush_cpu_non_first_arg, as `farm tune` times a CPU candidate: records.COLD_WEIGHTS_RULE), and beside
+its task's best record in the store (what `farm tune` measured, and what its shares and bench_tuning's "top 5
+tasks" go by; "-": no schedule of its own, never searched or its untuned code won). The instrument's own cost a
+call is printed too (the VM's cheapest builtin, timed the same way).
 
 --reference: then the reference runtime's side (ONNX models: onnxruntime, on the same threads and inputs, with the
 options `farm bench` gives it, timed first in a process of its own), node by node by its own profiler: each op
@@ -63,9 +65,6 @@ def main() -> int:
 
 
 def kernels(device, args, threads: int) -> int:
-    import numpy as np
-    import tvm
-    from tvm import relax
 
     from farm.compile import compile_model
     from farm.models import load_model, make_inputs
@@ -86,7 +85,17 @@ def kernels(device, args, threads: int) -> int:
         # run took 3.3-3.6 ms against 1.6-1.7 in a process of its own (not understood; not farm bench's order)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             reference = pool.submit(reference_kernels, model, given, threads, args.warmup, args.runs, args.top).result()
-    artifact = compile_model(model, device, Path(tempfile.mkdtemp(prefix="farm-bench-kernels-")), tuning)
+    with tempfile.TemporaryDirectory(prefix="farm-bench-kernels-") as cache:
+        return timed(model, device, compile_model(model, device, Path(cache), tuning), tuning, given, reference, args,
+                     threads)
+
+
+def timed(model, device, artifact, tuning, given: dict, reference: list[str], args, threads: int) -> int:
+    """The tables: ``artifact`` run here call by call, then ``reference``'s lines."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
     reported = tvm.get_global_func("runtime.NumThreads")()
     dev = tvm.cpu()
     vm = relax.VirtualMachine(tvm.runtime.load_module(artifact.path), dev)
@@ -111,6 +120,7 @@ def kernels(device, args, threads: int) -> int:
         return 0
 
     vm.set_instrument(instrument)
+    flush_cache = tvm.get_global_func("cache_flush_cpu_non_first_arg")  # TVM's, as its time_evaluator's f_preproc
     for i in range(runs):
         run[0] = i
         vm["main"](*inputs)
@@ -118,27 +128,29 @@ def kernels(device, args, threads: int) -> int:
     print(f"{model.name} on {device.name} ({len(tuning.records)} records; {artifact.tuned_tasks}/{artifact.total_tasks} "
           f"tasks tuned), {reported} TVM threads as runtime.NumThreads reports ({threads} set): main "
           f"{np.median(whole) * 1e3:.2f} ms (median of 5 × 10 runs)")
-    print(f"{'kernel':44s} {'calls':>5s}  {'in model':>10s}  {'alone':>10s}  {'record':>10s}   (µs a run of main)")
+    print(f"{'kernel':44s} {'calls':>5s}  {'in model':>10s}  {'alone':>10s}  {'cold':>10s}  {'record':>10s}   "
+          "(µs a run of main)")
     rows = []
     for symbol, samples in times.items():
         per_run = max(counts[symbol][args.warmup:])
         in_model = float(np.median(samples[args.warmup:]))
-        alone = None
+        alone = cold = None
         if not symbol.startswith("vm.builtin"):
             func, call_args = calls[symbol]
-            alone = per_run * call_alone(func, call_args)
+            alone, cold = (per_run * call_alone(func, call_args, flush) for flush in (None, flush_cache))
         record = records.get(symbol.removesuffix("_prepacked"))
-        rows.append((in_model, symbol, per_run, alone, per_run * record if record else None))
-    for in_model, symbol, per_run, alone, record in sorted(rows, key=lambda r: r[0], reverse=True):
-        print(f"{symbol:44s} {per_run:5d}  {in_model * 1e6:10.1f}  {fmt(alone)}  {fmt(record)}")
+        rows.append((in_model, symbol, per_run, alone, cold, per_run * record if record else None))
+    for in_model, symbol, per_run, alone, cold, record in sorted(rows, key=lambda r: r[0], reverse=True):
+        print(f"{symbol:44s} {per_run:5d}  {in_model * 1e6:10.1f}  {fmt(alone)}  {fmt(cold)}  {fmt(record)}")
     floor = times.get("vm.builtin.null_value")
     if floor:
         print(f"the instrument's own cost: ~{np.median(floor[args.warmup:]) / max(counts['vm.builtin.null_value']) * 1e6:.2f} "
               "µs a call (vm.builtin.null_value, timed the same way)")
     total = sum(r[0] for r in rows)
-    unsearched = sum(r[0] for r in rows if r[4] is None and r[3] is not None)
+    unsearched = sum(r[0] for r in rows if r[5] is None and r[3] is not None)
     print(f"sum of the calls {total * 1e3:.2f} ms; kernels with no schedule of their own: {unsearched * 1e3:.2f} ms "
-          f"({unsearched / total:.0%}); the records' sum: {sum(r[4] or 0 for r in rows) * 1e3:.2f} ms")
+          f"({unsearched / total:.0%}); the kernels' sum alone: {sum(r[3] or 0 for r in rows) * 1e3:.2f} ms, cold: "
+          f"{sum(r[4] or 0 for r in rows) * 1e3:.2f} ms; the records' sum: {sum(r[5] or 0 for r in rows) * 1e3:.2f} ms")
     for line in reference:
         print(line)
     return 0
@@ -188,10 +200,13 @@ def reference_kernels(model, given: dict, threads: int, warmup: int, runs: int, 
     return lines
 
 
-def call_alone(func, call_args, runs: int = 50) -> float:
-    """One kernel called back to back on the same tensors: the median of ``runs`` calls (5 dropped first)."""
+def call_alone(func, call_args, flush=None, runs: int = 50) -> float:
+    """One kernel called again and again on the same tensors: the median of ``runs`` calls (5 dropped first); with
+    ``flush``, called on the tensors before each call, untimed."""
     samples = []
     for i in range(runs + 5):
+        if flush is not None:
+            flush(*call_args)
         start = time.perf_counter()
         func(*call_args)
         if i >= 5:
