@@ -124,7 +124,7 @@ def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "FARM_DB", "FARM_DEVICES")}
     done = subprocess.run([sys.executable, str(REPO / "tools" / "bench_kernels.py"), "--devices", str(REPO / "devices.toml"),
                            "--device", "x86-local", "--model", "mlp", "--db", str(tmp_path / "empty.db"), "--runs", "3",
-                           "--warmup", "1", "--reference"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+                           "--warmup", "1", "--reference", "--records", "2"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     reported, given = map(int, re.search(r"(\d+) TVM threads as runtime.NumThreads reports \((\d+) set\)",
                                          done.stdout).groups())
@@ -135,7 +135,7 @@ def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
     # in the model, alone, alone cold (weights flushed before each call), and no record
     assert all(len(k) == 6 and float(k[2]) > 0 and float(k[3]) > 0 and float(k[4]) > 0 and k[5] == "-"
                for k in kernels), done.stdout
-    assert "the records' sum: 0.00 ms" in done.stdout
+    assert "the records' sum: 0.00 ms" in done.stdout and "\nno records to time\n" in done.stdout
     ours, theirs = done.stdout.split("\nonnxruntime ", 1)
     assert int(re.search(r" on (\d+) threads \(intra_op_num_threads\)", theirs).group(1)) == given, theirs
     op_types = {row[0]: (int(row[1]), float(row[2])) for row in

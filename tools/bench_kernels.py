@@ -19,6 +19,9 @@ do: squeezenet's concatenations took 2.4× onnxruntime's time this way, which no
     .venv/bin/python tools/bench_kernels.py --device x86-local --model onnx:squeezenet --db .farm/results.db
     .venv/bin/python tools/bench_kernels.py --device x86-local --model onnx:squeezenet --reference
 
+--records N [--tasks a,b]: then each task's N best records built and timed alone, back to back (as `farm tune` timed
+candidates before it flushed weights) and cold: whether the two rank schedules alike.
+
 What it showed on squeezenet: docs/benchmarks.md, "Where a tuned squeezenet's time goes".
 """
 
@@ -46,6 +49,9 @@ def main() -> int:
     parser.add_argument("--reference", action="store_true",
                         help="then onnxruntime's time by op type and node, by its profiler (ONNX models)")
     parser.add_argument("--top", type=int, default=15, help="the reference's slowest nodes listed (default 15)")
+    parser.add_argument("--records", type=int, default=0, metavar="N",
+                        help="then each task's N best records timed alone, back to back and cold (default 0: none)")
+    parser.add_argument("--tasks", default="", help="--records: only tasks whose name holds one of these (comma-separated)")
     args = parser.parse_args()
 
     from farm.errors import FarmError
@@ -151,9 +157,53 @@ def timed(model, device, artifact, tuning, given: dict, reference: list[str], ar
     print(f"sum of the calls {total * 1e3:.2f} ms; kernels with no schedule of their own: {unsearched * 1e3:.2f} ms "
           f"({unsearched / total:.0%}); the kernels' sum alone: {sum(r[3] or 0 for r in rows) * 1e3:.2f} ms, cold: "
           f"{sum(r[4] or 0 for r in rows) * 1e3:.2f} ms; the records' sum: {sum(r[5] or 0 for r in rows) * 1e3:.2f} ms")
+    if args.records:
+        top_records(model, device, tuning, args.records, [t for t in args.tasks.split(",") if t])
     for line in reference:
         print(line)
     return 0
+
+
+def top_records(model, device, tuning, count: int, names: list[str]) -> None:
+    """Each task's ``count`` best records (by their stored time), each built as ``farm tune`` builds a candidate and
+    timed here alone as ``farm tune`` timed it before it flushed weights (3 runs back to back, repeated until 20 ms)
+    and cold (10 runs, each after ``cache_flush_cpu_non_first_arg``: records.COLD_WEIGHTS_RULE), the median of 3
+    timings each: whether back-to-back times rank schedules as a model's cold weights do."""
+    import numpy as np
+    import tvm
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from farm.compile import device_tuning_module, effective_target, make_target
+    from farm.records import COLD_RUNS
+    from farm.tune.metaschedule import build_candidate, extract_tasks
+    from farm.tune.records import prior_databases, record_s
+
+    known = prior_databases(tuning)
+    if known is None:
+        print("\nno records to time")
+        return
+    target = effective_target(device)
+    tvm_target, dev = make_target(target), tvm.cpu()
+    print(f"\neach task's {count} best records alone (µs a call; record: as stored): back to back / cold")
+    for task in extract_tasks(device_tuning_module(model, device, target), tvm_target, model):
+        if names and not any(name in task.task_name for name in names):
+            continue
+        mod = task.dispatched[0]
+        print(task.task_name)
+        for rank, record in enumerate(known[0].get_top_k(known[0].commit_workload(mod), count)):
+            schedule = Schedule(mod)
+            record.trace.apply_to_schedule(schedule, remove_postproc=False)
+            lib = build_candidate(schedule.mod, tvm_target, None)
+            args = [tvm.runtime.tensor(np.random.default_rng(rank).uniform(-1, 1, [int(d) for d in info.shape])
+                                       .astype(str(info.dtype)), dev)
+                    for info in ms.arg_info.ArgInfo.from_entry_func(schedule.mod, remove_preproc=True)]
+            warm = lib.time_evaluator(lib.entry_name, dev, number=3, repeat=1, min_repeat_ms=20)
+            cold = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=COLD_RUNS, min_repeat_ms=0,
+                                      f_preproc="cache_flush_cpu_non_first_arg")
+            warm_s = np.median([np.mean(warm(*args).results) for _ in range(3)])
+            cold_s = np.median([np.mean(cold(*args).results) for _ in range(3)])
+            print(f"  #{rank}  record {fmt(record_s(record.run_secs))}  back to back {fmt(warm_s)}  cold {fmt(cold_s)}")
 
 
 def reference_kernels(model, given: dict, threads: int, warmup: int, runs: int, top: int) -> list[str]:
