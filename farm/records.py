@@ -241,9 +241,13 @@ COLD_RUNS = 10  # runs a candidate is timed, each after the flush (their mean is
 
 def cold_weights(target: dict[str, Any]) -> bool:
     """Whether tuning for ``target`` (the effective one) times candidates with their weights flushed from the caches
-    (``COLD_WEIGHTS_RULE``): on llvm targets, whose flush (``cache_flush_cpu_non_first_arg``) TVM's runtime has for
-    x86 and aarch64; a GPU's weights live in its own memory."""
-    return target_kind(target) == "llvm"
+    (``COLD_WEIGHTS_RULE``): on llvm targets for x86-64 and aarch64 (this host's, or by ``mtriple``), the CPUs whose
+    flush TVM's runtime implements (``cache_flush_cpu_non_first_arg``; elsewhere it does nothing, and single runs
+    would only be noisier); a GPU's weights live in its own memory."""
+    import platform
+
+    arch = str(target.get("mtriple") or platform.machine()).split("-")[0].lower()
+    return target_kind(target) == "llvm" and arch in ("x86_64", "amd64", "aarch64", "arm64")
 
 
 @dataclass(frozen=True)

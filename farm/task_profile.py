@@ -2,11 +2,13 @@
 
 Untuned CPU code is naive loops, and a model's time sits in a few tasks (convnet: one conv is ~90 % of it,
 while MetaSchedule's first round gives ``mean`` and ``max_pool2d`` as many trials as the conv). Before a search,
-``profile_tasks`` builds each task's PrimFunc as it is (TVM's default lowering, no schedule), runs it once on
-the device through one session (zeros for its buffers; ``time_evaluator``: warm-up discarded, 3 repeats of at
-least 20 ms) and ``allocate_trials`` shares the budget by each task's share of the model's time (untuned time ×
-call sites). The smallest tasks, together under ``min_share`` of that time, get no search. GPU targets need a
-schedule to build at all: they are not profiled, and MetaSchedule's own task scheduler shares the trials.
+``profile_tasks`` builds each task's PrimFunc as it is (TVM's default lowering, no schedule), runs it once on the
+device through one session (zeros for its buffers; ``time_evaluator``, warm-up discarded: on x86-64 and aarch64
+CPUs as the tuning runner times a candidate, 10 single runs each after its weights are flushed from the caches,
+``records.COLD_WEIGHTS_RULE``; else 3 repeats of at least 20 ms) and ``allocate_trials`` shares the budget by each
+task's share of the model's time (untuned time × call sites). The smallest tasks, together under ``min_share`` of
+that time, get no search. GPU targets need a schedule to build at all: they are not profiled, and MetaSchedule's
+own task scheduler shares the trials.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from farm.records import COLD_RUNS, Device, TrackerAddress
 log = logging.getLogger(__name__)
 
 DEFAULT_MIN_SHARE = 0.01  # the smallest tasks, together under 1 % of the model's time, are not searched
-PROFILE_MIN_REPEAT_MS = 20  # each of the 3 repeats runs the task for at least this long
+PROFILE_MIN_REPEAT_MS = 20  # each of the 3 repeats runs the task for at least this long (timed warm: not cold_weights)
 
 
 @dataclass(frozen=True)
@@ -39,20 +41,21 @@ class TaskShare:
 
 
 def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: Any,
-                  export: Callable[[str, Any], str], timeout_s: float, cold: bool = False) -> list[float]:
+                  export: Callable[[str, Any], str], timeout_s: float, cold: bool) -> list[float]:
     """Each task's untuned time per call on ``device`` (seconds), in one session; ``export(path, module)`` writes a
     built module as a library the device loads (the one tuning's candidates use); ``cold``: timed as the runner
-    times candidates (``time_modules``). Raises FarmError."""
+    times candidates (``time_modules``), and then its time is the mean of those runs, as a record's is
+    (``tune.records.record_s``); else the fastest repeat. Raises FarmError."""
     runs = time_modules(tracker, device, [(f"{t.task_name} untuned", t.dispatched[0]) for t in tasks], target, export,
                         timeout_s, number=1, repeat=3, cold=cold,
                         hint="tuning shares the trials by MetaSchedule's own scheduler instead")
-    return [min(r) for r in runs]
+    return [sum(r) / len(r) if cold else min(r) for r in runs]
 
 
 def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[str, Any]], target: Any,
                  export: Callable[[str, Any], str], timeout_s: float, number: int, repeat: int,
                  build_fn: Callable[[Any, Any, None], Any] | None = None,
-                 hint: str = "tuning goes on without this figure", cold: bool = False) -> list[list[float]]:
+                 hint: str = "tuning goes on without this figure", *, cold: bool) -> list[list[float]]:
     """Each (name, PrimFunc module) built for ``target`` (by ``build_fn(mod, target, None)``, else TVM's default
     lowering) and timed on ``device`` in one session (zeros for its buffers; measure's ``device_timer`` with ``number``,
     ``repeat``, at least ``PROFILE_MIN_REPEAT_MS`` a repeat; ``cold``: as the tuning runner times a candidate with

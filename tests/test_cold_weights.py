@@ -51,6 +51,9 @@ def test_records_timed_warm_are_kept_apart_explained_once_and_a_warm_pack_is_ref
     cpu, gpu = devices["cold"], devices["gpu"]
     target, gpu_target = effective_target(cpu), effective_target(gpu)
     assert cold_weights(target) and not cold_weights(gpu_target)  # a GPU's weights live in its own memory
+    # the CPUs whose flush TVM's runtime implements (elsewhere it does nothing: the runs would be warm, and single)
+    assert cold_weights({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    assert not cold_weights({"kind": "llvm", "mtriple": "armv7a-linux-androideabi"})
     settings = (threads_setting(cpu, target), weight_prepack_setting(cpu, target))
     warm_key = tuning_key(target, *settings, layout=layout_setting(cpu, target), cold=False)
     assert device_tuning_key(cpu) == tuning_key(target, *settings, layout="NHWC", cold=True) != warm_key
@@ -62,6 +65,14 @@ def test_records_timed_warm_are_kept_apart_explained_once_and_a_warm_pack_is_ref
                 assert tuning_set(store, cpu).records == ()  # ranked warm: never mixed with records timed cold
         said = [r.getMessage() for r in caplog.records if "weights in the CPU's caches" in r.getMessage()]
         assert len(said) == 1 and "farm tune --device cold tunes it again on 2 threads" in said[0], said
+    with Store(tmp_path / "model-layout.db") as store:  # warm records of other settings: said too, not silently lost
+        store.add_tuning_lines(tuning_key(target, *settings, layout="model", cold=False), ['{"w": 1}'],
+                               [(0, '[0, "timed warm in the model\'s layout"]', 1e-3)], None)
+        with caplog.at_level(logging.WARNING, logger="farm.sweep"):
+            assert tuning_set(store, devices["cold-too"]).records == ()
+        said = [r.getMessage() for r in caplog.records if "'cold-too'" in r.getMessage() or "cold-too:" in r.getMessage()]
+        assert len(said) == 1 and "weights in the CPU's caches" in said[0], said
+    with Store(tmp_path / "r.db") as store:
         pack = tmp_path / "pack"
         export_database(store, cpu, pack)
         manifest = json.loads((pack / "farm-pack.json").read_text())

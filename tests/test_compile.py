@@ -124,7 +124,8 @@ def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "FARM_DB", "FARM_DEVICES")}
     done = subprocess.run([sys.executable, str(REPO / "tools" / "bench_kernels.py"), "--devices", str(REPO / "devices.toml"),
                            "--device", "x86-local", "--model", "mlp", "--db", str(tmp_path / "empty.db"), "--runs", "3",
-                           "--warmup", "1", "--reference", "--records", "2"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+                           "--warmup", "1", "--reference", "--records", "2"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     reported, given = map(int, re.search(r"(\d+) TVM threads as runtime.NumThreads reports \((\d+) set\)",
                                          done.stdout).groups())

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from farm.records import COLD_RUNS
 from farm.rpc.processes import start_server, stop_process
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import REPO, TEST_POPULATION, run_farm
@@ -86,6 +87,12 @@ def test_short_tune_stores_records_and_changes_the_artifact(farm_net, inventory_
     assert tuned["tuned_tasks"] == sum(1 for w, secs in baselines.items() if best_tuned.get(w, 1e9) < secs), \
         (out["tasks"], baselines, best_tuned, tuned)
     assert tuned["cache_key"] != untuned["cache_key"] and tuned["path"] != untuned["path"]
+    # a CPU's candidates timed as inside a model (records.COLD_WEIGHTS_RULE): COLD_RUNS single runs, each after its
+    # weights were flushed (back to back, farm's runner gave one result: 3 runs repeated until 20 ms)
+    with sqlite3.connect(tmp_path / "results.db") as db:
+        timed = [json.loads(body) for body, run_s in db.execute("SELECT body, run_s FROM tune_records") if run_s]
+    candidates = [record[1] for record in timed if [inst[0] for inst in record[0][0]] != ["GetSBlock"]]
+    assert candidates and all(len(runs) == COLD_RUNS for runs in candidates), candidates
     bench = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "mlp", "--repeat", "3",
                      "--min-repeat-ms", "5", "--json", env=farm_env)
     assert bench.returncode == 0, bench.stderr

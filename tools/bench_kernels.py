@@ -185,12 +185,16 @@ def top_records(model, device, tuning, count: int, names: list[str]) -> None:
         return
     target = effective_target(device)
     tvm_target, dev = make_target(target), tvm.cpu()
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     print(f"\neach task's {count} best records alone (µs a call; record: as stored): back to back / cold")
     for task in extract_tasks(device_tuning_module(model, device, target), tvm_target, model):
         if names and not any(name in task.task_name for name in names):
             continue
-        mod = task.dispatched[0]
+        mod = normalize(task.dispatched[0])
         print(task.task_name)
+        if not known[0].has_workload(mod):  # commit_workload only looks it up then (the databases' files are gone)
+            print("  no record")
+            continue
         for rank, record in enumerate(known[0].get_top_k(known[0].commit_workload(mod), count)):
             schedule = Schedule(mod)
             record.trace.apply_to_schedule(schedule, remove_postproc=False)

@@ -51,7 +51,9 @@ def warn_records_that_do_not_apply(store: Store, device: Device, target: dict) -
         log.warning("%s: its tuning records were made %s and do not apply with its settings (layout %s, weight "
                     "prepacking %s: other workloads); %s, or %s in devices.toml uses them", device.name, made[0],
                     layout, "on" if prepack else "off", again, made[1])
-    elif cold_weights(target) and store.ever_had_records(tuning_key(target, threads, prepack, layout=layout, cold=False)):
+    elif cold_weights(target) and any(store.ever_had_records(tuning_key(target, threads, packed, layout=laid, cold=False))
+                                      for packed, laid in ((prepack, layout), (prepack, "model"), (False, layout),
+                                                           (False, "model"))):
         log.warning("%s: its tuning records were timed with their weights in the CPU's caches, as farm tuned before "
                     "it flushed them between runs (inside a model they come from memory) and no longer apply; %s",
                     device.name, again)
