@@ -239,6 +239,31 @@ COLD_WEIGHTS_RULE = ("how tuning times a candidate: on llvm targets its weights 
 COLD_RUNS = 10  # runs a candidate is timed, each after the flush (their mean is its record's time, as MetaSchedule's)
 
 
+@dataclass(frozen=True)
+class CandidateTiming:
+    """How tuning times a candidate (``COLD_WEIGHTS_RULE``), in TVM's ``time_evaluator``'s terms: the runner, the
+    untuned profile and the anchor-block seeds (when cold), and ``tools/bench_kernels.py``'s records."""
+
+    number: int  # calls a repeat
+    repeat: int
+    min_repeat_ms: int
+    f_preproc: str  # run before each repeat: TVM's flush, or "" (none)
+
+    @property
+    def flushed(self) -> bool:
+        return bool(self.f_preproc)
+
+
+# cold: each of COLD_RUNS single runs after TVM's flush of every argument but the first (the input stays warm, as
+# the kernel before leaves it); warm: 3 runs back to back, repeated until they last 20 ms
+COLD_TIMING = CandidateTiming(1, COLD_RUNS, 0, "cache_flush_cpu_non_first_arg")
+WARM_TIMING = CandidateTiming(3, 1, 20, "")
+
+
+def candidate_timing(cold: bool) -> CandidateTiming:
+    return COLD_TIMING if cold else WARM_TIMING
+
+
 def cold_weights(target: dict[str, Any]) -> bool:
     """Whether tuning for ``target`` (the effective one) times candidates with their weights flushed from the caches
     (``COLD_WEIGHTS_RULE``): on llvm targets for x86-64 and aarch64 (this host's, or by ``mtriple``), the CPUs whose

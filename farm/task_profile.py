@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from farm.errors import FarmError, message_line
-from farm.records import COLD_RUNS, Device, TrackerAddress
+from farm.records import COLD_TIMING, Device, TrackerAddress
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
     """Each (name, PrimFunc module) built for ``target`` (by ``build_fn(mod, target, None)``, else TVM's default
     lowering) and timed on ``device`` in one session (zeros for its buffers; measure's ``device_timer`` with ``number``,
     ``repeat``, at least ``PROFILE_MIN_REPEAT_MS`` a repeat; ``cold``: as the tuning runner times a candidate with
-    its weights flushed, ``records.COLD_WEIGHTS_RULE``: ``COLD_RUNS`` single runs, each after the flush): its results
+    its weights flushed, ``records.COLD_WEIGHTS_RULE``: ``records.COLD_TIMING``): its results
     per module, seconds a call. Raises FarmError naming the module that failed, with ``hint``.
     (TVM is imported here: the CLI reads this module's defaults without it.)"""
     import numpy as np
@@ -85,7 +85,8 @@ def time_modules(tracker: TrackerAddress, device: Device, modules: list[tuple[st
             infos = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=build_fn is not None)
             args = [tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=str(info.dtype)), dev)
                     for info in infos]
-            timer = (device_timer(remote, remote.entry_name, dev, 1, COLD_RUNS, 0, "cache_flush_cpu_non_first_arg")
+            timer = (device_timer(remote, remote.entry_name, dev, COLD_TIMING.number, COLD_TIMING.repeat,
+                                  COLD_TIMING.min_repeat_ms, COLD_TIMING.f_preproc)
                      if cold else device_timer(remote, remote.entry_name, dev, number, repeat, PROFILE_MIN_REPEAT_MS))
             times.append(list(timer(*args)))
         except Exception as exc:  # TVM's errors: the profile is advice, the search goes on without it

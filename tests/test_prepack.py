@@ -53,6 +53,8 @@ def test_a_tuned_artifact_prepacks_its_weights_at_build_time_and_still_matches_t
     calls = main_calls(artifact["path"])
     assert not [c for c in calls if c.endswith("_weight_prepack")], calls  # folded into the library's constants
     assert [c for c in calls if c.endswith("_prepacked")], calls  # the tuned matmul reads its packed weight
+    # and nothing is left of the folded repacking: no tuple of packed weights built for nothing every run
+    assert not [c for c in calls if c in ("vm.builtin.make_tuple", "vm.builtin.tuple_getitem")], calls
     bench = run_farm(*base, "bench", "--device", "cpu-a", "--model", "mlp", "--repeat", "3", "--min-repeat-ms",
                      "5", "--json", env=farm_env)
     assert bench.returncode == 0, bench.stderr

@@ -175,7 +175,8 @@ def top_records(model, device, tuning, count: int, names: list[str]) -> None:
     from tvm.s_tir import meta_schedule as ms
 
     from farm.compile import device_tuning_module, effective_target, make_target
-    from farm.records import COLD_RUNS
+    from farm.measure.vm import device_timer
+    from farm.records import COLD_TIMING, WARM_TIMING
     from farm.tune.metaschedule import build_candidate, extract_tasks
     from farm.tune.records import prior_databases, record_s
 
@@ -202,11 +203,10 @@ def top_records(model, device, tuning, count: int, names: list[str]) -> None:
             args = [tvm.runtime.tensor(np.random.default_rng(rank).uniform(-1, 1, [int(d) for d in info.shape])
                                        .astype(str(info.dtype)), dev)
                     for info in ms.arg_info.ArgInfo.from_entry_func(schedule.mod, remove_preproc=True)]
-            warm = lib.time_evaluator(lib.entry_name, dev, number=3, repeat=1, min_repeat_ms=20)
-            cold = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=COLD_RUNS, min_repeat_ms=0,
-                                      f_preproc="cache_flush_cpu_non_first_arg")
-            warm_s = np.median([np.mean(warm(*args).results) for _ in range(3)])
-            cold_s = np.median([np.mean(cold(*args).results) for _ in range(3)])
+            warm, cold = (device_timer(lib, lib.entry_name, dev, t.number, t.repeat, t.min_repeat_ms, t.f_preproc)
+                          for t in (WARM_TIMING, COLD_TIMING))
+            warm_s = np.median([np.mean(warm(*args)) for _ in range(3)])
+            cold_s = np.median([np.mean(cold(*args)) for _ in range(3)])
             print(f"  #{rank}  record {fmt(record_s(record.run_secs))}  back to back {fmt(warm_s)}  cold {fmt(cold_s)}")
 
 

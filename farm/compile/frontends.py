@@ -221,11 +221,13 @@ def fold_weight_prepack(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRM
     repacking (``*_weight_prepack``) and the kernel on packed weights (``*_prepacked``), and the repacking of constant
     weights computed now (``FoldConstant``): the library holds the packed weights, ``main(input)`` calls no repacking
     and keeps its interface. (``LiftTransformParams`` lifts the repacking of weights passed as parameters; farm's
-    importers keep weights as constants, so there are none.)"""
+    importers keep weights as constants, so there are none.) Folding leaves each kernel's packed weights bound to a
+    tuple ``main`` never reads (a ``make_tuple``, its ``tuple_getitem``s and a null: 104 VM calls a squeezenet run,
+    0.5 % of its time): dead code elimination drops them."""
     with target:
         for name in PREPACK_PASSES:
             mod = getattr(relax.transform, name)()(mod)
-    return mod
+        return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
 
 
 def prepack_calls(mod: tvm.IRModule) -> list[str]:

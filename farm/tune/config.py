@@ -35,9 +35,10 @@ RUNNER_TIMEOUT_S = 60.0
 # request_timeout_s) before its measurement fails: busy devices are not a bad schedule.
 BUSY_RETRIES = 4
 
-# Searching by share, the tasks take turns in passes: each pass gives every task its share of this many trials
-# (at least one batch), biggest first (a session's first pass: the tasks never searched first), until their
-# allotments or the minutes are spent. One search per task at once would give a time-bounded session's whole budget
+# Searching by share, the tasks take turns in passes: each pass credits every task with its share of this many
+# trials, and a task is searched when its credit makes a whole batch (the rest carries over), biggest first (a
+# session's first pass: the tasks never searched first, a batch each), until their allotments or the minutes are
+# spent. One search per task at once would give a time-bounded session's whole budget
 # to the biggest task (it plateaus, the others wait).
 PASS_TRIALS = 256
 

@@ -33,7 +33,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.compile import export_library
 from farm.errors import BuildError, DeviceUnavailable, message_line
-from farm.records import COLD_RUNS, Device, ModelSource, TrackerAddress
+from farm.records import Device, candidate_timing, ModelSource, TrackerAddress
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.tune.config import BUSY_RETRIES, TuneConfig
@@ -290,12 +290,11 @@ def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, run
 
 
 def evaluator_config(cold: bool) -> EvaluatorConfig:
-    """How the runner times a candidate (``records.COLD_WEIGHTS_RULE``): cold, ``COLD_RUNS`` single runs, each after
-    TVM's ``cache_flush_cpu_non_first_arg`` (every argument but the first, the input, flushed from the CPU's caches);
-    else 3 runs back to back, repeated until they last 20 ms."""
-    if cold:
-        return EvaluatorConfig(number=1, repeat=COLD_RUNS, min_repeat_ms=0, enable_cpu_cache_flush=True)
-    return EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False)
+    """How the runner times a candidate (``records.COLD_WEIGHTS_RULE``): ``records.COLD_TIMING`` when ``cold``, else
+    ``WARM_TIMING`` (MetaSchedule's cache flush is TVM's ``cache_flush_cpu_non_first_arg``, COLD_TIMING's)."""
+    timing = candidate_timing(cold)
+    return EvaluatorConfig(number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms,
+                           enable_cpu_cache_flush=timing.flushed)
 
 
 def make_builder(toolchain: str, config: TuneConfig, ahead: bool, deadline: float | None = None):

@@ -56,25 +56,40 @@ class Plan:
 def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int,
                   pass_trials: int = PASS_TRIALS, exhausted: set[int] | None = None,
                   first: set[int] | frozenset[int] = frozenset()) -> Iterator[list[tuple[int, int]]]:
-    """The by-share plan, pass after pass: each pass is a list of (task, trials), biggest share first, each task
-    getting ``pass_trials`` × its share in whole batches (at least one ``batch``, at most what is left of its
-    allotment). The tasks ``first`` (never searched) lead the first pass, biggest share first: a task's first
-    batch buys more than a tuned task's next one (untuned code is naive loops), and a session bounded by minutes
-    may end within its first pass. A task the caller adds to ``exhausted`` (its search measured fewer than it
-    was given: no new candidate left) is not in the passes after."""
+    """The by-share plan, pass after pass: each pass is a list of (task, trials), biggest share first. Each pass
+    credits every task with ``pass_trials`` × its share, and a task is searched when its credit makes a whole
+    ``batch`` (or the rest of its allotment): what a pass does not spend carries over to the next, so a task of
+    1 % is searched a batch every few passes and the trials go by share, not a batch a task a pass (which gave
+    squeezenet's fifteen smallest tasks more than half of an hour's trials, and its last conv, a quarter of its
+    time, a sixth). The tasks ``first`` (never searched) lead the first pass with a batch at least, biggest share
+    first: a task's first batch buys more than a tuned task's next one (untuned code is naive loops), and a
+    session bounded by minutes may end within its first pass. A task the caller adds to ``exhausted`` (its search
+    measured fewer than it was given: no new candidate left) is not in the passes after."""
     done = exhausted if exhausted is not None else set()
     left = {i: n for i, n in allotted.items() if n > 0}
     total = sum(shares[i] for i in left) or 1.0
+    # a task's credit a pass (never nothing: a task with an allotment is searched in the end)
+    rate = {i: max(pass_trials * shares[i] / total, 1e-3) for i in left}
+    credit = {i: 0.0 for i in left}
     order = sorted(left, key=lambda i: (i not in first, -shares[i]))
+    opening = True
     while any(n for i, n in left.items() if i not in done):
         searches = []
         for i in order:
             if left[i] and i not in done:
-                take = min(left[i], batch * max(1, round(pass_trials * shares[i] / total / batch)))
-                left[i] -= take
-                searches.append((i, take))
-        yield searches
-        order.sort(key=lambda i: -shares[i])
+                credit[i] += rate[i]
+                take = left[i] if credit[i] >= left[i] else batch * int(credit[i] // batch)
+                if opening and i in first:
+                    take = min(left[i], max(take, batch))
+                if take:
+                    credit[i] -= take
+                    left[i] -= take
+                    searches.append((i, take))
+        if searches:
+            yield searches
+        if opening:
+            opening = False
+            order.sort(key=lambda i: -shares[i])
 
 
 def overlapped_calls(searches: list[tuple[int, int]], batch: int) -> list[list[tuple[int, int]]]:
