@@ -236,13 +236,14 @@ def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task
     from farm.tune import overlapped_calls, search_passes
 
     # a budget bounded by minutes asks for 100,000 trials: the biggest task's share must not be one endless search
-    plan = search_passes({0: 70_000, 1: 29_000, 2: 1_000, 3: 0}, {0: 0.7, 1: 0.29, 2: 0.01, 3: 0.001}, 16)
+    plan = search_passes({0: 70_000, 1: 29_000, 2: 1_000, 3: 0, 4: 100}, {0: 0.7, 1: 0.29, 2: 0.01, 3: 0.001, 4: 0.001},
+                         16)
     passes = [next(plan) for _ in range(20)]
     assert passes[:2] == [[(0, 176), (1, 64)], [(0, 176), (1, 80)]]  # 256 a pass by share, in whole batches
-    given = {i: sum(n for searches in passes for j, n in searches if j == i) for i in range(4)}
+    given = {i: sum(n for searches in passes for j, n in searches if j == i) for i in range(5)}
     # ... and the trials go by share over the passes: a task of 1 % is searched a batch every few passes, not a
     # batch each (which gave 30 small tasks most of a pass, and squeezenet's last conv a sixth of the trials)
-    assert given[3] == 0 and 1 <= given[2] // 16 <= 4
+    assert given[3] == given[4] == 0 and 1 <= given[2] // 16 <= 4  # 0.1 %: no whole batch yet after 20 passes
     assert abs(given[0] / sum(given.values()) - 0.7) < 0.02 and abs(given[1] / sum(given.values()) - 0.29) < 0.02
     assert all(n % 16 == 0 for searches in passes for _, n in searches)
     # small allotments (a trial budget) are searched in one go each, biggest first, and add up to the budget
@@ -250,7 +251,9 @@ def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task
     whole = [search for searches in search_passes({0: 700, 1: 290, 2: 10}, {0: 0.7, 1: 0.29, 2: 0.01}, 16)
              for search in searches]
     assert sum(t for i, t in whole if i == 0) == 700 and sum(t for i, t in whole if i == 1) == 290
-    assert [i for i, _ in whole][:2] == [0, 1] and whole[-1] == (2, 10)  # the 1 % task's 10 when its credit is
+    assert [i for i, _ in whole][:2] == [0, 1] and whole[-1] == (2, 10)  # the 1 % task's 10, once its credit covers them
+    # a search does not leave less than a batch of its allotment for a search of its own (a generation for 4 trials)
+    assert next(search_passes({0: 1000, 1: 20}, {0: 0.934, 1: 0.066}, 16)) == [(0, 224), (1, 20)]
     # a task with an allotment and next to no share is still searched in the end (no endless empty passes)
     assert list(search_passes({0: 16, 1: 16}, {0: 1.0, 1: 0.0}, 16))[-1] == [(1, 16)]
     # tasks never searched lead the first pass with a batch at least (their first batch buys most), then by share
@@ -273,7 +276,8 @@ def test_a_time_bounded_budget_is_searched_in_passes_not_all_on_the_biggest_task
 
 def test_a_batch_s_builds_stop_at_the_session_s_deadline():
     """A session given minutes: builds not done when its time is spent fail as not built and their workers stop,
-    so a batch of slow compiles cannot run it minutes past its budget; the restarted workers build again."""
+    so a batch of slow compiles cannot run it minutes past its budget; the restarted workers build again. A
+    candidate built and never measured leaves no folder behind once the builder stops."""
     import tvm
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
@@ -294,6 +298,8 @@ def test_a_batch_s_builds_stop_at_the_session_s_deadline():
         assert built[0].error_msg is None and os.path.isfile(built[0].artifact_path), built[0].error_msg
     finally:
         spent.shutdown()
+    # built and never measured (the session's time spent): its folder goes with the builder, not left in /tmp
+    assert not os.path.exists(os.path.dirname(built[0].artifact_path))
 
 
 def test_a_candidate_whose_build_failed_is_measured_as_failed_with_the_build_error(tmp_path):

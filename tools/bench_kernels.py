@@ -152,6 +152,8 @@ def timed(model, device, artifact, tuning, given: dict, reference: list[str], ar
     if floor:
         print(f"the instrument's own cost: ~{np.median(floor[args.warmup:]) / max(counts['vm.builtin.null_value']) * 1e6:.2f} "
               "µs a call (vm.builtin.null_value, timed the same way)")
+    else:
+        print("the instrument's own cost: not measured (main calls no vm.builtin.null_value to time it by)")
     total = sum(r[0] for r in rows)
     unsearched = sum(r[0] for r in rows if r[5] is None and r[3] is not None)
     print(f"sum of the calls {total * 1e3:.2f} ms; kernels with no schedule of their own: {unsearched * 1e3:.2f} ms "

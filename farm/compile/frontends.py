@@ -109,13 +109,18 @@ def channels_last(mod: tvm.IRModule, name: str = "the model", lanes: int = 0) ->
 
 
 PAD_FROM = 128  # output channels from which padding to whole vectors wastes under 1/8 of a conv's work
+PAIR_WASTE = 1 / 32  # padding to whole pairs of vectors where that adds at most this share of a conv's work
 
 
 def whole_vectors(mod: tvm.IRModule, lanes: int) -> tvm.IRModule:
     """``mod`` (NHWC) with each float32 convolution whose output channels are not a multiple of ``lanes`` (from
     ``PAD_FROM``) given zero weights up to the next multiple, its bias add and relu following, and the extra channels
     sliced off after them. In NHWC the output channels are innermost, the axis a tuned kernel vectorizes:
-    squeezenet's last conv (1,000 channels, 62.5 of AVX-512's 16-lane vectors) ran at half its other convs' rate."""
+    squeezenet's last conv (1,000 channels, 62.5 of AVX-512's 16-lane vectors) ran at half its other convs' rate.
+    Where it adds at most ``PAIR_WASTE`` of the work, the channels are padded to whole pairs of vectors: a kernel's
+    register tile is pixels × vectors, and MetaSchedule tiles by divisors, so at 1,008 channels (16 × 63) on a
+    13 × 13 image the only tile that fits AVX-512's 32 registers was 13 pixels × 1 vector, each input broadcast
+    feeding one multiply-add; at 1,024 it can be 13 × 2."""
     x, weight, bias = wildcard(), is_const(), is_const()
     conv = is_op("relax.nn.conv2d")(x, weight)
     with_bias = is_op("relax.add")(conv, bias)
@@ -128,6 +133,8 @@ def whole_vectors(mod: tvm.IRModule, lanes: int) -> tvm.IRModule:
                 or ty.dtype != "float32" or channels < PAD_FROM or channels % lanes == 0):
             return expr
         wide = -(-channels // lanes) * lanes
+        pair = -(-channels // (2 * lanes)) * 2 * lanes
+        wide = pair if pair - channels <= channels * PAIR_WASTE else wide
         out = relax.Call(call.op, (matched[x], relax.const(_pad_last(matched[weight].value.numpy(), wide))), attrs)
         if with_bias in matched:
             shift = matched[bias].value.numpy()

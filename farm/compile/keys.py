@@ -19,8 +19,9 @@ TVM_VERSION: str = tvm.__version__  # part of every tuning key and artifact key 
 # on llvm targets; 5: ONNX's Sum as adds before the NHWC conversion, so resnet50 converts; 6: batch norms folded into
 # the convolutions before them, frontends.for_inference; 7: in NHWC, output channels padded to whole vectors,
 # frontends.whole_vectors; 8: on CPUs, a concatenation alone as one copy per input, kernels.copy_per_input;
-# 9: prepacked weights' dead tuples dropped, frontends.fold_weight_prepack)
-PIPELINE_VERSION = 9
+# 9: prepacked weights' dead tuples dropped, frontends.fold_weight_prepack; 10: output channels padded to whole
+# pairs of vectors where that costs little, frontends.PAIR_WASTE)
+PIPELINE_VERSION = 10
 # how a compile finds a function's record: its own, else one of the same anchor block (part of a tuned artifact's key)
 RECORD_MATCH = "exact, else anchor-block"
 

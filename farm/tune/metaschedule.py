@@ -123,6 +123,7 @@ class BuildPool:
     def __init__(self, timeout_s: float, workers: int) -> None:
         self.timeout_s, self.workers = timeout_s, workers
         self.pool = self._new_pool()
+        self.folders: set[str] = set()  # the candidates' folders (MetaSchedule removes each measured one's)
         warm_pool(self.pool, workers)
 
     def _new_pool(self) -> PopenPoolExecutor:
@@ -150,7 +151,12 @@ class BuildPool:
         self.pool = self._new_pool()
 
     def shutdown(self) -> None:
+        """Stop the workers and remove the candidates' folders still there: those built and never measured (a
+        session's last batch when its minutes ran out), which MetaSchedule's ``RemoveBuildArtifact`` never saw
+        and which piled up in the temp folder."""
         self.pool.shutdown(wait=False)
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @derived_object
@@ -169,6 +175,7 @@ class AheadBuilder(PyBuilder):
         results = []
         for build_input in build_inputs:
             path = os.path.join(tempfile.mkdtemp(prefix="farm-cand-"), "candidate.so")
+            self.builds.folders.add(os.path.dirname(path))
             future = self.builds.submit(build_input, functools.partial(export_to, self.toolchain, path))
             future.add_done_callback(functools.partial(_note_build_failure, path, self.builds))
             results.append(BuilderResult(path, None))
@@ -198,6 +205,8 @@ class PooledBuilder(PyBuilder):
         for future in futures:
             why = self.builds.failure(future, self.deadline)
             results.append(BuilderResult(None if why else future.result(), why))
+            if not why:
+                self.builds.folders.add(os.path.dirname(future.result()))
         if any(result.error_msg == NOT_BUILT for result in results):
             self.builds.restart()
         return results

@@ -81,6 +81,8 @@ def search_passes(allotted: dict[int, int], shares: dict[int, float], batch: int
                 take = left[i] if credit[i] >= left[i] else batch * int(credit[i] // batch)
                 if opening and i in first:
                     take = min(left[i], max(take, batch))
+                if take and left[i] - take < batch:
+                    take = left[i]  # not a search of its own for less than a batch
                 if take:
                     credit[i] -= take
                     left[i] -= take
