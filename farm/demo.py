@@ -5,7 +5,8 @@ implementation and TVM's OpenCL runtime sources: the GPU path).
 Starts everything it needs on free loopback ports, benchmarks (untuned TVM beside onnxruntime, threads stated),
 then what farm is for: a short tuning session on the host device, on the model where it pays (``DEMO_TUNING``),
 and that model measured again with the new records beside its untuned run and the reference; stores, reports
-(the report holds the untuned and the tuned row), and stops what it started (in ``finally``), whatever happens.
+(the report holds the untuned and the tuned row), and stops what it started, whatever happens (``stopped_at_end``:
+on SIGTERM too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from farm.inventory import parse_inventory
 from farm.models import load_model
 from farm.records import BenchConfig, Inventory, TrackerAddress
 from farm.report import render_report, report_file
-from farm.rpc.processes import exited_at_start, free_port, start_tracker, stop_process
+from farm.rpc.processes import exited_at_start, free_port, start_tracker, stopped_at_end
 from farm.rpc.tracker import wait_for_servers
 from farm.store import Store
 from farm.sweep import CellResult, Progress, bench_cell, run_matrix
@@ -75,8 +76,7 @@ def run_demo(
     port = free_port()
     tracker = TrackerAddress("127.0.0.1", port)
     run_dir = state_dir / f"demo-{port}"
-    started = []
-    try:
+    with stopped_at_end() as started:
         if progress:
             progress("-", "-", "tracker", f"starting on {tracker}")
         started.append(start_tracker(tracker.host, port, run_dir))
@@ -87,9 +87,6 @@ def run_demo(
             cells = run_matrix(tracker, list(inventory.devices.values()), sources, store, cache_dir, config, progress)
             tuned = _tune(tracker, inventory, cells, store, run_dir, cache_dir, config, tuning, progress)
             report = render_report(store, report_file(report_dir, "demo"), title="farm demo: local devices × built-in models")
-    finally:
-        for record in reversed(started):
-            stop_process(record)
     return DemoOutcome(db_path, report, cells, time.monotonic() - start, [r.pid for r in started], tuned)
 
 

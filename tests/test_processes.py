@@ -7,6 +7,7 @@ each command's read and write of the registry (``FARM_TEST_REGISTRY_DELAY_S``), 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -340,3 +341,47 @@ def test_a_record_of_another_boot_or_an_older_farm(tmp_path):
         assert not is_running(replace(record, boot_id="", since_boot=0.0, started_at=record.started_at - 3600))
     finally:
         assert stop_process(record)
+
+
+# a bench or the demo: a private tracker and server (each leading a process group of its own), then a long wait
+PRIVATE_FARM = """
+import signal, sys, time, psutil
+from pathlib import Path
+from farm.rpc.processes import private_farm
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, even where the tests run under nohup
+with private_farm(Path(sys.argv[1]), {"ended": "ended-by-a-signal"}):
+    print(" ".join(str(child.pid) for child in psutil.Process().children()), flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_command_ended_by_a_signal_stops_the_tracker_and_server_it_started(ending, tmp_path):
+    """`kill PID` (a CI job's timeout) or a closed terminal ends a bench or the demo. The tracker and server it
+    started lead process groups of their own, so the signal never reaches them: the command stops them on its way
+    out, and exits as that signal's shell status (128 + its number)."""
+    out = tmp_path / "children"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen([sys.executable, "-c", PRIVATE_FARM, str(tmp_path)], stdout=stdout,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not out.read_text().endswith("\n"):
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        children = [psutil.Process(int(pid)) for pid in out.read_text().split()]
+        roles = sorted(" ".join(child.cmdline()).split(" -m ")[1].split()[0] for child in children)
+        assert roles == ["farm.rpc.server", "farm.rpc.tracker_server"], roles
+        proc.send_signal(ending)
+        assert proc.wait(timeout=60) == 128 + ending, out.read_text()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"still running after the command ended: {alive}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for child in children:  # only where the test failed: the groups the command started, led by these pids
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                    os.killpg(child.pid, signal.SIGKILL)

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -493,17 +493,50 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # `kill PID`, a CI job's timeout; a closed terminal
+
+
+def _end_here(signum: int, frame) -> None:
+    for ending in ENDING_SIGNALS:  # a second one while the started processes are stopped: that stopping finishes
+        signal.signal(ending, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def stopped_at_end() -> Iterator[list[ManagedProcess]]:
+    """A list for the processes a command starts and does not record; each is stopped, last first, however the block
+    ends. They lead process groups of their own, so a signal to the command's group never reaches them: while the
+    block runs, SIGTERM and SIGHUP (unless ignored, as under nohup) end the command through SystemExit, in the main
+    thread, so the stopping runs. A second such signal meanwhile is ignored."""
+    handlers: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():  # only the main thread may set a handler
+        handlers = {s: signal.getsignal(s) for s in ENDING_SIGNALS  # None: set outside Python, left alone
+                    if signal.getsignal(s) not in (signal.SIG_IGN, None)}
+    started: list[ManagedProcess] = []
+    try:
+        for ending in handlers:
+            signal.signal(ending, _end_here)
+        yield started
+    finally:
+        try:
+            for record in reversed(started):
+                stop_process(record)
+        finally:
+            for ending, handler in handlers.items():
+                signal.signal(ending, handler)
+
+
 @contextlib.contextmanager
 def private_farm(state_dir: Path, servers: dict[str, str], timeout_s: float = 60.0) -> Iterator[TrackerAddress]:
-    """A tracker on a free loopback port plus one local rpc_server per ``{name: key}``, stopped on exit.
+    """A tracker on a free loopback port plus one local rpc_server per ``{name: key}``, stopped on exit
+    (``stopped_at_end``: on SIGTERM too).
 
     For tools and demos that must not touch anyone's tracker."""
     from farm.rpc.tracker import wait_for_servers
 
     port = free_port()
     tracker = TrackerAddress("127.0.0.1", port)
-    started: list[ManagedProcess] = []
-    try:
+    with stopped_at_end() as started:
         started.append(start_tracker(tracker.host, port, state_dir))
         for name, key in servers.items():
             started.append(start_server(tracker, name, key, state_dir))
@@ -512,6 +545,3 @@ def private_farm(state_dir: Path, servers: dict[str, str], timeout_s: float = 60
             counts[key] = counts.get(key, 0) + 1
         wait_for_servers(tracker, counts, timeout_s=timeout_s, give_up=exited_at_start(started))
         yield tracker
-    finally:
-        for record in reversed(started):
-            stop_process(record)

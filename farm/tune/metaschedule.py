@@ -204,9 +204,10 @@ class PooledBuilder(PyBuilder):
         results = []
         for future in futures:
             why = self.builds.failure(future, self.deadline)
-            results.append(BuilderResult(None if why else future.result(), why))
-            if not why:
-                self.builds.folders.add(os.path.dirname(future.result()))
+            path = None if why else future.result()
+            results.append(BuilderResult(path, why))
+            if path:
+                self.builds.folders.add(os.path.dirname(path))
         if any(result.error_msg == NOT_BUILT for result in results):
             self.builds.restart()
         return results
