@@ -79,9 +79,9 @@ def run_demo(
     with stopped_at_end() as started:
         if progress:
             progress("-", "-", "tracker", f"starting on {tracker}")
-        started.append(start_tracker(tracker.host, port, run_dir))
+        started.start(start_tracker, tracker.host, port, run_dir)
         for device in inventory.devices.values():
-            started.extend(bring_up(device, tracker, run_dir))
+            started.start(bring_up, device, tracker, run_dir)
         wait_for_servers(tracker, {d.key: 1 for d in inventory.devices.values()}, timeout_s=60, give_up=exited_at_start(started))
         with Store(db_path) as store:
             cells = run_matrix(tracker, list(inventory.devices.values()), sources, store, cache_dir, config, progress)

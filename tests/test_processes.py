@@ -350,9 +350,61 @@ from pathlib import Path
 from farm.rpc.processes import private_farm
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, even where the tests run under nohup
 with private_farm(Path(sys.argv[1]), {"ended": "ended-by-a-signal"}):
-    print(" ".join(str(child.pid) for child in psutil.Process().children()), flush=True)
+    Path(sys.argv[2]).write_text(" ".join(str(child.pid) for child in psutil.Process().children()))
     time.sleep(600)
 """
+
+# a start ended midway: the tracker spawned, its record not yet returned (a start waits seconds for its process)
+ENDED_MIDWAY = """
+import os, signal, sys, time
+from pathlib import Path
+from farm.rpc.processes import TRACKER_MODULE, free_port, local_process, spawn, stopped_at_end
+def start_while_ended():
+    port = free_port()
+    proc = spawn([sys.executable, "-m", TRACKER_MODULE, "--host", "127.0.0.1", "--port", str(port)],
+                 Path(sys.argv[1]) / "tracker.log")
+    Path(sys.argv[2]).write_text(str(proc.pid))
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)  # the start's wait for its process to answer
+    return local_process("tracker", "tracker", "", proc.pid, port, str(Path(sys.argv[1]) / "tracker.log"),
+                         TRACKER_MODULE)
+with stopped_at_end() as started:
+    started.start(start_while_ended)
+    print("went on after the signal", flush=True)
+"""
+
+
+def _ended_by(script: str, ending: signal.Signals, tmp_path: Path, signal_it: bool) -> None:
+    """Run ``script`` (argv: a state dir, a file for the pids it started), send it ``ending`` once the pids are
+    written (``signal_it``; else it signals itself), then check it exited as that signal's shell status and that
+    nothing it started still runs."""
+    pids, out = tmp_path / "pids", tmp_path / "out"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(pids)], stdout=stdout,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids.exists() and pids.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        children = [psutil.Process(int(pid)) for pid in pids.read_text().split()]
+        if signal_it:
+            proc.send_signal(ending)
+        assert proc.wait(timeout=60) == 128 + ending, out.read_text()
+        assert "went on" not in out.read_text()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"still running after the command ended: {alive}"
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                children += psutil.Process(proc.pid).children()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for child in children:  # only where the test failed: the groups the command started, led by these pids
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                    os.killpg(child.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
@@ -360,28 +412,10 @@ def test_a_command_ended_by_a_signal_stops_the_tracker_and_server_it_started(end
     """`kill PID` (a CI job's timeout) or a closed terminal ends a bench or the demo. The tracker and server it
     started lead process groups of their own, so the signal never reaches them: the command stops them on its way
     out, and exits as that signal's shell status (128 + its number)."""
-    out = tmp_path / "children"
-    with open(out, "w") as stdout:
-        proc = subprocess.Popen([sys.executable, "-c", PRIVATE_FARM, str(tmp_path)], stdout=stdout,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    children: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 120
-        while not out.read_text().endswith("\n"):
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
-            time.sleep(0.1)
-        children = [psutil.Process(int(pid)) for pid in out.read_text().split()]
-        roles = sorted(" ".join(child.cmdline()).split(" -m ")[1].split()[0] for child in children)
-        assert roles == ["farm.rpc.server", "farm.rpc.tracker_server"], roles
-        proc.send_signal(ending)
-        assert proc.wait(timeout=60) == 128 + ending, out.read_text()
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive, f"still running after the command ended: {alive}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for child in children:  # only where the test failed: the groups the command started, led by these pids
-            with contextlib.suppress(psutil.Error, ProcessLookupError):
-                if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
-                    os.killpg(child.pid, signal.SIGKILL)
+    _ended_by(PRIVATE_FARM, ending, tmp_path, signal_it=True)
+
+
+def test_a_signal_during_a_start_stops_what_that_start_spawned(tmp_path):
+    """SIGTERM between a tracker's spawn and its record (its start waits for it to answer): the start finishes, the
+    tracker is listed, and then the command ends and stops it, instead of ending with it running and unlisted."""
+    _ended_by(ENDED_MIDWAY, signal.SIGTERM, tmp_path, signal_it=False)

@@ -496,34 +496,68 @@ def _write_atomically(path: Path, text: str) -> None:
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # `kill PID`, a CI job's timeout; a closed terminal
 
 
+class _Ending:
+    """The ending signal ``stopped_at_end`` caught (0: none yet), and whether a start is under way (``Started.start``:
+    the signal is raised once what it started is listed)."""
+
+    signum = 0
+    holding = False
+
+
 def _end_here(signum: int, frame) -> None:
-    for ending in ENDING_SIGNALS:  # a second one while the started processes are stopped: that stopping finishes
-        signal.signal(ending, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
+    _Ending.signum = _Ending.signum or signum
+    if not _Ending.holding:
+        for ending in ENDING_SIGNALS:  # another one while the SystemExit unwinds: the stopping still runs
+            signal.signal(ending, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+
+class Started(list):
+    """What a command started (``stopped_at_end``'s list)."""
+
+    def start(self, begin: Callable[..., ManagedProcess | list[ManagedProcess]], *args: Any) -> None:
+        """``begin(*args)`` (``start_tracker``, ``start_server``, ``devices.bring_up``), what it returns listed. A start
+        waits seconds for its process: an ending signal meanwhile is raised once that process is listed, never
+        between its spawn and its record (it would run on, unlisted)."""
+        _Ending.holding = True
+        try:
+            got = begin(*args)
+            self.extend(got if isinstance(got, list) else [got])
+        finally:
+            _Ending.holding = False
+        if _Ending.signum:
+            raise SystemExit(128 + _Ending.signum)
 
 
 @contextlib.contextmanager
-def stopped_at_end() -> Iterator[list[ManagedProcess]]:
-    """A list for the processes a command starts and does not record; each is stopped, last first, however the block
-    ends. They lead process groups of their own, so a signal to the command's group never reaches them: while the
-    block runs, SIGTERM and SIGHUP (unless ignored, as under nohup) end the command through SystemExit, in the main
-    thread, so the stopping runs. A second such signal meanwhile is ignored."""
+def stopped_at_end() -> Iterator[Started]:
+    """A list for the processes a command starts and does not record (``Started.start``); each is stopped, last
+    first, however the block ends. They lead process groups of their own, so a signal to the command's group never
+    reaches them: while the block runs, SIGTERM and SIGHUP (unless ignored, as under nohup) end the command through
+    SystemExit, in the main thread, so the stopping runs; meanwhile they are ignored. Ended so, it exits as that
+    signal's shell status (128 + its number), even where TVM turned the SystemExit into an error on its way out of
+    a callback (a tuning session's builder or runner)."""
     handlers: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():  # only the main thread may set a handler
         handlers = {s: signal.getsignal(s) for s in ENDING_SIGNALS  # None: set outside Python, left alone
                     if signal.getsignal(s) not in (signal.SIG_IGN, None)}
-    started: list[ManagedProcess] = []
+    _Ending.signum, _Ending.holding = 0, False
+    started = Started()
     try:
         for ending in handlers:
             signal.signal(ending, _end_here)
         yield started
     finally:
+        for ending in handlers:  # the stopping finishes, whatever signal comes meanwhile
+            signal.signal(ending, signal.SIG_IGN)
         try:
             for record in reversed(started):
                 stop_process(record)
         finally:
             for ending, handler in handlers.items():
                 signal.signal(ending, handler)
+        if _Ending.signum:
+            raise SystemExit(128 + _Ending.signum)
 
 
 @contextlib.contextmanager
@@ -537,9 +571,9 @@ def private_farm(state_dir: Path, servers: dict[str, str], timeout_s: float = 60
     port = free_port()
     tracker = TrackerAddress("127.0.0.1", port)
     with stopped_at_end() as started:
-        started.append(start_tracker(tracker.host, port, state_dir))
+        started.start(start_tracker, tracker.host, port, state_dir)
         for name, key in servers.items():
-            started.append(start_server(tracker, name, key, state_dir))
+            started.start(start_server, tracker, name, key, state_dir)
         counts: dict[str, int] = {}
         for key in servers.values():  # several servers may share a key (a fleet of one kind of device)
             counts[key] = counts.get(key, 0) + 1
