@@ -504,11 +504,18 @@ class _Ending:
     holding = False
 
 
+def _ignore_ending() -> None:
+    """The ending signals ``stopped_at_end`` handles, ignored from now (the stopping runs to its end); those it left
+    alone (ignored already, or handled outside Python) stay as they were."""
+    for ending in ENDING_SIGNALS:
+        if signal.getsignal(ending) is _end_here:
+            signal.signal(ending, signal.SIG_IGN)
+
+
 def _end_here(signum: int, frame) -> None:
     _Ending.signum = _Ending.signum or signum
     if not _Ending.holding:
-        for ending in ENDING_SIGNALS:  # another one while the SystemExit unwinds: the stopping still runs
-            signal.signal(ending, signal.SIG_IGN)
+        _ignore_ending()  # another one while the SystemExit unwinds: the stopping still runs
         raise SystemExit(128 + signum)
 
 
@@ -548,8 +555,7 @@ def stopped_at_end() -> Iterator[Started]:
             signal.signal(ending, _end_here)
         yield started
     finally:
-        for ending in handlers:  # the stopping finishes, whatever signal comes meanwhile
-            signal.signal(ending, signal.SIG_IGN)
+        _ignore_ending()  # the stopping finishes, whatever signal comes meanwhile
         try:
             for record in reversed(started):
                 stop_process(record)
