@@ -374,10 +374,11 @@ with stopped_at_end() as started:
 """
 
 
-def _ended_by(script: str, ending: signal.Signals, tmp_path: Path, signal_it: bool) -> None:
+def _ended_by(script: str, ending: signal.Signals, tmp_path: Path, signal_it: bool,
+              roles: list[str] | None = None) -> None:
     """Run ``script`` (argv: a state dir, a file for the pids it started), send it ``ending`` once the pids are
     written (``signal_it``; else it signals itself), then check it exited as that signal's shell status and that
-    nothing it started still runs."""
+    nothing it started still runs. ``roles``: the modules the started pids must run, checked before the signal."""
     pids, out = tmp_path / "pids", tmp_path / "out"
     with open(out, "w") as stdout:
         proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(pids)], stdout=stdout,
@@ -389,6 +390,9 @@ def _ended_by(script: str, ending: signal.Signals, tmp_path: Path, signal_it: bo
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
             time.sleep(0.1)
         children = [psutil.Process(int(pid)) for pid in pids.read_text().split()]
+        if roles is not None:
+            got = sorted(" ".join(child.cmdline()).split(" -m ")[1].split()[0] for child in children)
+            assert got == roles, got
         if signal_it:
             proc.send_signal(ending)
         assert proc.wait(timeout=60) == 128 + ending, out.read_text()
@@ -412,7 +416,7 @@ def test_a_command_ended_by_a_signal_stops_the_tracker_and_server_it_started(end
     """`kill PID` (a CI job's timeout) or a closed terminal ends a bench or the demo. The tracker and server it
     started lead process groups of their own, so the signal never reaches them: the command stops them on its way
     out, and exits as that signal's shell status (128 + its number)."""
-    _ended_by(PRIVATE_FARM, ending, tmp_path, signal_it=True)
+    _ended_by(PRIVATE_FARM, ending, tmp_path, signal_it=True, roles=["farm.rpc.server", "farm.rpc.tracker_server"])
 
 
 def test_a_signal_during_a_start_stops_what_that_start_spawned(tmp_path):
