@@ -9,11 +9,13 @@ alert left "unknown") or to wait and retry: docs/ARCHITECTURE.md lists where, an
     ├─ TrackerError           tracker unreachable, not a TVM tracker, or failed to start
     ├─ DeviceError
     │  ├─ DeviceUnavailable   no free server for a key within the timeout
-    │  └─ DeviceLost          dropped mid-session
+    │  ├─ DeviceLost          dropped mid-session
+    │  └─ LeaseLost           another holder took the device's lease: this holder's result is refused
     ├─ ModelError             missing, corrupt or unsupported model file
     ├─ BuildError             TVM could not compile or export for a target
     ├─ MeasurementError       a measurement step failed on the device
     └─ StoreError             the results database cannot be opened or written
+       └─ ConnectionLost      its server went away (a restart, a failover) and did not come back in time
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class DeviceLost(DeviceError):
     """The device's RPC session dropped while farm was using it."""
 
 
+class LeaseLost(DeviceError):
+    """The device's lease passed to another holder (this one froze or lost the database): what it measured since
+    is refused, never stored over the new holder's."""
+
+
 class ModelError(FarmError):
     """A model file is missing, corrupt, or cannot be imported."""
 
@@ -65,6 +72,11 @@ class MeasurementError(FarmError):
 
 class StoreError(FarmError):
     """The results database cannot be opened, migrated or written."""
+
+
+class ConnectionLost(StoreError):
+    """The database server dropped the connection (restarted, failed over) and farm could not reconnect within
+    its bound (``store.backends.RECONNECT_S``)."""
 
 
 def message_line(exc: BaseException, limit: int = 400) -> str:

@@ -263,18 +263,61 @@ def postgres_server():
 @contextlib.contextmanager
 def running_postgres(listen: str = "127.0.0.1", clients: str = ""):
     """Debian's PostgreSQL on a free port of ``listen`` (addresses, comma-separated; the first is in the URL),
-    trusting ``clients`` (a CIDR; loopback always); its ``postgresql://farm@ADDRESS:PORT`` URL, stopped after.
+    trusting ``clients`` (a CIDR; loopback always); its ``postgresql://farm@ADDRESS:PORT`` URL, stopped after."""
+    with postgres_server_at(listen, clients) as server:
+        yield server.url
+
+
+class PostgresServer:
+    """A private PostgreSQL server that a test can stop and start again on the same data and port (a restart)."""
+
+    def __init__(self, bin_dir: Path, base: Path, as_user: list[str], address: str, listen: str, port: int) -> None:
+        self.bin_dir, self.base, self.as_user = bin_dir, base, as_user
+        self.address, self.listen, self.port = address, listen, port
+        self.url = f"postgresql://farm@{address}:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import time
+
+        with open(self.base / "server.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [*self.as_user, str(self.bin_dir / "postgres"), "-D", str(self.base / "data"), "-p", str(self.port),
+                 "-k", str(self.base / "sockets"), "-c", f"listen_addresses={self.listen}", "-c", "fsync=off",
+                 "-c", "max_connections=100"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while subprocess.run([str(self.bin_dir / "pg_isready"), "-h", self.address, "-p", str(self.port)],
+                             capture_output=True).returncode != 0:
+            assert self.proc.poll() is None, (self.base / "server.log").read_text()
+            assert time.monotonic() < deadline, "PostgreSQL did not start within 120 s"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """A fast shutdown (SIGINT: what ``pg_ctl stop -m fast`` sends): sessions are ended with AdminShutdown."""
+        import signal
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def postgres_server_at(listen: str = "127.0.0.1", clients: str = ""):
+    """A started ``PostgresServer`` (``running_postgres``), stopped and removed after.
 
     As root the server runs as the ``postgres`` user (it refuses root); data, socket and log are in a temp dir."""
     import shutil
-    import signal
-    import time
+    import tempfile
 
     bin_dir = postgres_bin()
     if bin_dir is None:
         pytest.skip("needs PostgreSQL: apt-get install postgresql (bash tools/setup.sh --test)")
-    import tempfile
-
     # not under pytest's tmp dir: that is private to root, and the server runs as postgres
     base = Path(tempfile.mkdtemp(prefix="farm-pg-"))
     data, sockets = base / "data", base / "sockets"
@@ -291,26 +334,12 @@ def running_postgres(listen: str = "127.0.0.1", clients: str = ""):
         with open(data / "pg_hba.conf", "a") as hba:
             hba.write(f"host all all {clients} trust\n")
     address = listen.split(",")[0]
-    port = free_port(address)
-    with open(base / "server.log", "wb") as log:
-        proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
-                                 "-c", f"listen_addresses={listen}", "-c", "fsync=off", "-c", "max_connections=100"],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    server = PostgresServer(bin_dir, base, as_user, address, listen, free_port(address))
     try:
-        deadline = time.monotonic() + 120
-        while subprocess.run([str(bin_dir / "pg_isready"), "-h", address, "-p", str(port)],
-                             capture_output=True).returncode != 0:
-            assert proc.poll() is None, (base / "server.log").read_text()
-            assert time.monotonic() < deadline, "PostgreSQL did not start within 120 s"
-            time.sleep(0.2)
-        yield f"postgresql://farm@{address}:{port}"
+        server.start()
+        yield server
     finally:
-        os.killpg(proc.pid, signal.SIGINT)  # fast shutdown
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        server.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -79,3 +79,54 @@ def test_unreachable_postgres_is_one_clear_error(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("error: cannot connect to results database postgresql://farm:***@127.0.0.1")
     assert lines[1].startswith("hint: check the URL") and "secret" not in proc.stderr
+
+
+def test_a_write_waits_for_a_restarting_server_and_is_stored_once(caplog):
+    """The server is shut down fast (its sessions end with AdminShutdown, as `pg_ctl restart -m fast` ends them)
+    and comes back 2 s later: the write in between waits, reconnects and is stored, once; a read does the same."""
+    import threading
+
+    from farm.models import load_model
+    from tests.conftest import postgres_server_at
+    from tests.test_store import DEVICE, _result
+
+    with postgres_server_at() as server:
+        url = f"{server.url}/postgres"
+        with Store(url) as store:
+            store.record_result(_result(), DEVICE, load_model("mlp"), None, sweep_id=None)
+            server.stop()
+            restart = threading.Timer(2.0, server.start)
+            restart.start()
+            try:
+                with caplog.at_level("WARNING", logger="farm.store.backends"):
+                    run_id = store.record_result(_result(samples=(0.5, 0.25)), DEVICE, load_model("mlp"), None)
+            finally:
+                restart.join()
+            assert store.samples(run_id) == [0.5, 0.25]
+            assert store.count("runs") == 2 and store.count("checks") == 2
+            server.stop()
+            threading.Timer(1.0, server.start).start()
+            assert len(store.runs()) == 2  # a read outside a transaction: run again on the new connection
+    assert "lost the connection to" in caplog.text and "reconnected to" in caplog.text
+
+
+def test_a_server_gone_longer_than_the_bound_is_one_store_error_with_a_hint(monkeypatch):
+    from farm.errors import ConnectionLost
+    from farm.models import load_model
+    from farm.store import backends
+    from tests.conftest import postgres_server_at
+    from tests.test_store import DEVICE, _result
+
+    monkeypatch.setattr(backends, "RECONNECT_S", 1.0)  # the bound itself (60 s) is too long for a test
+    with postgres_server_at() as server:
+        with Store(f"{server.url}/postgres") as store:
+            server.stop()
+            try:
+                store.record_result(_result(), DEVICE, load_model("mlp"), None)
+            except ConnectionLost as exc:
+                error = exc
+            else:
+                raise AssertionError("a write with the server gone did not fail")
+    assert error.message.startswith(f"lost the connection to {server.url}/postgres (")
+    assert "could not reconnect within 1 s" in error.message
+    assert "farm sweep --resume" in error.hint

@@ -39,8 +39,11 @@ TABLES = ("runs", "samples", "summaries", "copies", "checks", "devices", "models
 class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin, FindingsMixin):
     """An open results database. Use as a context manager or call ``close``."""
 
-    def __init__(self, path: str | Path, readonly: bool = False) -> None:
-        self._db = open_backend(path, readonly)
+    def __init__(self, path: str | Path, readonly: bool = False, wait_s: float = 0.0) -> None:
+        """``wait_s``: how long a PostgreSQL server that refuses to connect is waited for (``backends.RECONNECT_S``
+        in a lab's workers and followers, which outlive a database restart); once open, a lost connection is
+        always waited for that long (``backends``)."""
+        self._db = open_backend(path, readonly, wait_s)
         self.kind = self._db.kind
         self.path = Path(path) if self.kind == "sqlite" else self._db.location  # shown in reports, never a password
         try:

@@ -7,21 +7,37 @@ and return rows readable by name and by position. ``--db`` is a file path or a
 This is where a driver's error (sqlite3's or psycopg's) becomes a ``StoreError``, once: every
 statement, fetch, transaction and commit of a ``Backend`` raises nothing else. Its message says what
 farm was doing (opening, upgrading, writing or reading) and where; its hint, why it most likely failed.
+
+A PostgreSQL server may restart or fail over under a running farm (#50: ``pg_ctl restart -m fast`` took 0.66 s,
+and every cell running then failed for good at its next write). So a lost connection is not an error until
+``RECONNECT_S`` has passed: a statement outside a transaction runs again on a new connection, and a write (a
+``Store`` method marked ``@retried``: its whole transaction) runs again from its start. Each such write is safe
+to run twice: a sweep's run has its unique cell key (a commit whose acknowledgement was lost is found, not doubled).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 import sqlite3
+import time
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
-from farm.errors import StoreError, message_line
+from farm.errors import ConnectionLost, StoreError, message_line
 from farm.records import utc_now
 from farm.store.schema import postgres_ddl, sqlite_ddl
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 URL_PREFIXES = ("postgresql://", "postgres://")
+# a lost server is waited for this long on each write or read before it is an error: a restart took 0.66 s here
+# (#50), and 60 s is the bound #50 sets for a failover; what a lab job waits at most for its database
+RECONNECT_S = 60.0
+RECONNECT_PAUSES_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # between tries to reconnect, then the last one again
 MIGRATION_LOCK = 0x6661726D  # "farm": one migrator at a time on a shared server
 FETCH_ROWS = 1000  # rows fetched at a time while a cursor is iterated
 
@@ -43,10 +59,23 @@ def exists(location: str | Path) -> bool:
     return is_url(location) or Path(location).exists()
 
 
-def open_backend(location: str | Path, readonly: bool) -> "SqliteBackend | PostgresBackend":
+def open_backend(location: str | Path, readonly: bool, wait_s: float = 0.0) -> "SqliteBackend | PostgresBackend":
+    """``wait_s``: how long a PostgreSQL server that refuses the first connection is waited for (a lab's job or
+    follower: ``RECONNECT_S``; a command a person typed: not at all, a wrong URL says so at once)."""
     if is_url(location):
-        return PostgresBackend(str(location), readonly)
+        return PostgresBackend(str(location), readonly, wait_s)
     return SqliteBackend(Path(location), readonly)
+
+
+def retried(method: Callable[..., T]) -> Callable[..., T]:
+    """A ``Store`` method that writes in one transaction: run again whole on a new connection when the server's
+    went away meanwhile (``Backend.retrying``), for up to ``RECONNECT_S``."""
+
+    @functools.wraps(method)
+    def write(self: Any, *args: Any, **kwargs: Any) -> T:
+        return self._db.retrying(lambda: method(self, *args, **kwargs))
+
+    return write
 
 
 now = utc_now  # a timestamp as the database keeps it (records.utc_now: UTC, ISO 8601, to the second)
@@ -63,6 +92,9 @@ def backend_hint(exc: BaseException, default: str = CHECK_HINT) -> str:
         return "the database is read-only here: pass a writable --db PATH"
     if "disk" in text or "full" in text:
         return "check disk space"
+    if "terminating connection" in text or "server closed the connection" in text or "connection" in text:
+        return (f"the database server went away (a restart or failover) and was not back within {RECONNECT_S:g} s: "
+                "check that it runs, then run the command again (a sweep: farm sweep --resume ID)")
     return default
 
 
@@ -107,6 +139,10 @@ class Backend:
     def execute(self, sql: str, params: Any = ()) -> "Rows":
         with self.translated():
             return Rows(self._execute(sql, params), self)
+
+    def retrying(self, fn: Callable[[], T]) -> T:
+        """``fn()``, a whole write: run again while the connection is lost and comes back (PostgreSQL's)."""
+        return fn()
 
     def insert_id(self, sql: str, params: Any = ()) -> int:
         """Run an INSERT and return the new row's id."""
@@ -257,22 +293,89 @@ def _row_factory(cursor):
 class PostgresBackend(Backend):
     kind = "postgresql"
 
-    def __init__(self, url: str, readonly: bool) -> None:
+    def __init__(self, url: str, readonly: bool, wait_s: float = 0.0) -> None:
         try:
             import psycopg
         except ImportError as exc:
             raise StoreError("a postgresql:// --db needs psycopg", 'pip install "psycopg[binary]" (farm depends on it)') from exc
+        self._psycopg = psycopg
         self.errors = (psycopg.Error,)
         self.location = redact(url)
+        self._url, self._readonly = url, readonly
+        self._depth = 0  # transactions open: a statement inside one is never run again alone
+        self._retrying = False  # a write runs again whole: the writes it calls do not retry on their own
         try:
-            self.db = psycopg.connect(url, autocommit=True, row_factory=_row_factory, connect_timeout=10)
+            self.db = self._connect(time.monotonic() + wait_s)
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to results database {self.location}: {message_line(exc)}",
                              "check the URL (postgresql://USER@HOST:PORT/DBNAME), that the server runs and the "
                              "database exists (createdb DBNAME)") from exc
-        if readonly:
-            with self.phase("open"):
-                self.execute("SET default_transaction_read_only = on")
+
+    def _connect(self, deadline: float) -> Any:
+        """A new connection, tried until ``deadline`` while the server refuses or is starting (an OperationalError)."""
+        attempt = 0
+        while True:
+            try:
+                db = self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory, connect_timeout=10)
+                if self._readonly:
+                    db.execute("SET default_transaction_read_only = on")
+                return db
+            except self._psycopg.OperationalError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(RECONNECT_PAUSES_S[min(attempt, len(RECONNECT_PAUSES_S) - 1)])
+                attempt += 1
+
+    def lost(self, exc: BaseException | None) -> bool:
+        """Whether ``exc`` (or what it was raised from) is the server's connection gone: an OperationalError
+        after which the connection is closed (AdminShutdown on a restart, a reset, a timeout)."""
+        while exc is not None and not isinstance(exc, self._psycopg.Error):
+            exc = exc.__cause__
+        return isinstance(exc, self._psycopg.OperationalError) and (self.db.closed or self.db.broken)
+
+    def _reconnect(self, deadline: float, exc: BaseException) -> None:
+        log.warning("lost the connection to %s (%s): reconnecting", self.location, message_line(exc))
+        try:
+            self.db.close()
+        except self._psycopg.Error:
+            pass
+        try:
+            self.db = self._connect(deadline)
+        except self._psycopg.Error as again:
+            raise ConnectionLost(f"lost the connection to {self.location} ({message_line(exc)}) and could not "
+                                 f"reconnect within {RECONNECT_S:g} s: {message_line(again)}",
+                                 backend_hint(exc)) from again
+        log.warning("reconnected to %s", self.location)
+
+    def retrying(self, fn: Callable[[], T]) -> T:
+        if self._depth or self._retrying:
+            return fn()
+        deadline = None
+        self._retrying = True
+        try:
+            while True:
+                try:
+                    return fn()
+                except StoreError as exc:
+                    if isinstance(exc, ConnectionLost) or not self.lost(exc):
+                        raise
+                    deadline = deadline or time.monotonic() + RECONNECT_S
+                    self._reconnect(deadline, exc.__cause__ or exc)
+        finally:
+            self._retrying = False
+
+    def _statement(self, fn: Callable[[], T]) -> T:
+        """``fn()``, one statement: run again on a new connection when the old one was lost, unless it is part of a
+        write (which runs again whole: ``retrying``)."""
+        deadline = None
+        while True:
+            try:
+                return fn()
+            except self._psycopg.OperationalError as exc:
+                if self._depth or self._retrying or not self.lost(exc):
+                    raise
+                deadline = deadline or time.monotonic() + RECONNECT_S
+                self._reconnect(deadline, exc)
 
     def reason(self, exc: Exception) -> str:
         """The server's own one-line message (its text goes on with the statement and a caret), else the
@@ -284,35 +387,51 @@ class PostgresBackend(Backend):
         return sql.replace("%", "%%").replace("?", "%s")
 
     def _execute(self, sql: str, params: Any) -> Any:
-        return self.db.execute(self._sql(sql), params)
+        return self._statement(lambda: self.db.execute(self._sql(sql), params))
+
+    def _fetch(self, sql: str, params: Any, row_factory: Any) -> list:
+        def fetch() -> list:
+            with self.db.cursor(row_factory=row_factory) as cursor:
+                cursor.execute(self._sql(sql), params)
+                return cursor.fetchall()
+
+        with self.translated():
+            return self._statement(fetch)
 
     def dicts(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
         """All rows as plain dicts."""
         from psycopg.rows import dict_row
 
-        with self.translated(), self.db.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(self._sql(sql), params)
-            return cursor.fetchall()
+        return self._fetch(sql, params, dict_row)
 
     def tuples(self, sql: str, params: Any = ()) -> list[tuple]:
         """All rows as plain tuples."""
         from psycopg.rows import tuple_row
 
-        with self.translated(), self.db.cursor(row_factory=tuple_row) as cursor:
-            cursor.execute(self._sql(sql), params)
-            return cursor.fetchall()
+        return self._fetch(sql, params, tuple_row)
 
     def executemany(self, sql: str, rows: list) -> None:
-        with self.translated(), self.db.cursor() as cursor:
-            cursor.executemany(self._sql(sql), rows)
+        def run() -> None:
+            with self.db.cursor() as cursor:
+                cursor.executemany(self._sql(sql), rows)
+
+        with self.translated():
+            self._statement(run)
 
     @contextmanager
     def transaction(self, migrating: bool = False) -> Iterator["PostgresBackend"]:
         # the commit (or rollback) happens inside ``translated``: a failing commit is a StoreError too
-        with self.phase("upgrade" if migrating else "write"), self.translated(), self.db.transaction():
-            if migrating:  # two farms opening a new database at once: one creates the tables
-                self.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-            yield self
+        with self.phase("upgrade" if migrating else "write"), self.translated():
+            if not self._depth and (self.db.closed or self.db.broken):  # lost since the last statement: a new one
+                self._statement(lambda: self.db.execute("SELECT 1"))
+            self._depth += 1
+            try:
+                with self.db.transaction():
+                    if migrating:  # two farms opening a new database at once: one creates the tables
+                        self.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+                    yield self
+            finally:
+                self._depth -= 1
 
     def table_exists(self, name: str) -> bool:
         return self.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() "

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from farm.records import Artifact, Device, InputSpec, ModelSource
-from farm.store.backends import Backend, now
+from farm.store.backends import Backend, now, retried
 
 
 class CatalogMixin:
@@ -16,6 +16,7 @@ class CatalogMixin:
 
     _db: Backend
 
+    @retried
     def record_probes(self, probes: list[Any]) -> None:
         with self._db.transaction() as db:
             db.executemany("INSERT INTO probes (device, key, at, state, reason, latency_s) VALUES (?,?,?,?,?,?)",
@@ -79,6 +80,7 @@ class CatalogMixin:
 
     # -- the lab's artifact store and its build jobs (#30) ---------------------------------------------------
 
+    @retried
     def put_artifact_file(self, cache_key: str, file_digest: str, meta: dict[str, Any], data: bytes) -> None:
         """An artifact's library, for every lab host to read by its cache key (``artifact_file``); a key stored
         already keeps its bytes (one key, one build's output)."""
@@ -94,6 +96,7 @@ class CatalogMixin:
                                (cache_key,)).fetchone()
         return None if row is None else (row[0], json.loads(row[1]), bytes(row[2]))
 
+    @retried
     def drop_artifact_file(self, cache_key: str) -> None:
         """Forget an artifact file whose bytes failed their check: the next build of its key stores it again."""
         with self._db.transaction() as db:
@@ -104,6 +107,7 @@ class CatalogMixin:
         row = self._db.execute("SELECT file_digest, meta FROM artifact_files WHERE cache_key=?", (cache_key,)).fetchone()
         return None if row is None else (str(row[0]), json.loads(row[1]))
 
+    @retried
     def record_sweep_build(self, sweep_id: int, device: str, model: str, builder: str, cache_key: str | None = None,
                            error: str | None = None, hint: str | None = None, build_s: float | None = None) -> None:
         """What the build job of a queued sweep's cell made: the artifact's ``cache_key`` (its file stored with

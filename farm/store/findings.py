@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from farm.errors import StoreError
 from farm.records import TRIAGE_STATES
-from farm.store.backends import Backend, now
+from farm.store.backends import Backend, now, retried
 
 
 class FindingsMixin:
@@ -17,6 +17,7 @@ class FindingsMixin:
 
     _db: Backend
 
+    @retried
     def record_findings(self, sweep_id: int, findings: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """Store a sweep's findings (each a mapping with ``key``, ``kind``, ``metric``: ``findings.Finding``); returns
         key → {id, state, note, first_sweep}. A finding persists when its key was a finding of the last sweep reviewed
@@ -71,6 +72,7 @@ class FindingsMixin:
                 out[key] = {"id": row[0], "state": row[1], "note": row[2], "first_sweep": row[3]}
         return out
 
+    @retried
     def set_finding_state(self, finding_id: int, state: str, note: str = "") -> None:
         """Triage a finding: new, acknowledged, expected (a planned trade-off) or fixed."""
         if state not in TRIAGE_STATES:
@@ -80,6 +82,7 @@ class FindingsMixin:
                 raise StoreError(f"there is no finding {finding_id}", "farm regressions lists each finding's id")
             db.execute("UPDATE findings SET state=?, note=?, updated_at=? WHERE id=?", (state, note, now(), finding_id))
 
+    @retried
     def save_budget(self, sweep_id: int, budget_s: float, spent_s: float, rerun: int, left_unconfirmed: int) -> None:
         with self._db.transaction() as db:
             db.execute("INSERT INTO confirmation_budgets (sweep_id, budget_s, spent_s, rerun, left_unconfirmed, updated_at)"

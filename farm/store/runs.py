@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from farm.records import OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, ModelSource
 from farm.stats import Summary, summarize_groups
-from farm.store.backends import Backend, now
+from farm.store.backends import Backend, now, retried
 
 # the columns of ``summaries`` after its key: stats.Summary's fields, by name
 SUMMARY_COLUMNS = ", ".join(f.name for f in fields(Summary))
@@ -82,6 +82,7 @@ class RunsMixin:
 
     # -- writes -------------------------------------------------------------------------
 
+    @retried
     def record_result(self, result: BenchResult, device: Device, model: ModelSource, artifact: Artifact | None,
                       sweep_id: int | None = None, attempt: int = 1) -> int:
         """Store one bench result with its samples, copies and check, atomically. Returns the run id: of the run
@@ -159,6 +160,7 @@ class RunsMixin:
                        (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
         return run_id
 
+    @retried
     def record_copy_curve(self, curve: CopyCurve, sweep_id: int | None = None) -> int:
         """Store one copy curve with every raw sample, atomically. Returns its id."""
         with self._db.transaction() as db:

@@ -7,7 +7,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from farm.records import Alert
-from farm.store.backends import Backend, now
+from farm.store.backends import Backend, now, retried
 
 
 class SweepsMixin:
@@ -15,11 +15,13 @@ class SweepsMixin:
 
     _db: Backend
 
+    @retried
     def start_sweep(self, spec: dict[str, Any]) -> int:
         with self._db.transaction() as db:
             return db.insert_id("INSERT INTO sweeps (started_at, status, spec) VALUES (?, 'running', ?)",
                                 (now(), json.dumps(spec)))
 
+    @retried
     def finish_sweep(self, sweep_id: int, status: str) -> None:
         with self._db.transaction() as db:
             db.execute("UPDATE sweeps SET finished_at=?, status=? WHERE id=?", (now(), status, sweep_id))
@@ -48,6 +50,7 @@ class SweepsMixin:
         Detecting again without confirming keeps an earlier confirmation and its status."""
         return self.save_alerts([verdict], method, [status], [confirmation])[0]
 
+    @retried
     def save_alerts(self, verdicts: Sequence[Mapping[str, Any]], method: dict[str, Any],
                     statuses: Sequence[str | None] | None = None,
                     confirmations: Sequence[dict[str, Any] | None] | None = None) -> list[int]:

@@ -13,7 +13,7 @@ import hashlib
 import json
 
 from farm.records import Device, ModelSource, SavedCostModel
-from farm.store.backends import Backend, now
+from farm.store.backends import Backend, now, retried
 
 
 def _sha(text: str) -> str:
@@ -28,6 +28,7 @@ class TuningMixin:
 
     _db: Backend
 
+    @retried
     def start_tune_session(self, device: Device, model: ModelSource, tuning_key: str, target: dict,
                            tvm_version: str, trials: int) -> int:
         with self._db.transaction() as db:
@@ -37,11 +38,13 @@ class TuningMixin:
                 (now(), device.name, device.key, model.name, model.digest, tuning_key, json.dumps(target),
                  tvm_version, trials))
 
+    @retried
     def finish_tune_session(self, session_id: int, status: str, reason: str, trials_done: int) -> None:
         with self._db.transaction() as db:
             db.execute("UPDATE tune_sessions SET finished_at=?, status=?, reason=?, trials_done=? WHERE id=?",
                        (now(), status, reason, trials_done, session_id))
 
+    @retried
     def add_tuning_lines(self, tuning_key: str, workloads: list[str], records: list[tuple[int, str, float | None]],
                          session_id: int | None = None) -> int:
         """Merge database lines; ``records`` are (workload index, body json, best run seconds). Returns new records."""
@@ -60,6 +63,7 @@ class TuningMixin:
                 added += cursor.rowcount
         return added
 
+    @retried
     def save_cost_model(self, tuning_key: str, body: bytes, format: str, samples: int, session_id: int | None) -> None:
         """Keep the tuning key's cost model (``costmodel.dump_cost_model``'s bytes), replacing the previous one."""
         with self._db.transaction() as db:
@@ -88,6 +92,7 @@ class TuningMixin:
             (tuning_key, -1 if without_session is None else without_session)).fetchall()
         return [row["line"] for row in workloads], [f"[{index[r['workload_sha']]}, {r['body']}]" for r in records]
 
+    @retried
     def judge_tune_session(self, session_id: int, kept: bool, reason: str) -> None:
         """The verdict on a session's records after the model was measured with them: kept, or ``rejected`` (its
         records then compile into nothing; they stay stored, for the record)."""
@@ -101,6 +106,7 @@ class TuningMixin:
         rows = self._db.dicts("SELECT * FROM tune_sessions WHERE id=?", (session_id,))
         return rows[0] if rows else None
 
+    @retried
     def save_night_tuning(self, sweep_id: int, device: str, tunings: list[dict]) -> None:
         """What a sweep's nightly tuning did for the key ``device`` tuned (``nightly.NightTuning`` as dicts, in
         order), in place of what was stored for it before."""
