@@ -29,11 +29,14 @@ the worker's slots, so a worker holds as many sessions as it has slots (``farm.r
 
 from __future__ import annotations
 
+import enum
+import functools
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-from farm.errors import FarmError, StoreError, message_line
+from farm.errors import ConnectionLost, FarmError, StoreError, message_line
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +49,24 @@ STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stal
 STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
 POLL_S = 2.0  # a worker's poll for new jobs when no notification came (LISTEN/NOTIFY wakes it at once)
 RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed worker's job is running again by then
+# a worker silent this long is removed from procrastinate's list by whoever looks (``prune_dead_workers``): not
+# STALLED_S, as procrastinate's own prune at a worker's start: a worker that only froze for a minute would wake to a
+# fetch naming a worker id that no longer exists (procrastinate_jobs.worker_id's foreign key)
+PRUNE_S = 300.0
 HOST_WAIT_S = 600.0  # a lab host that took none of a sweep's waiting jobs this long is gone (farm sweep --host-wait)
 INSTALL_LOCK = 0x66726D71  # "frmq": one process installs the queue's tables on a new database
 ACTIVE = ("todo", "doing")
+T = TypeVar("T")
+
+
+class BuildState(enum.StrEnum):
+    """Where a cell's build job stands once the cell settled it (``LabQueue.settle_build``)."""
+
+    TAKEN = "taken"  # it still waited: cancelled, the cell builds its artifact itself
+    DOING = "doing"  # a live build worker builds it (or the same artifact for a device alike, before it)
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # its worker raised, or it was aborted
+    NONE = "none"  # no build job was deferred, or it was cancelled before
 
 
 def queue_of(lab_host: str) -> str:
@@ -129,6 +147,39 @@ def host_row(host: dict[str, Any]) -> dict[str, Any]:
 _DEAD_WORKER = "(k.id IS NULL OR k.last_heartbeat < NOW() - make_interval(secs => %s))"
 
 
+def patient(method: Callable[..., T]) -> Callable[..., T]:
+    """A ``LabQueue`` call that reads or writes the queue: run again whole while the database is unreachable (a
+    restart, a failover) for up to the store's ``RECONNECT_S``, then a ``ConnectionLost``; any other driver error
+    becomes a ``StoreError`` with a hint (#50: a follower ended with "unexpected AdminShutdown"). Each call is
+    safe to run twice: reads, cancels of waiting jobs, and defers under their queueing locks."""
+
+    @functools.wraps(method)
+    def call(self: "LabQueue", *args: Any, **kwargs: Any) -> T:
+        import psycopg
+
+        from farm.store.backends import RECONNECT_S, RECONNECT_PAUSES_S, backend_hint
+
+        deadline, pause = None, 0
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except (psycopg.Error, self._procrastinate.exceptions.ConnectorException) as exc:
+                cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+                if not isinstance(cause, psycopg.OperationalError):
+                    raise StoreError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
+                                     backend_hint(exc, "check the PostgreSQL server and its log")) from exc
+                deadline = deadline or time.monotonic() + RECONNECT_S
+                if time.monotonic() >= deadline:
+                    raise ConnectionLost(f"the lab's queue at {_redact(self.url)} did not answer for {RECONNECT_S:g} s:"
+                                         f" {message_line(cause)}", backend_hint(cause)) from exc
+                if pause == 0:
+                    log.warning("the lab's queue at %s: %s: trying again", _redact(self.url), message_line(cause))
+                time.sleep(RECONNECT_PAUSES_S[min(pause, len(RECONNECT_PAUSES_S) - 1)])
+                pause += 1
+
+    return call
+
+
 def _installed(db) -> bool:
     """Whether procrastinate's tables are on this database (a queue nothing was deferred to yet has none)."""
     return db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is not None
@@ -157,14 +208,24 @@ class LabQueue:
     # -- the database -------------------------------------------------------------------
 
     def _connect(self):
+        """A connection of its own for one call (``patient`` translates its errors and runs the call again)."""
+        import psycopg
+
+        return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+
+    def check(self) -> None:
+        """That the queue's database answers now, at once: a ``StoreError`` with a hint where it does not (a worker
+        says it started only after this)."""
         import psycopg
 
         try:
-            return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            with self._connect() as db:
+                db.execute("SELECT 1")
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to the lab's queue at {_redact(self.url)}: {message_line(exc)}",
                              "check that the PostgreSQL server runs (the lab's queue is on the results database)") from exc
 
+    @patient
     def install(self) -> None:
         """procrastinate's tables on this database, once (its own schema file; one installer at a time)."""
         import psycopg
@@ -174,12 +235,27 @@ class LabQueue:
                 db.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK,))
                 if not _installed(db):
                     db.execute(self.app.schema_manager.get_schema())
+            except psycopg.OperationalError:
+                raise
             except psycopg.Error as exc:
                 raise StoreError(f"could not install the lab's queue in {_redact(self.url)}: {message_line(exc)}",
                                  "the database user must be able to create tables and types") from exc
             finally:
-                db.execute("SELECT pg_advisory_unlock(%s)", (INSTALL_LOCK,))
+                if not db.closed:
+                    db.execute("SELECT pg_advisory_unlock(%s)", (INSTALL_LOCK,))
 
+    @patient
+    def prune_dead_workers(self) -> int:
+        """Remove the workers silent for ``PRUNE_S`` from procrastinate's list (a killed worker's row stays until a
+        new worker starts, else); their running jobs keep no worker, which ``_retry_stalled`` treats as stalled.
+        Whoever looks calls this: the follower, ``farm worker --status``. Returns how many."""
+        with self._connect() as db:
+            if not _installed(db):
+                return 0
+            return len(db.execute("SELECT * FROM procrastinate_prune_stalled_workers_v1(%s)",
+                                  (PRUNE_S,)).fetchall())
+
+    @patient
     def defer(self, jobs: list[Job]) -> int:
         """Defer ``jobs`` in order; a job whose queueing lock has one waiting or running already is not deferred
         again. Returns how many were deferred."""
@@ -200,6 +276,7 @@ class LabQueue:
                     pass
         return deferred
 
+    @patient
     def waiting_or_running(self, sweep_id: int) -> set[str]:
         """The queueing locks of the sweep's jobs that wait or run: a resume defers none of them again (a stalled
         one is put back by its host's workers)."""
@@ -210,6 +287,7 @@ class LabQueue:
                               "AND status IN ('todo', 'doing')", (str(sweep_id),)).fetchall()
         return {lock for (lock,) in rows if lock}
 
+    @patient
     def sweep_jobs(self, sweep_id: int) -> SweepJobs:
         """The sweep's jobs, counted by lab host and status."""
         jobs = SweepJobs()
@@ -226,6 +304,7 @@ class LabQueue:
                 jobs.by_host.setdefault(queue.removeprefix(prefix), {})[status] = n
         return jobs
 
+    @patient
     def hosts(self) -> list[dict[str, Any]]:
         """Each lab host's jobs by status (procrastinate's: todo, doing, succeeded, failed, cancelled, aborted), the
         stalled ones (running on a worker silent for ``STALLED_S``), and ``workers``: the live workers running one of
@@ -254,6 +333,7 @@ class LabQueue:
             host["workers"] = len(host.pop("worker_ids"))
         return list(hosts.values())
 
+    @patient
     def live_workers(self) -> int:
         """The lab's workers that beat within ``STALLED_S``, on any host."""
         with self._connect() as db:
@@ -262,6 +342,7 @@ class LabQueue:
             return int(db.execute("SELECT COUNT(*) FROM procrastinate_workers "
                                   "WHERE last_heartbeat >= NOW() - make_interval(secs => %s)", (STALLED_S,)).fetchone()[0])
 
+    @patient
     def silent_hosts(self, sweep_id: int, silence_s: float) -> list[str]:
         """The lab hosts where the sweep's jobs wait, or are stuck on a dead worker, and nothing has happened for
         ``silence_s`` seconds: no job of the host's queue runs on a live worker, and no job of it was deferred,
@@ -285,6 +366,7 @@ class LabQueue:
                 (str(sweep_id), RETRY_WITHIN_S, queue_of("") + "%", STALLED_S, silence_s)).fetchall()
         return sorted(queue.removeprefix(queue_of("")) for (queue,) in rows)
 
+    @patient
     def cancel_waiting(self, sweep_id: int, lab_host: str) -> list[tuple[str, dict[str, Any]]]:
         """Cancel the sweep's jobs that wait in ``lab_host``'s queue, after putting back those stuck on a dead
         worker (procrastinate's ``retry_job``, as a live worker of the host would); the (task, arguments) of each
@@ -311,20 +393,18 @@ class LabQueue:
                                   (queue, str(sweep_id))).fetchall()
             return [(task, args) for job_id, task, args in rows if manager.cancel_job_by_id(job_id)]
 
-    def settle_build(self, sweep_id: int, device: str, model: str) -> str:
+    @patient
+    def settle_build(self, sweep_id: int, device: str, model: str) -> BuildState:
         """Where the cell's build job stands, after cancelling it if it still waits (procrastinate cancels only a
         waiting job, so a build worker either took it first or never will) or if its worker is dead (put back,
         then cancelled); one that waits for its lock while a live build worker builds the same artifact (a device
-        alike's) is left to wait: "taken" (the caller builds), "doing" (a live build worker builds it, or the
-        same artifact before it), "succeeded",
-        "failed" (its worker raised, or it was aborted), or "none" (no build job was deferred, or it was cancelled
-        before)."""
+        alike's) is left to wait (``BuildState``)."""
         import datetime
 
         for _ in range(3):  # a build worker may take the job between the read and the cancel: read again
             with self._connect() as db:
                 if not _installed(db):
-                    return "none"
+                    return BuildState.NONE
                 row = db.execute(
                     f"""SELECT j.id, j.status::text, j.status = 'doing' AND {_DEAD_WORKER},
                                EXISTS (SELECT 1 FROM procrastinate_jobs o JOIN procrastinate_workers w
@@ -336,12 +416,12 @@ class LabQueue:
                           AND j.args->>'model' = %s ORDER BY j.id DESC LIMIT 1""",
                     (STALLED_S, STALLED_S, BUILD, str(sweep_id), device, model)).fetchone()
                 if row is None:
-                    return "none"
+                    return BuildState.NONE
                 job_id, status, dead, lock_busy = row
                 if status == "todo" and lock_busy:  # a live build worker builds its artifact for a device alike
-                    return "doing"
+                    return BuildState.DOING
                 if status == "todo" and self.app.job_manager.cancel_job_by_id(job_id, connection=db):
-                    return "taken"
+                    return BuildState.TAKEN
             if dead:  # its build worker died: no build worker of that queue may be left to put it back
                 with self.app.open():
                     try:
@@ -350,9 +430,11 @@ class LabQueue:
                         log.info("build job %s was not put back: %s", job_id, message_line(exc))
                 continue
             if status != "todo":
-                return {"doing": "doing", "succeeded": "succeeded", "cancelled": "none"}.get(status, "failed")
-        return "doing"
+                return {"doing": BuildState.DOING, "succeeded": BuildState.SUCCEEDED,
+                        "cancelled": BuildState.NONE}.get(status, BuildState.FAILED)
+        return BuildState.DOING
 
+    @patient
     def cancel_waiting_builds(self, sweep_id: int) -> int:
         """Cancel the sweep's build jobs that still wait once none of its cells does: they serve no cell (a resume
         deferred them while their cells ran). Returns how many."""
@@ -366,6 +448,7 @@ class LabQueue:
         with self.app.open():
             return sum(bool(self.app.job_manager.cancel_job_by_id(job_id)) for (job_id,) in rows)
 
+    @patient
     def task_statuses(self, sweep_id: int, task: str) -> dict[str, str]:
         """The sweep's jobs of ``task`` by device: each one's status (the latest job of a device)."""
         with self._connect() as db:

@@ -7,6 +7,8 @@ that ``models/`` loads.
 
 from __future__ import annotations
 
+import enum
+
 import functools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -423,6 +425,66 @@ def split_variant(spec: str) -> tuple[str, str]:
 
 
 OFFLINE_ATTEMPT = 0  # a sweep cell stored failed because no server of its key was registered: not a measured attempt
+RETRYABLE_STEPS = ("session", "upload", "load", "first", "steady", "copy")  # a dropped session, not a wrong output
+
+
+@dataclass(frozen=True)
+class StoredAttempt:
+    """One stored TVM attempt of a sweep's cell (``Store.sweep_attempts``): its number, status and failed step. A
+    cell's attempt is stored whole with its fallback and reference runs (``Store.record_cell``), so an attempt
+    here has all of them."""
+
+    attempt: int
+    status: str
+    failed_step: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """Measuring the cell again cannot change it: ok, or failed at a step no retry helps (a compile, a wrong
+        output, a farm bug), unlike a dropped session or a device offline."""
+        return self.status == "ok" or (self.attempt != OFFLINE_ATTEMPT and self.failed_step not in RETRYABLE_STEPS)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A device held for one lab cell (``Store.take_lease``): by ``holder`` (worker and job), under ``epoch`` (one
+    more at each new holder). ``previous``: the holder it was taken from after that one went silent without
+    releasing it (a frozen or killed worker), which may still hold the device's RPC session; '' otherwise."""
+
+    device: str
+    holder: str
+    epoch: int
+    previous: str = ""
+
+    @property
+    def taken_over(self) -> bool:
+        return bool(self.previous)
+
+
+@dataclass(frozen=True)
+class RunToStore:
+    """One run of a cell's unit, before it is stored (``Store.record_cell``): its result, where and what it ran,
+    its artifact (None: a reference runtime's, or nothing built), and the cell's attempt it belongs to."""
+
+    result: "BenchResult"
+    device: "Device"
+    model: "ModelSource"
+    artifact: "Artifact | None"
+    attempt: int = 1
+
+
+class CellStanding(enum.StrEnum):
+    """Where a sweep's cell stands (``SweepSpec.standing``): what ``farm sweep`` reports and ``--resume`` redoes."""
+
+    OK = "ok"
+    FAILED = "failed"  # failed for good: at a step no retry helps, or its retries spent (--resume leaves it)
+    RETRY = "failed, retries left"  # --resume measures it again
+    OFFLINE = "offline"  # only stored while its device or lab host was unreachable (--resume measures it)
+    NEVER = "never measured"  # nothing stored (a killed sweep or worker: --resume measures it)
+
+    @property
+    def redone(self) -> bool:
+        return self in (CellStanding.RETRY, CellStanding.OFFLINE, CellStanding.NEVER)
 
 
 @dataclass(frozen=True)
@@ -450,15 +512,25 @@ class SweepSpec:
         """Every (device, model) cell in sweep order; models carry their variant (``mlp@fp16``)."""
         return [(device, model) for device in self.devices for model in self.cell_models()]
 
-    def cell_done(self, attempts: list[tuple[int, str]]) -> bool:
-        """A cell is done when one attempt was ok or its retries are spent; ``attempts``: (attempt, status)."""
-        return any(status == "ok" for _, status in attempts) or self.attempts_spent(attempts) > self.retries
+    def cell_done(self, attempts: list[StoredAttempt]) -> bool:
+        """A cell is done when an attempt is final (ok, or failed where no retry helps: a redelivered compile
+        failure is not compiled again) or its retries are spent."""
+        return not self.standing(attempts).redone
+
+    def standing(self, attempts: list[StoredAttempt]) -> CellStanding:
+        if any(a.status == "ok" for a in attempts):
+            return CellStanding.OK
+        if any(a.final for a in attempts) or self.attempts_spent(attempts) > self.retries:
+            return CellStanding.FAILED
+        if self.attempts_spent(attempts):
+            return CellStanding.RETRY
+        return CellStanding.OFFLINE if attempts else CellStanding.NEVER
 
     @staticmethod
-    def attempts_spent(attempts: list[tuple[int, str]]) -> int:
+    def attempts_spent(attempts: list[StoredAttempt]) -> int:
         """The measured attempts among a cell's stored ones: a cell stored while its device was offline
         (attempt ``OFFLINE_ATTEMPT``) spent none of its retries."""
-        return sum(1 for attempt, _ in attempts if attempt != OFFLINE_ATTEMPT)
+        return sum(1 for a in attempts if a.attempt != OFFLINE_ATTEMPT)
 
     def by_cell(self, attempts: dict[tuple[str, str], list]) -> dict[tuple[str, str], list]:
         """A sweep's stored attempts (``Store.sweep_attempts``: by device and stored model name) by cell as the spec

@@ -5,7 +5,7 @@ import pytest
 
 from farm.errors import StoreError
 from farm.models import load_model
-from farm.records import BenchConfig, BenchResult, CheckResult, CopyTiming, Device
+from farm.records import BenchConfig, BenchResult, CheckResult, CopyTiming, Device, StoredAttempt
 from farm.results import rows_frame, run_rows
 from farm.store import SCHEMA_VERSION, Store
 
@@ -54,7 +54,9 @@ def test_a_sweep_s_attempt_delivered_twice_is_stored_once(db_location):
                   store.record_result(_result("failed", ()), DEVICE, mlp, None, sweep, OFFLINE_ATTEMPT),
                   store.record_result(_result("failed", ()), DEVICE, mlp, None, sweep, OFFLINE_ATTEMPT)]
         assert len({first, *others}) == 8
-        assert store.sweep_attempts(sweep) == {("cpu", "mlp"): [(1, "ok"), (2, "ok"), (0, "failed"), (0, "failed")]}
+        assert store.sweep_attempts(sweep) == {("cpu", "mlp"): [
+            StoredAttempt(1, "ok", ""), StoredAttempt(2, "ok", ""), StoredAttempt(0, "failed", "load"),
+            StoredAttempt(0, "failed", "load")]}
 
 
 def test_store_uses_wal_and_schema_version(tmp_path):
@@ -152,6 +154,9 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP TABLE device_leases")  # schema 19
+    db.execute("DROP INDEX copy_curves_curve_key")
+    db.execute("ALTER TABLE copy_curves DROP COLUMN curve_key")
     db.execute("DROP TABLE artifact_files")  # schema 18
     db.execute("DROP TABLE sweep_builds")
     db.execute("DROP TABLE night_tunings")  # schema 17
@@ -192,6 +197,9 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE device_leases")  # schema 19
+    db.execute("DROP INDEX copy_curves_curve_key")
+    db.execute("ALTER TABLE copy_curves DROP COLUMN curve_key")
     db.execute("DROP TABLE artifact_files")  # schema 18
     db.execute("DROP TABLE sweep_builds")
     db.execute("DROP TABLE night_tunings")  # schema 17
@@ -220,6 +228,9 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE device_leases")  # schema 19
+    db.execute("DROP INDEX copy_curves_curve_key")
+    db.execute("ALTER TABLE copy_curves DROP COLUMN curve_key")
     db.execute("DROP TABLE artifact_files")  # schema 18
     db.execute("DROP TABLE sweep_builds")
     db.execute("DROP TABLE night_tunings")  # schema 17
@@ -347,7 +358,7 @@ def test_sweeps_alerts_and_probes_round_trip(db_location):
         first = store.save_alert({**verdict, "sweep_id": sweep_id}, {"z": 1.0}, "confirmed", {"mwu_p": 0.001})
         again = store.save_alert({**verdict, "sweep_id": sweep_id}, {"z": 1.0})  # re-detected: confirmation kept
         store.record_probes([Probe("cpu", "cpu", "online", "", 0.01, 100.0), Probe("cpu", "cpu", "missing", "gone", None, 200.0)])
-        assert store.sweep()["status"] == "done" and store.sweep_attempts(sweep_id) == {("cpu", "mlp"): [(1, "ok")]}
+        assert store.sweep()["status"] == "done" and store.sweep_attempts(sweep_id) == {("cpu", "mlp"): [StoredAttempt(1, "ok", "")]}
         alerts = store.alerts(sweep_id)
         assert first == again and [(a["status"], a["confirmation"]) for a in alerts] == [("confirmed", {"mwu_p": 0.001})]
         assert store.last_online() == {"cpu": 100.0} and store.latest_probes()["cpu"]["state"] == "missing"
@@ -372,3 +383,103 @@ def test_a_sweep_s_night_of_tuning_is_stored_per_key_an_empty_one_too(db_locatio
         store.save_night_tuning(5, "cpu-a", [kept])
         assert store.night_tuned(4) == {"cpu-a", "cpu-b"} and store.night_tuned(6) == set()
         assert store.night_tunings(4) == [kept, {**kept, "model": "convnet"}]
+
+
+def test_a_cell_is_stored_whole_with_its_fallback_and_reference_or_not_at_all(db_location):
+    """TVM's run, its CPU fallback and its reference run are one transaction: a failure inside (here a reference
+    result the schema refuses, NULL in a NOT NULL column) leaves none of them; stored again, all three are there,
+    the fallback pointing at TVM's run; stored a third time (a redelivered job), nothing new."""
+    from farm.records import RunToStore
+
+    mlp = load_model("mlp")
+    gpu = _result("failed")
+    cpu = dataclasses.replace(_result(), device="cpu@cpu")
+    reference = dataclasses.replace(_result(), runtime="onnxruntime")
+    with Store(db_location) as store:
+        sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+        broken = dataclasses.replace(reference, status=None)
+        try:
+            store.record_cell(RunToStore(gpu, DEVICE, mlp, None), RunToStore(cpu, DEVICE, mlp, None),
+                              RunToStore(broken, DEVICE, mlp, None), sweep)  # type: ignore[arg-type]
+        except StoreError:
+            pass
+        else:
+            raise AssertionError("a reference run with no status was stored")
+        assert store.count("runs") == 0 and store.count("samples") == 0 and store.sweep_attempts(sweep) == {}
+        ids = store.record_cell(RunToStore(gpu, DEVICE, mlp, None), RunToStore(cpu, DEVICE, mlp, None),
+                                RunToStore(reference, DEVICE, mlp, None), sweep)
+        again = store.record_cell(RunToStore(gpu, DEVICE, mlp, None), RunToStore(cpu, DEVICE, mlp, None),
+                                  RunToStore(reference, DEVICE, mlp, None), sweep)
+        assert again == ids and store.count("runs") == 3
+        runs = {r["id"]: r for r in store.runs(sweep_id=sweep)}
+        assert [(runs[i]["device"], runs[i]["runtime"], runs[i]["fallback_of"]) for i in ids] == [
+            ("cpu", "tvm", None), ("cpu@cpu", "tvm", ids[0]), ("cpu", "onnxruntime", None)]
+
+
+def test_a_lease_fences_its_holder_a_silent_one_is_taken_over_and_its_result_refused(db_location):
+    """A device's lease is one holder's; a second waits. Not renewed past its time (a frozen worker), it is taken
+    by the next holder under the next epoch, which names the one it was taken from; the first holder's renewal and
+    its result are refused (LeaseLost, nothing stored), the new holder's are stored. Released, it is taken afresh."""
+    import time
+
+    from farm.errors import LeaseLost
+    from farm.records import RunToStore
+
+    mlp = load_model("mlp")
+    with Store(db_location) as store:
+        sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+        frozen = store.take_lease("cpu", "worker-a", 0.5)
+        assert frozen is not None and frozen.epoch == 1 and not frozen.taken_over
+        assert store.take_lease("cpu", "worker-b", 30.0) is None
+        assert store.lease_holder("cpu")[:2] == ("worker-a", 1)
+        time.sleep(1.0)  # worker-a renews nothing: its lease ends by the database's clock
+        taken = store.take_lease("cpu", "worker-b", 30.0)
+        assert taken is not None and taken.epoch == 2 and taken.previous == "worker-a"
+        assert not store.renew_lease(frozen, 30.0) and store.renew_lease(taken, 30.0)
+        try:
+            store.record_cell(RunToStore(_result(), DEVICE, mlp, None), sweep_id=sweep, lease=frozen)
+        except LeaseLost as exc:
+            assert exc.message == ("worker-a lost device cpu's lease (epoch 1) while it measured; it is now worker-b "
+                                   "(epoch 2)'s: its result is refused, not stored")
+        else:
+            raise AssertionError("a result measured under a lost lease was stored")
+        assert store.count("runs") == 0
+        store.record_cell(RunToStore(_result(), DEVICE, mlp, None), sweep_id=sweep, lease=taken)
+        assert store.count("runs") == 1
+        store.release_lease(taken)
+        assert store.lease_holder("cpu") is None
+        fresh = store.take_lease("cpu", "worker-a", 30.0)
+        assert fresh is not None and fresh.epoch == 3 and not fresh.taken_over
+
+
+def test_a_sweep_s_copy_curve_is_stored_once_per_attempt(db_location):
+    from farm.records import CopyCurve, CopyPoint
+
+    curve = CopyCurve("cpu", "cpu", "cuda", "2026-11-28T00:00:00+00:00", (CopyPoint("d2h", 4096, 10, (1e-6, 2e-6)),))
+    with Store(db_location) as store:
+        sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+        first = store.record_copy_curve(curve, sweep)
+        assert store.record_copy_curve(curve, sweep) == first  # a curve job delivered again
+        second = store.record_copy_curve(dataclasses.replace(curve, status="failed"), sweep, attempt=2)
+        outside = [store.record_copy_curve(curve), store.record_copy_curve(curve)]
+        assert len({first, second, *outside}) == 4 and store.count("copy_curve_samples") == 4 * 2
+        assert store.sweep_curves(sweep, "cpu") == ["ok", "failed"]
+
+
+def test_a_cell_s_standing_tells_what_a_resume_measures_again():
+    """Literal attempts in, exact standings out: ok; failed for good (a compile failure is never measured again,
+    retries or not; retries spent); failed with retries left; only offline; nothing stored."""
+    from farm.records import OFFLINE_ATTEMPT, CellStanding, SweepSpec
+
+    spec = SweepSpec(("cpu",), ("mlp",), retries=1)
+    cases = {
+        CellStanding.OK: [StoredAttempt(1, "failed", "session"), StoredAttempt(2, "ok", "")],
+        CellStanding.FAILED: [StoredAttempt(1, "failed", "compile")],
+        CellStanding.RETRY: [StoredAttempt(OFFLINE_ATTEMPT, "failed", "offline"), StoredAttempt(1, "failed", "load")],
+        CellStanding.OFFLINE: [StoredAttempt(OFFLINE_ATTEMPT, "failed", "offline")],
+        CellStanding.NEVER: [],
+    }
+    assert {standing: spec.standing(attempts) for standing, attempts in cases.items()} == {s: s for s in cases}
+    assert spec.standing([StoredAttempt(1, "failed", "load"), StoredAttempt(2, "failed", "session")]) == \
+        CellStanding.FAILED  # its one retry spent
+    assert [s for s in cases if spec.cell_done(cases[s])] == [CellStanding.OK, CellStanding.FAILED]

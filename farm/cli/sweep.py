@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.errors import FarmError
 from farm.queue import HOST_WAIT_S
-from farm.records import Inventory, SweepSpec
+from farm.records import CellStanding, Inventory, SweepSpec
 from farm.stats import median
 
 from farm.cli.common import (REPORT_DIR, VARIANTS, add_bench_options, add_budget_option, add_progress, add_verb,
@@ -82,6 +82,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from farm.sweep import run_sweep
     from farm.sweep.lab import queued_devices
+    from farm.sweep.run import standing_text
 
     if args.status is not None:
         return _status(args)
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if resumed is None:
             return 0
         spec, sweep_id = resumed
+        _say_resumed(args.db, spec, sweep_id)
     else:
         (spec, budget), sweep_id = _fresh_spec(args, inventory), None
     queued = queued_devices(inventory.devices, spec.devices)
@@ -116,11 +118,28 @@ def run(args: argparse.Namespace) -> int:
         emit_json(_sweep_json(outcome, final, reviewed, tuning, report) | stored)
     else:
         _print_sweep(outcome, final, reviewed, tuning, report, stored.get("cells", []))
-    if outcome.missing:
-        cells = ", ".join(f"{d} × {m}" for d, m in outcome.missing[:5]) + (" …" if len(outcome.missing) > 5 else "")
-        raise FarmError(f"sweep {outcome.sweep_id} is incomplete: {len(outcome.missing)} cell(s) never measured ({cells})",
-                        f"the log above says why; farm sweep --resume {outcome.sweep_id} measures what is missing")
+    if outcome.not_ok:
+        count = sum(len(cells) for cells in outcome.not_ok.values())
+        redo = len(outcome.missing)
+        raise FarmError(f"sweep {outcome.sweep_id} is incomplete: {count} cell(s) not ok ({standing_text(outcome.not_ok)})",
+                        (f"farm sweep --resume {outcome.sweep_id} measures the {redo} never measured, offline or with "
+                         "retries left again" if redo else "no cell is left to measure again")
+                        + ("; the failed ones stay as stored (farm results --json says why each failed)"
+                           if CellStanding.FAILED in outcome.not_ok else ""))
     return 0
+
+
+def _say_resumed(db: str, spec: SweepSpec, sweep_id: int) -> None:
+    """What a resume measures again and what it leaves, on stderr (#50: it named 2 cells and measured 4)."""
+    from farm.store import Store
+    from farm.sweep.run import cells_not_ok, standing_text
+
+    with Store(db) as store:
+        not_ok = cells_not_ok(store, spec, sweep_id)
+    redo = {s: cells for s, cells in not_ok.items() if s.redone}
+    kept = {s: cells for s, cells in not_ok.items() if not s.redone}
+    print(f"sweep {sweep_id}: resuming: " + (f"measuring again {standing_text(redo)}" if redo else "nothing to measure again")
+          + (f"; leaving {standing_text(kept)}" if kept else ""), file=sys.stderr, flush=True)
 
 
 def _queued_sweep(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec,
@@ -149,11 +168,10 @@ def _status(args: argparse.Namespace) -> int:
     """--status ID: a queued sweep's jobs by lab host, and its stored cells."""
     from farm.queue import LabQueue
     from farm.store import Store
-    from farm.store.backends import is_url
+    from farm.store.backends import require_server
     from farm.sweep.lab import progress_text
 
-    if not is_url(args.db):
-        raise FarmError("--status follows a sweep over lab hosts, kept on PostgreSQL", "pass --db postgresql://...")
+    require_server(args.db, "farm sweep --status (a sweep over lab hosts)")
     with Store(args.db) as store:
         sweep = store.sweep(args.status)
     if sweep is None:
@@ -172,7 +190,7 @@ def _stored_cells(db: str, outcome: SweepOutcome) -> dict[str, Any]:
 
     with Store(db) as store:
         attempts = store.sweep_attempts(outcome.sweep_id)
-    return {"cells": [{"device": d, "model": m, "status": tried[-1][1], "attempts": len(tried)}
+    return {"cells": [{"device": d, "model": m, "status": tried[-1].status, "attempts": len(tried)}
                       for (d, m), tried in sorted(attempts.items())]}
 
 
@@ -277,6 +295,7 @@ def _sweep_json(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, 
                 report: Path | None) -> dict[str, Any]:
     return {"sweep_id": outcome.sweep_id, "status": outcome.status, "seconds": round(outcome.seconds, 1),
             "skipped": outcome.skipped, "report": str(report) if report else None,
+            "not_ok": {standing.value: [list(cell) for cell in cells] for standing, cells in outcome.not_ok.items()},
             "alerts": [{"device": a.device, "model": a.model, "runtime": a.runtime, "metric": a.metric,
                         "status": a.status, "change": a.change, "z": a.z} for a in reviewed.alerts],
             "findings": reviewed.findings,

@@ -50,11 +50,9 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from farm.queue import LabQueue
     from farm.rpc.session import SESSION_SLOTS
-    from farm.store.backends import is_url
+    from farm.store.backends import require_server
 
-    if not is_url(args.db):
-        raise FarmError(f"farm worker needs the lab's PostgreSQL database, not {args.db}",
-                        "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
+    require_server(args.db, "farm worker")
     if args.status:
         return _status(LabQueue(args.db), args.json)
     if args.builds:
@@ -77,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     from farm.sweep.lab import LabWorker, serve_lab_host
 
     name = f"{args.lab_host}:{socket.gethostname()}:{os.getpid()}"
-    print(f"worker {name}: {len(devices)} device(s) of lab host {args.lab_host}, {slots} slot(s), "
-          f"tracker {inventory.tracker}", file=sys.stderr, flush=True)
+    _check_reachable(args.db, inventory.tracker)
+    print(f"worker {name}: started: {len(devices)} device(s) of lab host {args.lab_host}, {slots} slot(s), "
+          f"tracker {inventory.tracker} and the lab's queue answered", file=sys.stderr, flush=True)
     worker = LabWorker(args.db, devices, inventory.tracker, home_dir() / "cache", progress_printer(args.progress))
     tuning = LabTuning(worker, home_dir() / "tune", lambda message: print(f"tune: {message}", file=sys.stderr, flush=True))
     serve_lab_host(args.db, args.lab_host, worker, slots, name, wait=not args.until_empty, tuning=tuning)
@@ -97,12 +96,24 @@ def _builds(args: argparse.Namespace) -> int:
         raise FarmError(f"this host has the toolchain of no device in {args.devices}",
                         "; ".join(f"{n}: {why}" for n, why in sorted(not_here.items()))[:400])
     name = f"builds:{socket.gethostname()}:{os.getpid()}"
-    print(f"worker {name}: builds for {len(names)} device(s)" + (
+    _check_reachable(args.db, None)
+    print(f"worker {name}: started: builds for {len(names)} device(s)" + (
         f"; not for {', '.join(sorted(not_here))} (no toolchain here)" if not_here else ""), file=sys.stderr, flush=True)
     worker = LabWorker(args.db, {n: inventory.devices[n] for n in names}, inventory.tracker, home_dir() / "cache",
                        progress_printer(args.progress), name=name)
     serve_builds(args.db, worker, names, name, wait=not args.until_empty)
     return 0
+
+
+def _check_reachable(db: str, tracker) -> None:
+    """The lab's queue and (for a lab host's worker) its tracker answer now, before the worker says it started (#50:
+    a worker against an unreachable database first printed its start, then the error)."""
+    from farm.queue import LabQueue
+    from farm.rpc.tracker import query_summary
+
+    LabQueue(db).check()
+    if tracker is not None:
+        query_summary(tracker)
 
 
 def _serve(inventory, names: list[str]) -> None:
@@ -119,6 +130,7 @@ def _serve(inventory, names: list[str]) -> None:
 def _status(lab, as_json: bool) -> int:
     from farm.queue import HOST_COLUMNS, host_row
 
+    lab.prune_dead_workers()  # whoever looks removes the long-dead workers' rows (queue.PRUNE_S)
     hosts, live = lab.hosts(), lab.live_workers()
     if as_json:
         emit_json({"hosts": hosts, "live_workers": live})

@@ -7,10 +7,10 @@ transaction per recorded result, raw samples in long format, and each sample ser
 The summaries are derived data: the rule that wrote them is kept in meta and, when farm's rule
 changes, they are recomputed from the samples on open. The schema and its history: ``schema.py``.
 
-``Store`` is one object over five modules, split by what they store: ``runs.py`` (results, samples,
+``Store`` is one object over six modules, split by what they store: ``runs.py`` (results, samples,
 summaries, copies, copy curves), ``tuning.py`` (tune sessions and records), ``sweeps.py`` (sweeps and
 alerts), ``catalog.py`` (probes, artifacts, models), ``findings.py`` (findings, their triage, confirmation
-budgets). This module opens, migrates and closes.
+budgets), ``leases.py`` (which lab cell holds each device). This module opens, migrates and closes.
 A driver's error never leaves the store: ``backends.py`` turns it into a ``StoreError``.
 """
 
@@ -23,6 +23,7 @@ from farm.stats import SUMMARY_RULE
 from farm.store.backends import exists, open_backend
 from farm.store.catalog import CatalogMixin
 from farm.store.findings import FindingsMixin
+from farm.store.leases import LeasesMixin
 from farm.store.runs import RunsMixin
 from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 from farm.store.sweeps import SweepsMixin
@@ -33,10 +34,10 @@ __all__ = ["Store", "SCHEMA_VERSION", "exists"]
 TABLES = ("runs", "samples", "summaries", "copies", "checks", "devices", "models", "artifacts", "tune_records",
           "tune_workloads", "tune_sessions", "tune_cost_models", "sweeps", "alerts", "probes", "copy_curves",
           "copy_curve_samples", "findings", "finding_sweeps", "confirmation_budgets",
-          "reviewed_sweeps", "night_tunings", "artifact_files", "sweep_builds")
+          "reviewed_sweeps", "night_tunings", "artifact_files", "sweep_builds", "device_leases")
 
 
-class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin, FindingsMixin):
+class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin, FindingsMixin, LeasesMixin):
     """An open results database. Use as a context manager or call ``close``."""
 
     def __init__(self, path: str | Path, readonly: bool = False, wait_s: float = 0.0) -> None:

@@ -49,6 +49,14 @@ def is_url(location: str | Path) -> bool:
     return str(location).startswith(URL_PREFIXES)
 
 
+def require_server(location: str | Path, what: str) -> None:
+    """``what`` (a lab's queue, its workers, a queued sweep's status) lives on the lab's PostgreSQL: a ``StoreError``
+    for a file. The one place this rule is written (#50: it was written three times)."""
+    if not is_url(location):
+        raise StoreError(f"{what} needs the lab's PostgreSQL database, not the file {location}",
+                         "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
+
+
 def redact(location: str) -> str:
     """The location without a password, for messages and reports."""
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", location)
@@ -110,6 +118,8 @@ class Backend:
 
     kind: str
     location: str  # shown in messages and reports: never a password
+    clock_s: str  # SQL: the database's clock in seconds since 1970 (leases expire by it, whatever a host's clock says)
+    lock_row: str  # SQL after a SELECT: hold the rows read until the transaction ends
     errors: tuple[type[Exception], ...]
     doing = "read"  # "open", "upgrade", "write" or "read": set by ``phase`` and by transactions
 
@@ -206,6 +216,8 @@ class Rows:
 
 class SqliteBackend(Backend):
     kind = "sqlite"
+    clock_s = "((julianday('now') - 2440587.5) * 86400.0)"  # the database's own clock, seconds since 1970
+    lock_row = ""  # SQLite's writer holds the whole database (BEGIN IMMEDIATE)
     errors: tuple[type[Exception], ...] = (sqlite3.Error,)
 
     def __init__(self, path: Path, readonly: bool) -> None:
@@ -292,6 +304,8 @@ def _row_factory(cursor):
 
 class PostgresBackend(Backend):
     kind = "postgresql"
+    clock_s = "EXTRACT(EPOCH FROM clock_timestamp())"  # the server's clock: every host's leases on one clock
+    lock_row = " FOR UPDATE"
 
     def __init__(self, url: str, readonly: bool, wait_s: float = 0.0) -> None:
         try:

@@ -9,10 +9,10 @@ samples when farm's rule changes (``_summarize_stored``).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any, Sequence
 
-from farm.records import OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, ModelSource
+from farm.records import OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, Lease, ModelSource, RunToStore
 from farm.stats import Summary, summarize_groups
 from farm.store.backends import Backend, now, retried
 
@@ -82,93 +82,124 @@ class RunsMixin:
 
     # -- writes -------------------------------------------------------------------------
 
-    @retried
     def record_result(self, result: BenchResult, device: Device, model: ModelSource, artifact: Artifact | None,
                       sweep_id: int | None = None, attempt: int = 1) -> int:
         """Store one bench result with its samples, copies and check, atomically. Returns the run id: of the run
         already stored when this sweep's cell has this attempt stored (``cell_key``), which then stores nothing."""
-        stamp = now()
+        return self.record_cell(RunToStore(result, device, model, artifact, attempt), sweep_id=sweep_id)[0]
+
+    @retried
+    def record_cell(self, run: RunToStore, fallback: RunToStore | None = None, reference: RunToStore | None = None,
+                    sweep_id: int | None = None, lease: Lease | None = None) -> tuple[int, int | None, int | None]:
+        """Store a cell's attempt whole, in one transaction: TVM's run, the run on the device's CPU that stands in
+        for it (``fallback``: its ``fallback_of`` is set to the run's id) and the model in its reference runtime,
+        each with its samples, copies and check (#50: a job killed between two commits left a cell without its
+        reference run, for good). With a ``lease``, only while it is still the holder's (``LeaseLost`` else: the
+        device passed to another holder while this one measured). Returns the three run ids (None where not
+        given); a run already stored under its ``cell_key`` is found, not stored again."""
         with self._db.transaction() as db:
+            if lease is not None:
+                self._check_lease(db, lease)  # type: ignore[attr-defined]  # LeasesMixin's, on the same Store
+            run_id = self._insert_run(db, run, sweep_id, None)
+            fallback_id = None if fallback is None else self._insert_run(db, fallback, sweep_id, run_id)
+            reference_id = None if reference is None else self._insert_run(db, reference, sweep_id, None)
+        return run_id, fallback_id, reference_id
+
+    def _insert_run(self, db: Backend, run: RunToStore, sweep_id: int | None, fallback_of: int | None) -> int:
+        """One run with its device, model, artifact, samples, summaries, copies and check, inside a write."""
+        result, device, model, artifact, attempt = run.result, run.device, run.model, run.artifact, run.attempt
+        if fallback_of is not None:
+            result = replace(result, fallback_of=fallback_of)
+        stamp = now()
+        db.execute(
+            """INSERT INTO devices VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET
+               key=excluded.key, kind=excluded.kind, target=excluded.target, emulated=excluded.emulated,
+               tags=excluded.tags, context=excluded.context, last_seen=excluded.last_seen""",
+            (device.name, device.key, device.kind, json.dumps(device.target), int(device.emulated),
+             json.dumps(list(device.tags)), json.dumps(result.context.get("host", {})), stamp, stamp))
+        db.execute("INSERT INTO models (digest, name, origin, inputs, first_seen, ops) VALUES (?,?,?,?,?,?)"
+                   " ON CONFLICT DO NOTHING",
+                   (model.digest, model.name, model.origin,
+                    json.dumps([asdict(s) for s in model.inputs]), stamp, json.dumps(list(model.ops))))
+        if artifact is not None:  # planned memory filled in on a row stored before farm read it
             db.execute(
-                """INSERT INTO devices VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET
-                   key=excluded.key, kind=excluded.kind, target=excluded.target, emulated=excluded.emulated,
-                   tags=excluded.tags, context=excluded.context, last_seen=excluded.last_seen""",
-                (device.name, device.key, device.kind, json.dumps(device.target), int(device.emulated),
-                 json.dumps(list(device.tags)), json.dumps(result.context.get("host", {})), stamp, stamp))
-            db.execute("INSERT INTO models (digest, name, origin, inputs, first_seen, ops) VALUES (?,?,?,?,?,?)"
-                       " ON CONFLICT DO NOTHING",
-                       (model.digest, model.name, model.origin,
-                        json.dumps([asdict(s) for s in model.inputs]), stamp, json.dumps(list(model.ops))))
-            if artifact is not None:  # planned memory filled in on a row stored before farm read it
-                db.execute(
-                    """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,
-                       tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks,
-                       params_bytes, planned_host_bytes, planned_device_bytes, planned_dynamic)
-                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (cache_key) DO UPDATE SET
-                       params_bytes = COALESCE(artifacts.params_bytes, excluded.params_bytes),
-                       planned_host_bytes = COALESCE(artifacts.planned_host_bytes, excluded.planned_host_bytes),
-                       planned_device_bytes = COALESCE(artifacts.planned_device_bytes, excluded.planned_device_bytes),
-                       planned_dynamic = excluded.planned_dynamic""",
-                    (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
-                     artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
-                     artifact.build_s, stamp, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks,
-                     artifact.params_bytes, artifact.planned_host_bytes, artifact.planned_device_bytes,
-                     artifact.planned_dynamic))
-            config = result.config
-            key = cell_key(result, sweep_id, attempt)
-            inserted = db.execute(
-                """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
-                   failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
-                   min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
-                   load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of, runtime,
-                   runtime_version, params_bytes, planned_host_bytes, planned_device_bytes, rss_before_load_bytes,
-                   rss_after_load_bytes, rss_peak_bytes, threads, cell_key)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                   ON CONFLICT DO NOTHING RETURNING id""",
-                (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
-                 result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
-                 result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
-                 int(device.emulated), result.context.get("farm_version", ""),
-                 result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
-                 int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt, result.load_warm_s,
-                 result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of,
-                 result.runtime, result.runtime_version, result.params_bytes, result.planned_host_bytes,
-                 result.planned_device_bytes, result.rss_before_load_bytes, result.rss_after_load_bytes,
-                 result.rss_peak_bytes, result.threads, key)).fetchall()
-            if not inserted:  # this attempt of this cell is stored already (its job was delivered again)
-                return int(db.execute("SELECT id FROM runs WHERE cell_key = ?", (key,)).fetchone()[0])
-            run_id = int(inserted[0][0])
+                """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,
+                   tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks,
+                   params_bytes, planned_host_bytes, planned_device_bytes, planned_dynamic)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (cache_key) DO UPDATE SET
+                   params_bytes = COALESCE(artifacts.params_bytes, excluded.params_bytes),
+                   planned_host_bytes = COALESCE(artifacts.planned_host_bytes, excluded.planned_host_bytes),
+                   planned_device_bytes = COALESCE(artifacts.planned_device_bytes, excluded.planned_device_bytes),
+                   planned_dynamic = excluded.planned_dynamic""",
+                (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
+                 artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
+                 artifact.build_s, stamp, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks,
+                 artifact.params_bytes, artifact.planned_host_bytes, artifact.planned_device_bytes,
+                 artifact.planned_dynamic))
+        config = result.config
+        key = cell_key(result, sweep_id, attempt)
+        inserted = db.execute(
+            """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
+               failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
+               min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
+               load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of, runtime,
+               runtime_version, params_bytes, planned_host_bytes, planned_device_bytes, rss_before_load_bytes,
+               rss_after_load_bytes, rss_peak_bytes, threads, cell_key)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+               ON CONFLICT DO NOTHING RETURNING id""",
+            (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
+             result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
+             result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
+             int(device.emulated), result.context.get("farm_version", ""),
+             result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
+             int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt, result.load_warm_s,
+             result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of,
+             result.runtime, result.runtime_version, result.params_bytes, result.planned_host_bytes,
+             result.planned_device_bytes, result.rss_before_load_bytes, result.rss_after_load_bytes,
+             result.rss_peak_bytes, result.threads, key)).fetchall()
+        if not inserted:  # this attempt of this cell is stored already (its job was delivered again)
+            return int(db.execute("SELECT id FROM runs WHERE cell_key = ?", (key,)).fetchone()[0])
+        run_id = int(inserted[0][0])
+        db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
+                       [(run_id, "steady", 0, i, v, result.steady_number or 0)
+                        for i, v in enumerate(result.steady_samples_s)]
+                       + [(run_id, "steady_wall", 0, i, v, result.steady_wall_number or 0)
+                          for i, v in enumerate(result.steady_wall_samples_s)])
+        for copy in result.copies:
+            db.execute("INSERT INTO copies VALUES (?,?,?,?,?,?)",
+                       (run_id, copy.output_index, copy.nbytes, json.dumps(list(copy.shape)), copy.dtype, copy.number))
             db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
-                           [(run_id, "steady", 0, i, v, result.steady_number or 0)
-                            for i, v in enumerate(result.steady_samples_s)]
-                           + [(run_id, "steady_wall", 0, i, v, result.steady_wall_number or 0)
-                              for i, v in enumerate(result.steady_wall_samples_s)])
-            for copy in result.copies:
-                db.execute("INSERT INTO copies VALUES (?,?,?,?,?,?)",
-                           (run_id, copy.output_index, copy.nbytes, json.dumps(list(copy.shape)), copy.dtype, copy.number))
-                db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?)",
-                               [(run_id, "copy", copy.output_index, i, v, copy.number)
-                                for i, v in enumerate(copy.samples_s)])
-            series: list[tuple[tuple[int, str, int], Sequence[float]]] = [
-                      ((run_id, "steady", 0), result.steady_samples_s),
-                      ((run_id, "steady_wall", 0), result.steady_wall_samples_s),
-                      *(((run_id, "copy", c.output_index), c.samples_s) for c in result.copies)]
-            series = [(k, list(v)) for k, v in series if len(v)]
-            insert_summaries(db, [k for k, _ in series], [len(v) for _, v in series], [x for _, v in series for x in v])
-            check = result.check
-            db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
-                       (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
+                           [(run_id, "copy", copy.output_index, i, v, copy.number)
+                            for i, v in enumerate(copy.samples_s)])
+        series: list[tuple[tuple[int, str, int], Sequence[float]]] = [
+                  ((run_id, "steady", 0), result.steady_samples_s),
+                  ((run_id, "steady_wall", 0), result.steady_wall_samples_s),
+                  *(((run_id, "copy", c.output_index), c.samples_s) for c in result.copies)]
+        series = [(k, list(v)) for k, v in series if len(v)]
+        insert_summaries(db, [k for k, _ in series], [len(v) for _, v in series], [x for _, v in series for x in v])
+        check = result.check
+        db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
+                   (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
         return run_id
 
     @retried
-    def record_copy_curve(self, curve: CopyCurve, sweep_id: int | None = None) -> int:
-        """Store one copy curve with every raw sample, atomically. Returns its id."""
+    def record_copy_curve(self, curve: CopyCurve, sweep_id: int | None = None, attempt: int = 1,
+                          lease: Lease | None = None) -> int:
+        """Store one copy curve with every raw sample, atomically (with a ``lease``: only while it is the holder's).
+        Returns its id: in a sweep, of the curve already stored as this device's ``attempt`` (schema 19's
+        ``curve_key``: a curve job delivered again), which then stores nothing."""
+        key = None if sweep_id is None else f"{sweep_id}/{curve.device}/{attempt}"
         with self._db.transaction() as db:
-            curve_id = db.insert_id(
-                """INSERT INTO copy_curves (started_at, device, key, device_type, status, reason, sweep_id, context)
-                   VALUES (?,?,?,?,?,?,?,?)""",
+            if lease is not None:
+                self._check_lease(db, lease)  # type: ignore[attr-defined]
+            inserted = db.execute(
+                """INSERT INTO copy_curves (started_at, device, key, device_type, status, reason, sweep_id, context,
+                   curve_key) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING id""",
                 (curve.started_at, curve.device, curve.key, curve.device_type, curve.status, curve.reason,
-                 sweep_id, json.dumps(curve.context)))
+                 sweep_id, json.dumps(curve.context), key)).fetchall()
+            if not inserted:
+                return int(db.execute("SELECT id FROM copy_curves WHERE curve_key = ?", (key,)).fetchone()[0])
+            curve_id = int(inserted[0][0])
             db.executemany("INSERT INTO copy_curve_samples VALUES (?,?,?,?,?,?)",
                            [(curve_id, p.direction, p.nbytes, i, v, p.number)
                             for p in curve.points for i, v in enumerate(p.samples_s)])
@@ -260,6 +291,11 @@ class RunsMixin:
         rows = self._db.execute(
             "SELECT value_s FROM samples WHERE run_id=? AND metric=? AND series=? ORDER BY idx", (run_id, metric, series))
         return [row[0] for row in rows]
+
+    def sweep_curves(self, sweep_id: int, device: str) -> list[str]:
+        """The statuses of the copy curves stored for ``device`` in the sweep, in attempt order."""
+        return [row[0] for row in self._db.execute("SELECT status FROM copy_curves WHERE sweep_id = ? AND device = ? "
+                                                   "ORDER BY id", (sweep_id, device))]
 
     def copy_curves(self, device: str | None = None, latest_only: bool = False) -> list[dict[str, Any]]:
         """Copy curves, newest first, each with ``points``: {direction, nbytes, number, samples_s}."""

@@ -43,13 +43,17 @@ SCHEMA_VERSION history:
  18  compiles as jobs (#30): artifact_files, an artifact's library by its cache key (bytes, their sha256, its
      metadata), the store every lab host reads; sweep_builds, what a queued sweep's build job made for a cell (the
      artifact's key, or the build's error) and which worker built it
+ 19  the lab under faults (#50): copy_curves.curve_key 'SWEEP/DEVICE/ATTEMPT' (NULL outside a sweep), unique: a
+     redelivered curve job stores its curve once; device_leases, who holds each device for a lab's cell (holder,
+     epoch, expiry in the database's own clock, released): a result is stored only by the holder of the epoch it
+     measured under (``Store.record_cell``), so a frozen worker's late result is refused, not stored twice
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -232,6 +236,13 @@ MIGRATIONS: dict[int, str] = {
         sweep_id INTEGER NOT NULL, device TEXT NOT NULL, model TEXT NOT NULL, cache_key TEXT, error TEXT,
         hint TEXT, builder TEXT NOT NULL, build_s REAL, stored_at TEXT NOT NULL,
         PRIMARY KEY (sweep_id, device, model));
+    """,
+    19: """
+    ALTER TABLE copy_curves ADD COLUMN curve_key TEXT;
+    CREATE UNIQUE INDEX copy_curves_curve_key ON copy_curves (curve_key);
+    CREATE TABLE device_leases (
+        device TEXT PRIMARY KEY, holder TEXT NOT NULL, epoch INTEGER NOT NULL, expires_s REAL NOT NULL,
+        released INTEGER NOT NULL, previous TEXT NOT NULL, taken_at TEXT NOT NULL);
     """,
 }
 

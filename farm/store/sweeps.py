@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
-from farm.records import Alert
+from farm.records import Alert, StoredAttempt
 from farm.store.backends import Backend, now, retried
 
 
@@ -34,13 +34,14 @@ class SweepsMixin:
             row = self._db.execute("SELECT * FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
         return None if row is None else {**dict(row), "spec": json.loads(row["spec"])}
 
-    def sweep_attempts(self, sweep_id: int) -> dict[tuple[str, str], list[tuple[int, str]]]:
-        """(device, model) -> [(attempt, status), ...] of a sweep's stored TVM runs (a cell's reference-runtime run
-        is beside the cell, not an attempt of it)."""
-        cells: dict[tuple[str, str], list[tuple[int, str]]] = {}
-        for row in self._db.execute("SELECT device, model, attempt, status FROM runs WHERE sweep_id=? AND runtime='tvm'"
-                                    " ORDER BY id", (sweep_id,)):
-            cells.setdefault((row["device"], row["model"]), []).append((row["attempt"], row["status"]))
+    def sweep_attempts(self, sweep_id: int) -> dict[tuple[str, str], list[StoredAttempt]]:
+        """(device, model) -> the attempts of a sweep's stored TVM runs, in order (a cell's reference-runtime run
+        is stored with its attempt, not an attempt of its own: ``record_cell``)."""
+        cells: dict[tuple[str, str], list[StoredAttempt]] = {}
+        for device, model, attempt, status, step in self._db.tuples(
+                "SELECT device, model, attempt, status, failed_step FROM runs WHERE sweep_id=? AND runtime='tvm'"
+                " ORDER BY id", (sweep_id,)):
+            cells.setdefault((device, model), []).append(StoredAttempt(attempt, status, step))
         return cells
 
     def save_alert(self, verdict: Mapping[str, Any], method: dict[str, Any], status: str | None = None,

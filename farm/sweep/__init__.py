@@ -10,7 +10,7 @@ result is one transaction, so a killed sweep loses at most the cells in flight a
 ``farm sweep --resume`` finishes exactly the missing ones.
 
     cell.py       the one cell pipeline: run_cell (CellContext, CellResult), bench_cell, compile_or_error
-                  (COMPILE_LOCK), measure_cell, reference_cell, the CPU fallback (fallback_cell)
+                  (COMPILE_LOCK), measure_cell, reference_run, the CPU fallback (fallback_run)
     inputs.py     cell_inputs: a cell's inputs and the outputs it is checked against
     failures.py   the stored result of a cell that failed before anything was measured
     tuning.py     tuning_set, compile_cell: a cell's compile with the store's tuning records; the one warning for
@@ -20,8 +20,8 @@ result is one transaction, so a killed sweep loses at most the cells in flight a
 
 from farm.records import SweepSpec
 from farm.sweep.cell import (COMPILE_LOCK, RETRYABLE_STEPS, UNREACHABLE_STEPS, CellContext, CellResult, Progress,
-                             bench_cell, compile_or_error, fallback_blocked, fallback_cell, measure_cell,
-                             needs_fallback, reference_cell, run_cell, with_health)
+                             bench_cell, compile_or_error, fallback_blocked, fallback_run, measure_cell,
+                             needs_fallback, reference_run, run_cell, with_health)
 from farm.sweep.failures import compile_failure, crashed_cell, unmeasured_result
 from farm.sweep.inputs import CellInputs, cell_inputs
 from farm.sweep.run import (SweepOutcome, SweepWorker, cell_eta, is_gpu, missing_cells, offline_cell, offline_keys,
@@ -31,8 +31,8 @@ from farm.sweep.tuning import compile_cell, tuning_set, warn_records_that_do_not
 __all__ = [
     "COMPILE_LOCK", "RETRYABLE_STEPS", "UNREACHABLE_STEPS", "CellContext", "CellInputs", "CellResult", "Progress",
     "SweepOutcome", "SweepSpec", "SweepWorker", "bench_cell", "cell_eta", "cell_inputs", "compile_cell",
-    "compile_failure", "compile_or_error", "crashed_cell", "fallback_blocked", "fallback_cell", "is_gpu",
+    "compile_failure", "compile_or_error", "crashed_cell", "fallback_blocked", "fallback_run", "is_gpu",
     "measure_cell", "missing_cells", "needs_fallback", "offline_cell", "offline_keys", "record_copy_curve",
-    "reference_cell", "run_cell", "run_matrix", "run_sweep", "tuning_set", "unmeasured_result",
+    "reference_run", "run_cell", "run_matrix", "run_sweep", "tuning_set", "unmeasured_result",
     "warn_records_that_do_not_apply", "with_health",
 ]

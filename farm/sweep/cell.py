@@ -1,6 +1,7 @@
 """The one cell pipeline: one model on one device after its compile, measured, checked and stored (``run_cell``),
-for ``farm bench`` (``bench_cell``) and a sweep's workers alike; with its CPU fallback (``fallback_cell``) and its
-run in the model's reference runtime (``reference_cell``). Every cell ends as a stored result, ok or failed."""
+for ``farm bench`` (``bench_cell``) and a sweep's workers alike; with its CPU fallback (``fallback_run``) and its
+run in the model's reference runtime (``reference_run``). Every cell ends as a stored result, ok or failed; its
+final attempt is stored whole with both, in one transaction (``Store.record_cell``), or not at all."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError
 from farm.measure import bench_artifact
 from farm.models.runtimes import runtime_name
-from farm.records import Artifact, BenchConfig, BenchResult, Device, ModelSource, TrackerAddress
+from farm.records import (RETRYABLE_STEPS, Artifact, BenchConfig, BenchResult, Device, Lease, ModelSource, RunToStore,
+                          TrackerAddress)
 from farm.reference import bench_reference, reference_threads, reference_unavailable
 from farm.store import Store
 from farm.sweep.failures import compile_failure, crashed_cell
@@ -26,7 +28,6 @@ from farm.sweep.tuning import compile_cell
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
-RETRYABLE_STEPS = ("session", "upload", "load", "first", "steady", "copy")  # a dropped session, not a wrong output
 UNREACHABLE_STEPS = ("session", "upload")  # the device itself is gone: its CPU is no fallback
 # TVM's compiler runs in one thread at a time: the sweep's compile loop, or a worker's fallback compile
 COMPILE_LOCK = threading.Lock()
@@ -57,19 +58,18 @@ def measure_cell(
     return bench_artifact(tracker, device, artifact, inputs, reference, config, reference_name, say)
 
 
-def reference_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
-                   prepared: CellInputs | None = None, tvm_threads: int | None = None,
-                   attempt: int = 1) -> CellResult | None:
+def reference_run(ctx: CellContext, device: Device, model: ModelSource, prepared: CellInputs | None = None,
+                  tvm_threads: int | None = None, attempt: int = 1) -> RunToStore | None:
     """The cell's model in its reference runtime (onnxruntime, LiteRT, torch) where the device's kind runs one
-    (this host's CPU), with the cell's inputs, reference and statistics; stored as that runtime's run. None where
-    no reference runtime runs: farm never passes a host figure off as a device's. Its threads are those TVM's run
-    reported (``tvm_threads``; ``reference_threads``). Stored as the ``attempt`` of TVM's run it stands beside."""
+    (this host's CPU), with the cell's inputs, reference and statistics; stored as that runtime's run with TVM's
+    ``attempt``. None where no reference runtime runs: farm never passes a host figure off as a device's. Its
+    threads are those TVM's run reported (``tvm_threads``; ``reference_threads``)."""
     if reference_unavailable(device):
         return None
     inputs, reference, reference_name, config = prepared or cell_inputs(model, ctx.config, ctx.reference_file)
     result = bench_reference(device, model, inputs, reference, config, reference_name,
                              reference_threads(tvm_threads, device), ctx.say(device, model))
-    return CellResult(store.record_result(result, device, model, None, ctx.sweep_id, attempt), result, None)
+    return RunToStore(result, device, model, None, attempt)
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class CellContext:
     sweep_id: int | None = None
     progress: Progress | None = None
     reference_runtime: bool = True  # also time the model in its reference runtime where the device runs one
+    lease: Lease | None = None  # a lab cell's hold on its device: what it stores is refused once another holds it
 
     def say(self, device: Device, model: ModelSource):
         return _say(self.progress, device, model)
@@ -118,17 +119,20 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
              first: bool, attempt: int = 1, stored: Callable[[CellResult], None] | None = None) -> CellResult:
     """One cell after its compile, for ``farm bench`` and for a sweep's workers alike.
 
-    1. A compile failure is stored at once: nothing runs on the device, so no cooldown and no health gate.
+    1. A compile failure is final at once: nothing runs on the device, so no cooldown and no health gate.
     2. Else cool down (not before the device's ``first`` cell; the temperature/battery gates apply always),
-       measure, check, store; a dropped session is measured again while ``ctx.retries`` allow. An exception farm
-       does not expect is stored as a failed cell (step "farm"), never lost.
+       measure, check; a dropped session is stored as a failed attempt and measured again while ``ctx.retries``
+       allow. An exception farm does not expect is a failed cell (step "farm"), never lost.
     3. On a GPU that failed it, with ``fallback = "cpu"``, the model on the device's CPU, unless that cannot help
        (the CPU build needs the toolchain whose absence failed the GPU build: the stored reason says so).
     4. The model in its reference runtime (onnxruntime, LiteRT, torch) where the device runs one (``reference``).
+    5. The final attempt, its fallback and its reference run stored in one transaction (``Store.record_cell``,
+       under ``ctx.lease``): a job that dies before leaves nothing of the cell, so it is measured again whole.
 
-    Each stored TVM attempt goes to ``stored``; the last one is returned, with its fallback and reference run.
-    A ``StoreError`` is raised."""
+    Each stored TVM attempt (and the fallback) goes to ``stored``; the last one is returned, with its fallback and
+    reference run. A ``StoreError`` is raised, and ``LeaseLost`` when the device passed to another holder."""
     prepared: CellInputs | None = None  # inputs and reference outputs: computed once, for TVM's run and the reference's
+    stored_artifact = None if isinstance(artifact, FarmError) else artifact
     while True:
         if isinstance(artifact, FarmError):
             result = compile_failure(device, model, ctx.config, artifact)
@@ -148,24 +152,28 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         if ctx.reference_runtime:  # what the report says beside this run where it has no reference figure
             result = dataclasses.replace(result, context={
                 **result.context, "reference_runtime": reference_unavailable(device) or runtime_name(model)})
-        stored_artifact = None if isinstance(artifact, FarmError) else artifact
-        cell = CellResult(store.record_result(result, device, model, stored_artifact, ctx.sweep_id, attempt), result,
-                          stored_artifact)
-        if stored:
-            stored(cell)
+        run = RunToStore(result, device, model, stored_artifact, attempt)
         if result.status == "ok" or result.failed_step not in RETRYABLE_STEPS or attempt > ctx.retries:
             break
+        cell = CellResult(store.record_cell(run, sweep_id=ctx.sweep_id, lease=ctx.lease)[0], result, stored_artifact)
+        if stored:
+            stored(cell)
         attempt += 1
         if ctx.progress:
             ctx.progress(device.name, model.name, "retry", result.reason)
-    if needs_fallback(device, result) and not no_fallback:
-        fallback = fallback_cell(ctx, store, device, model, cell.run_id, attempt)
-        cell = dataclasses.replace(cell, fallback=fallback)
+    fallback = fallback_run(ctx, store, device, model, attempt) if needs_fallback(device, result) and not no_fallback else None
+    reference = reference_run(ctx, device, model, prepared, result.threads, attempt) if ctx.reference_runtime else None
+    run_id, fallback_id, reference_id = store.record_cell(run, fallback, reference, ctx.sweep_id, ctx.lease)
+    cell = CellResult(run_id, result, stored_artifact)
+    if stored:
+        stored(cell)
+    if fallback is not None and fallback_id is not None:
+        cell = dataclasses.replace(cell, fallback=CellResult(
+            fallback_id, dataclasses.replace(fallback.result, fallback_of=run_id), fallback.artifact))
         if stored:
-            stored(fallback)
-    if ctx.reference_runtime:
-        cell = dataclasses.replace(cell, reference=reference_cell(ctx, store, device, model, prepared,
-                                                                  cell.result.threads, attempt))
+            stored(cell.fallback)  # type: ignore[arg-type]
+    if reference is not None and reference_id is not None:
+        cell = dataclasses.replace(cell, reference=CellResult(reference_id, reference.result, None))
     return cell
 
 
@@ -182,25 +190,19 @@ def fallback_blocked(device: Device, result: BenchResult) -> str:
     return ""
 
 
-def fallback_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource, gpu_run_id: int,
-                  attempt: int = 1) -> CellResult:
-    """The model on the device's CPU (``NAME@cpu``) after its GPU failed run ``gpu_run_id``: compiled (one compile
-    at a time: sweep workers call this too), cooled down like any next cell, measured, stored as that run's fallback."""
+def fallback_run(ctx: CellContext, store: Store, device: Device, model: ModelSource, attempt: int = 1) -> RunToStore:
+    """The model on the device's CPU (``NAME@cpu``) after its GPU failed it: compiled (one compile at a time: sweep
+    workers call this too), cooled down like any next cell, measured; stored with the GPU's run as its fallback."""
     cpu = fallback_device(device)
     if ctx.progress:
-        ctx.progress(device.name, model.name, "fallback", f"GPU run {gpu_run_id} failed: measuring on the CPU")
+        ctx.progress(device.name, model.name, "fallback", "the GPU failed it: measuring on the CPU")
     artifact = compile_or_error(ctx, store, cpu, model)
     if isinstance(artifact, FarmError):
-        result = compile_failure(cpu, model, ctx.config, artifact)
-        stored_artifact = None
-    else:
-        waited = cool_down(cpu, False, ctx.say(cpu, model))
-        result = with_health(measure_cell(ctx.tracker, cpu, model, artifact, ctx.config, ctx.reference_file,
-                                          ctx.progress), waited, cpu)
-        stored_artifact = artifact
-    result = dataclasses.replace(result, fallback_of=gpu_run_id)
-    return CellResult(store.record_result(result, cpu, model, stored_artifact, ctx.sweep_id, attempt), result,
-                      stored_artifact)
+        return RunToStore(compile_failure(cpu, model, ctx.config, artifact), cpu, model, None, attempt)
+    waited = cool_down(cpu, False, ctx.say(cpu, model))
+    result = with_health(measure_cell(ctx.tracker, cpu, model, artifact, ctx.config, ctx.reference_file,
+                                      ctx.progress), waited, cpu)
+    return RunToStore(result, cpu, model, artifact, attempt)
 
 
 def _say(progress: Progress | None, device: Device, model: ModelSource):

@@ -20,6 +20,7 @@ one whose build is running waits for it (``BUILD_WAIT_S``). So a lab without bui
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -31,14 +32,15 @@ from typing import Callable
 
 from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, compile_model, effective_target,
                           install_artifact, planned_key)
-from farm.errors import BuildError, FarmError, StoreError
+from farm.errors import BuildError, FarmError, LeaseLost, StoreError
 from farm.models import load_model_variant
-from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, Job, LabQueue, SweepJobs, build_lock, build_queue,
-                        cell_lock, queue_of)
+from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
+                        build_queue, cell_lock, queue_of)
 from farm.records import Artifact, Device, ModelSource, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store
-from farm.store.backends import is_url
+from farm.store.backends import RECONNECT_S, require_server
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
+from farm.sweep.leases import LeaseKeeper
 from farm.sweep.tuning import tuning_set
 from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys, prepare,
                             record_copy_curve, store_offline)
@@ -68,11 +70,9 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
     """Store the sweep (or take ``sweep_id``'s: a resume) and defer its missing cells, then its GPU devices' copy
     curves. Returns the sweep's id and its spec as stored (``run.prepare``: the models' stored names)."""
     spec, _ = prepare(devices, spec)
-    if not is_url(db_url):
-        raise FarmError("a sweep over lab hosts needs the lab's PostgreSQL database, not a file",
-                        "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
+    require_server(db_url, "a sweep over lab hosts")
     lab = LabQueue(db_url)
-    with Store(db_url) as store:
+    with Store(db_url, wait_s=RECONNECT_S) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())
         # a resume: cells whose job waits or runs get no new build. Read before the stored attempts: a cell whose
@@ -121,12 +121,12 @@ def follow_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep
                  say: Callable[[str], None] | None = None, started: float | None = None,
                  host_wait_s: float = HOST_WAIT_S) -> SweepOutcome:
     """Follow a queued sweep until none of its jobs waits or runs (``follow_jobs``); then store its status, "done"
-    when every cell has a stored attempt, else "incomplete" (resumable)."""
+    when every cell is ok, else "incomplete" (``run.finish``)."""
     start = started if started is not None else time.monotonic()
     follow_jobs(db_url, devices, spec, sweep_id, say, host_wait_s)
     outcome = SweepOutcome(sweep_id, "running")
-    with Store(db_url) as store:
-        finish(store, spec, outcome, spec.cells())
+    with Store(db_url, wait_s=RECONNECT_S) as store:
+        finish(store, spec, outcome)
     outcome.seconds = time.monotonic() - start
     return outcome
 
@@ -139,6 +139,7 @@ def follow_jobs(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_
     move to another host's devices."""
     lab, last = LabQueue(db_url), ""
     while True:
+        lab.prune_dead_workers()  # a killed worker's row goes now, not when the next worker starts
         for host in lab.silent_hosts(sweep_id, host_wait_s):
             cancelled = lab.cancel_waiting(sweep_id, host)
             for task, args in cancelled:  # the cell's build would wait for no cell: cancelled too, if it waits
@@ -165,7 +166,7 @@ def host_gone(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id
     tuning job is dropped. Returns the cells stored offline."""
     cells = [args for task, args in cancelled if task == CELL]
     models: dict[str, ModelSource] = {}
-    with Store(db_url) as store:
+    with Store(db_url, wait_s=RECONNECT_S) as store:
         attempts = spec.by_cell(store.sweep_attempts(sweep_id))
         cells = [args for args in cells if not spec.cell_done(attempts.get((args["device"], args["model"]), []))]
         for args in cells:
@@ -195,6 +196,7 @@ class LabWorker:
     def __post_init__(self) -> None:
         self._models: dict[tuple[str, str], ModelSource] = {}
         self._lock = threading.Lock()
+        self.leases = LeaseKeeper(self.db_url)
 
     def model(self, spec: SweepSpec, name: str) -> ModelSource:
         shapes = spec.shapes.get(split_variant(name)[0])
@@ -220,37 +222,63 @@ class LabWorker:
                                  sweep_id=sweep_id, progress=self.progress, reference_runtime=spec.reference_runtime)
 
     def cell(self, sweep_id: int, device: str, model: str, first: bool) -> str:
-        """One cell's job: measured and stored unless it is done already (the job delivered again). Its build job is
-        settled first: taken over if it still waits (``LabQueue.settle_build``)."""
+        """One cell's job: measured and stored unless it is done already (the job delivered again), while it holds
+        the device's lease (``sweep.leases``): a result measured after the lease passed to another holder is
+        refused and logged, never stored. Its build job is settled first: taken over if it still waits
+        (``LabQueue.settle_build``)."""
         build = LabQueue(self.db_url).settle_build(sweep_id, device, model)
-        with Store(self.db_url) as store:
+        with Store(self.db_url, wait_s=RECONNECT_S) as store:
             spec, ctx = self.context(store, sweep_id)
-            attempts = spec.by_cell(store.sweep_attempts(sweep_id)).get((device, model), [])
-            if spec.cell_done(attempts):
-                if self.progress:
-                    self.progress(device, model, "done before", "stored already, nothing measured")
+            if self._done_before(store, spec, sweep_id, device, model):
                 return "done before"
             target, source = self.device(device), self.model(spec, model)
-            if offline_keys(self.tracker, {target.key}):
-                if self.progress:
-                    self.progress(device, model, "offline", f"no server for key {target.key!r}")
-                offline_cell(ctx, store, target, source)
-                return "offline"
-            artifact = self.artifact(ctx, store, target, source, build)
-            cell = run_cell(ctx, store, target, source, artifact, first, spec.attempts_spent(attempts) + 1)
-            return cell.result.status
+            with self.leases.hold(store, target.name, self._holder(sweep_id, device, model), self._say(device, model)) \
+                    as lease:
+                if self._done_before(store, spec, sweep_id, device, model):  # its earlier holder stored it meanwhile
+                    return "done before"
+                if offline_keys(self.tracker, {target.key}):
+                    if self.progress:
+                        self.progress(device, model, "offline", f"no server for key {target.key!r}")
+                    offline_cell(ctx, store, target, source)
+                    return "offline"
+                ctx = dataclasses.replace(ctx, lease=lease)
+                if lease.taken_over:  # its earlier holder may still hold the RPC session: the server ends it by then
+                    ctx = dataclasses.replace(ctx, config=dataclasses.replace(
+                        ctx.config, timeout_s=ctx.config.timeout_s + target.session_timeout_s))
+                artifact = self.artifact(ctx, store, target, source, build)
+                attempts = spec.by_cell(store.sweep_attempts(sweep_id)).get((device, model), [])
+                try:
+                    cell = run_cell(ctx, store, target, source, artifact, first, spec.attempts_spent(attempts) + 1)
+                except LeaseLost as exc:
+                    log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
+                    return "lease lost"
+                return cell.result.status
+
+    def _holder(self, sweep_id: int, device: str, model: str) -> str:
+        return f"{self.name or 'worker'}/{threading.get_ident()} (sweep {sweep_id}: {device} × {model})"
+
+    def _say(self, device: str, model: str) -> Callable[[str], None] | None:
+        progress = self.progress
+        return (lambda text: progress(device, model, "lease", text)) if progress else None
+
+    def _done_before(self, store: Store, spec: SweepSpec, sweep_id: int, device: str, model: str) -> bool:
+        if not spec.cell_done(spec.by_cell(store.sweep_attempts(sweep_id)).get((device, model), [])):
+            return False
+        if self.progress:
+            self.progress(device, model, "done before", "stored already, nothing measured")
+        return True
 
     def artifact(self, ctx: CellContext, store: Store, device: Device, model: ModelSource,
-                 build: str) -> Artifact | FarmError:
+                 build: BuildState) -> Artifact | FarmError:
         """The cell's artifact: its build job's (``build``: its status once settled), read from the lab's artifact
         store once that job has built it (waited for while it runs, ``BUILD_WAIT_S``), if it is what this host
         would build (``_stored_build``); else compiled here, as a sweep on one host does."""
         assert ctx.sweep_id is not None
         lab, deadline = LabQueue(self.db_url), time.monotonic() + BUILD_WAIT_S
-        while build == "doing" and time.monotonic() < deadline:
+        while build == BuildState.DOING and time.monotonic() < deadline:
             time.sleep(BUILD_POLL_S)
             build = lab.settle_build(ctx.sweep_id, device.name, model.name)
-        made = self._stored_build(ctx, store, device, model, build == "succeeded")
+        made = self._stored_build(ctx, store, device, model, build == BuildState.SUCCEEDED)
         if isinstance(made, Artifact):
             return made
         if made:
@@ -303,7 +331,7 @@ class LabWorker:
         first), its library put in the lab's artifact store, its key recorded for the cell (``sweep_builds``); or
         the build's error (the cell then compiles on its own host: the error may be this host's)."""
         name = self.name or "a build worker"
-        with Store(self.db_url) as store:
+        with Store(self.db_url, wait_s=RECONNECT_S) as store:
             spec, _ = self.context(store, sweep_id)
             target, source = self.device(device), self.model(spec, model)
             tuning = tuning_set(store, target) if spec.tuned else None  # read once: the key and the compile's
@@ -330,14 +358,25 @@ class LabWorker:
             return "built"
 
     def curve(self, sweep_id: int, device: str) -> str:
-        """A GPU device's copy curve, after its cells (the same device lock: they ran first)."""
-        with Store(self.db_url) as store:
+        """A GPU device's copy curve, after its cells (the same device lock: they ran first), under the device's
+        lease; not measured again once one is stored ok for the sweep (a redelivered job, a resume)."""
+        with Store(self.db_url, wait_s=RECONNECT_S) as store:
             spec, _ = self.context(store, sweep_id)
             target = self.device(device)
-            if offline_keys(self.tracker, {target.key}):
-                return "offline"
-            record_copy_curve(self.tracker, target, spec.config, store, sweep_id, self.progress)
-            return "stored"
+            with self.leases.hold(store, target.name, self._holder(sweep_id, device, "copy curve"),
+                                  self._say(device, "-")) as lease:
+                curves = store.sweep_curves(sweep_id, device)
+                if "ok" in curves:
+                    return "done before"
+                if offline_keys(self.tracker, {target.key}):
+                    return "offline"
+                try:
+                    record_copy_curve(self.tracker, target, spec.config, store, sweep_id, self.progress,
+                                      len(curves) + 1, lease)
+                except LeaseLost as exc:
+                    log.error("sweep %d, %s's copy curve: %s", sweep_id, device, exc.message)
+                    return "lease lost"
+                return "stored"
 
 
 def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, name: str, wait: bool = True,

@@ -22,8 +22,8 @@ from farm.compile import effective_target
 from farm.errors import FarmError, StoreError, TrackerError, message_line
 from farm.measure import measure_copy_curve
 from farm.models import load_model_variant
-from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, Device, ModelSource, SweepSpec, TrackerAddress,
-                          split_variant, target_kind)
+from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, CellStanding, Device, Lease, ModelSource,
+                          StoredAttempt, SweepSpec, TrackerAddress, split_variant, target_kind)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.sweep.cell import CellContext, CellResult, Progress, bench_cell, compile_or_error, run_cell
@@ -61,13 +61,15 @@ def run_matrix(
 
 
 def record_copy_curve(tracker: TrackerAddress, device: Device, config: BenchConfig, store: Store,
-                      sweep_id: int | None, progress: Progress | None) -> None:
-    """Measure and store the device's copy curve; a failure is stored as a failed curve, never raised."""
+                      sweep_id: int | None, progress: Progress | None, attempt: int = 1,
+                      lease: Lease | None = None) -> None:
+    """Measure and store the device's copy curve, as the sweep's ``attempt`` of it (under ``lease``: a lab's); a
+    failure is stored as a failed curve, never raised (``LeaseLost`` is: the device passed to another holder)."""
     if progress:
         progress(device.name, "-", "copy curve", "device<->host copies, 4 KiB ... 64 MiB")
     curve = measure_copy_curve(tracker, device, target_kind(effective_target(device)), config)
     try:
-        store.record_copy_curve(curve, sweep_id)
+        store.record_copy_curve(curve, sweep_id, attempt, lease)
     except StoreError as exc:
         log.error("%s", exc.message)
 
@@ -79,11 +81,17 @@ class SweepOutcome:
     cells: list[CellResult] = field(default_factory=list)
     skipped: int = 0  # cells already done (resume)
     seconds: float = 0.0
-    missing: list[tuple[str, str]] = field(default_factory=list)  # cells with no stored attempt: resume them
+    # the cells that are not ok, by where they stand (``CellStanding``): what the sweep's exit says, and --resume redoes
+    not_ok: dict[CellStanding, list[tuple[str, str]]] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> list[tuple[str, str]]:
+        """The cells --resume measures again: never measured, only offline, or failed with retries left."""
+        return [cell for standing, cells in self.not_ok.items() if standing.redone for cell in cells]
 
 
-def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[tuple[int, str]]]) -> list[tuple[str, str]]:
-    """Cells without an ok run and with retries left, in sweep order."""
+def missing_cells(spec: SweepSpec, done: dict[tuple[str, str], list[StoredAttempt]]) -> list[tuple[str, str]]:
+    """Cells without a final attempt (ok, or failed for good) and with retries left, in sweep order."""
     return [cell for cell in spec.cells() if not spec.cell_done(done.get(cell, []))]
 
 
@@ -168,18 +176,36 @@ def run_sweep(
                 worker.join()
         # a worker that ended early (its store unwritable, or a farm bug outside a cell) left cells without any
         # attempt: the sweep is then "incomplete", resumable, never "done"
-        finish(store, spec, outcome, todo)
+        finish(store, spec, outcome)
     outcome.seconds = time.monotonic() - start
     return outcome
 
 
-def finish(store: Store, spec: SweepSpec, outcome: SweepOutcome, todo: list[tuple[str, str]]) -> None:
-    """Store the sweep's status: "done" when each of the ``todo`` cells has a stored attempt, else "incomplete"
-    (resumable), with the cells that have none in ``outcome.missing``."""
-    attempts = spec.by_cell(store.sweep_attempts(outcome.sweep_id))
-    outcome.missing = [cell for cell in todo if not attempts.get(cell)]
-    outcome.status = "incomplete" if outcome.missing else "done"
+def finish(store: Store, spec: SweepSpec, outcome: SweepOutcome) -> None:
+    """Store the sweep's status: "done" when every cell is ok, else "incomplete" (#50: a sweep with a cell stored
+    offline or failed said "done" and exited 0), with each cell that is not ok in ``outcome.not_ok`` by where it
+    stands (never measured, offline, failed with retries left: --resume measures them; failed for good)."""
+    outcome.not_ok = cells_not_ok(store, spec, outcome.sweep_id)
+    outcome.status = "incomplete" if outcome.not_ok else "done"
     store.finish_sweep(outcome.sweep_id, outcome.status)
+
+
+def cells_not_ok(store: Store, spec: SweepSpec, sweep_id: int) -> dict[CellStanding, list[tuple[str, str]]]:
+    """The sweep's cells that are not ok, by where they stand (in ``CellStanding``'s order, each in sweep order)."""
+    attempts = spec.by_cell(store.sweep_attempts(sweep_id))
+    found: dict[CellStanding, list[tuple[str, str]]] = {}
+    for cell in spec.cells():
+        standing = spec.standing(attempts.get(cell, []))
+        if standing != CellStanding.OK:
+            found.setdefault(standing, []).append(cell)
+    return {standing: found[standing] for standing in CellStanding if standing in found}
+
+
+def standing_text(not_ok: dict[CellStanding, list[tuple[str, str]]], shown: int = 5) -> str:
+    """'never measured: a × mlp; failed, retries left: b × convnet, c × convnet' (the first ``shown`` of each)."""
+    return "; ".join(f"{standing.value}: " + ", ".join(f"{d} × {m}" for d, m in cells[:shown])
+                     + (f" and {len(cells) - shown} more" if len(cells) > shown else "")
+                     for standing, cells in not_ok.items())
 
 
 @dataclass
@@ -225,5 +251,6 @@ def _measure_cells(ctx: CellContext, device: Device, cells: queue.Queue, worker:
             except StoreError as exc:  # never lose the sweep over one write; the cell stays missing
                 log.error("%s", exc.message)
             first = first and isinstance(artifact, FarmError)
-        if is_gpu(device):
-            record_copy_curve(ctx.tracker, device, ctx.config, store, ctx.sweep_id, ctx.progress)
+        curves = store.sweep_curves(ctx.sweep_id, device.name) if ctx.sweep_id is not None else []
+        if is_gpu(device) and "ok" not in curves:  # a resume measures a curve only where none was stored ok
+            record_copy_curve(ctx.tracker, device, ctx.config, store, ctx.sweep_id, ctx.progress, len(curves) + 1)
