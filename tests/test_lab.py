@@ -312,3 +312,32 @@ def _tune_sessions(url: str) -> int:
 
     with psycopg.connect(url, autocommit=True) as db:
         return db.execute("SELECT COUNT(*) FROM tune_sessions").fetchone()[0]
+
+
+def test_a_frozen_worker_s_cell_is_measured_by_the_next_holder_and_its_late_result_refused(workers):
+    """SIGSTOP of a worker while it measures (a paused VM, a swap storm), a second worker on its host: the job is
+    handed over once the first is silent, the second waits for the device's lease to lapse and for the frozen
+    session, and measures; the first wakes, finishes, and its result is refused with a log line. One run, ok: no
+    false "no free device" failure, and the sweep ends done without a manual resume (#50)."""
+    frozen = workers.start("--slots", "1")
+    queued = run_farm("sweep", "--device", "dev0", "--model", "mlp", "--reference", "none", "--tvm-only",
+                      "--repeat", "30", "--min-repeat-ms", "200", "--no-report", "--detach", "--json", env=workers.env)
+    assert queued.returncode == 0, queued.stderr
+    sweep_id = json.loads(queued.stdout)["sweep_id"]
+    _wait_for(lambda: "dev0 · mlp · steady" in workers.log(0), 300, "the first worker did not start measuring")
+    os.killpg(frozen.pid, signal.SIGSTOP)
+    try:
+        workers.start("--slots", "1")
+        # its job is handed over once it is silent (RETRY_WITHIN_S), and taken once its lease lapses
+        _wait_for(lambda: "took device dev0's lease from" in workers.log(1), RETRY_WITHIN_S + 120,
+                  "the second worker did not take the frozen worker's device")
+    finally:
+        os.killpg(frozen.pid, signal.SIGCONT)
+    followed = run_farm("sweep", "--resume", str(sweep_id), "--no-report", "--json", env=workers.env, timeout=900)
+    assert followed.returncode == 0, followed.stderr[-3000:]
+    assert json.loads(followed.stdout)["status"] == "done"
+    runs = _runs(workers.env, sweep_id)
+    assert [(r["device"], r["model"], r["status"], r["attempt"]) for r in runs] == [("dev0", "mlp", "ok", 1)]
+    _wait_for(lambda: "its result is refused, not stored" in workers.log(0), 120, "the woken worker stored or said nothing")
+    assert "lost device dev0's lease (epoch 1) while it measured; it is now " in workers.log(0)
+    assert "no free device" not in workers.log(1)

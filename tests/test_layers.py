@@ -231,10 +231,14 @@ CATCHERS = {
     "farm.rpc.probe": "a probe's state: busy or unreachable, with the reason",
     "farm.rpc.processes": "start_tracker waits for the tracker it started, then raises its own TrackerError",
     "farm.rpc.tracker": "wait_for_tracker polls until its deadline, then re-raises",
+    "farm.store.backends": "a write or read whose connection the server dropped runs again on a new one until "
+                           "RECONNECT_S, then raises ConnectionLost",
+    "farm.sweep.leases": "a lease renewal that fails is logged and tried at the next beat (the lease outlives five)",
     "farm.sweep.cell": "a cell's failure is a stored failed cell (its compile's error, a CPU fallback refused, with why)",
     "farm.sweep.inputs": "a reference that cannot be read or computed: the output check skipped",
     "farm.sweep.lab": "a build job's failure is recorded for its cell, which compiles on its own host; so is an "
-                      "artifact from the lab's store whose sha256 fails its check, or a host without the toolchain",
+                      "artifact from the lab's store whose sha256 fails its check, or a host without the toolchain; a "
+                      "result refused for a lost lease is a log line and the job's outcome",
     "farm.sweep.run": "a write that fails loses one cell (or copy curve), not the sweep; a tracker that does not answer "
                       "says nothing offline",
     "farm.tune.metaschedule": "a candidate whose key's servers are all busy asks again (BUSY_RETRIES), then raises",

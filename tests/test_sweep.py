@@ -13,7 +13,7 @@ import numpy as np
 
 from farm.inventory import parse_inventory
 from farm.models import load_model, make_inputs, reference_outputs
-from farm.records import BenchConfig
+from farm.records import BenchConfig, StoredAttempt
 from farm.results import run_rows
 from farm.store import Store
 from farm.sweep import SweepSpec, bench_cell, missing_cells
@@ -72,9 +72,11 @@ def test_absent_device_is_stored_as_failed_session(farm_net, tmp_path):
 
 def test_missing_cells_skips_ok_and_exhausted_cells():
     spec = SweepSpec(devices=("a", "b"), models=("m1", "m2"), reference="ref", retries=1)
-    done = {("a", "ref"): [(1, "ok")], ("a", "m1"): [(1, "failed")], ("a", "m2"): [(1, "failed"), (2, "failed")],
-            ("b", "ref"): [(1, "failed"), (2, "ok")]}
-    assert missing_cells(spec, done) == [("a", "m1"), ("b", "m1"), ("b", "m2")]
+    ok, dropped = StoredAttempt(1, "ok", ""), StoredAttempt(1, "failed", "session")
+    done = {("a", "ref"): [ok], ("a", "m1"): [dropped], ("a", "m2"): [dropped, StoredAttempt(2, "failed", "load")],
+            ("b", "ref"): [dropped, StoredAttempt(2, "ok", "")], ("b", "m2"): [StoredAttempt(1, "failed", "compile")]}
+    # a compile failure is final: a resume (or a redelivered job) does not compile it again
+    assert missing_cells(spec, done) == [("a", "m1"), ("b", "m1")]
     assert spec.cell_models() == ("ref", "m1", "m2")
 
 
@@ -82,8 +84,14 @@ def test_sweep_keeps_going_when_one_device_is_missing(farm_net, inventory_file, 
     proc = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--device", "ghost",
                     "--model", "mlp", "--model", "convnet", "--repeat", "3", "--min-repeat-ms", "5", "--timeout", "30",
                     "--no-report", "--json", env=farm_env)
-    assert proc.returncode == 0, proc.stderr
+    # a sweep with a cell stored offline is incomplete: exit 1, the cells named (#50: it exited 0 "done")
+    assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
+    assert out["status"] == "incomplete" and out["not_ok"] == {"offline": [["ghost", "mlp"], ["ghost", "convnet"]]}
+    assert proc.stderr.splitlines()[-2] == (f"error: sweep {out['sweep_id']} is incomplete: 2 cell(s) not ok "
+                                            "(offline: ghost × mlp, ghost × convnet)")
+    assert proc.stderr.splitlines()[-1] == (f"hint: farm sweep --resume {out['sweep_id']} measures the 2 never "
+                                            "measured, offline or with retries left again")
     cells = {(c["device"], c["model"]): c for c in out["cells"]}
     assert {k for k, c in cells.items() if c["status"] == "ok"} == {("cpu-a", "mlp"), ("cpu-a", "convnet")}
     # ghost has no server on the tracker: each of its cells is stored offline at once (no 30 s wait), spending no retry
