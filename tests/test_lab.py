@@ -221,9 +221,14 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
                    "procrastinate_jobs WHERE queue_name = 'farm-host-lab2')", (dead,))
     proc = run_farm("sweep", "--resume", str(sweep_id), "--host-wait", "0.1", "--no-report", "--json", env=env,
                     timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # cells stored offline: the sweep is incomplete, exit 1, with them named (#50: it said "done" and exited 0)
+    assert proc.returncode == 1, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert out["status"] == "done" and out["sweep_id"] == sweep_id
+    assert out["status"] == "incomplete" and out["sweep_id"] == sweep_id
+    assert f"sweep {sweep_id}: resuming: to measure: never measured: far × mlp, far × convnet" in proc.stderr
+    assert proc.stderr.splitlines()[-2:] == [
+        f"error: sweep {sweep_id} is incomplete: 2 cell(s) not ok (offline: far × mlp, far × convnet)",
+        f"hint: farm sweep --resume {sweep_id} measures the 2 never measured, offline or with retries left again"]
     assert sorted((c["device"], c["model"], c["status"]) for c in out["cells"]) == [
         ("dev0", "convnet", "ok"), ("dev0", "mlp", "ok"), ("far", "convnet", "failed"), ("far", "mlp", "failed")]
     assert "lab host lab2: no farm worker took its jobs for 0.1 min; 2 cell(s) stored offline" in proc.stderr
@@ -256,7 +261,8 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
     # and the summary counts the cells the workers stored
     resumed = run_farm("sweep", "--resume", str(out["sweep_id"]), "--host-wait", "0.1", "--no-report", env=env,
                        timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 1, resumed.stderr[-3000:]
+    assert "resuming: to measure: offline: far × mlp, far × convnet" in resumed.stderr
     assert f"sweep {out['sweep_id']}: 4 cell(s) measured, 2 failed" in resumed.stdout, resumed.stdout
     assert "lab host lab2: no farm worker took its jobs for 0.1 min; 2 cell(s) stored offline" in resumed.stderr
 

@@ -358,7 +358,8 @@ def test_sweeps_alerts_and_probes_round_trip(db_location):
         first = store.save_alert({**verdict, "sweep_id": sweep_id}, {"z": 1.0}, "confirmed", {"mwu_p": 0.001})
         again = store.save_alert({**verdict, "sweep_id": sweep_id}, {"z": 1.0})  # re-detected: confirmation kept
         store.record_probes([Probe("cpu", "cpu", "online", "", 0.01, 100.0), Probe("cpu", "cpu", "missing", "gone", None, 200.0)])
-        assert store.sweep()["status"] == "done" and store.sweep_attempts(sweep_id) == {("cpu", "mlp"): [StoredAttempt(1, "ok", "")]}
+        assert store.sweep()["status"] == "done"
+        assert store.sweep_attempts(sweep_id) == {("cpu", "mlp"): [StoredAttempt(1, "ok", "")]}
         alerts = store.alerts(sweep_id)
         assert first == again and [(a["status"], a["confirmation"]) for a in alerts] == [("confirmed", {"mwu_p": 0.001})]
         assert store.last_online() == {"cpu": 100.0} and store.latest_probes()["cpu"]["state"] == "missing"

@@ -13,7 +13,7 @@ import numpy as np
 
 from farm.inventory import parse_inventory
 from farm.models import load_model, make_inputs, reference_outputs
-from farm.records import BenchConfig, StoredAttempt
+from farm.records import BenchConfig, CellStanding, StoredAttempt
 from farm.results import run_rows
 from farm.store import Store
 from farm.sweep import SweepSpec, bench_cell, missing_cells
@@ -118,7 +118,9 @@ def test_a_busy_device_keeps_the_bounded_wait_and_its_retry(farm_net, tmp_path):
         del held
     rows = run_rows(Store(tmp_path / "r.db"))
     tvm = [r for r in rows if not r.is_reference]
-    assert outcome.status == "done"
+    # its retry spent, the cell failed for good: the sweep is incomplete, and a resume leaves the cell as stored
+    assert outcome.status == "incomplete" and outcome.not_ok == {CellStanding.FAILED: [("cpu-b", "mlp")]}
+    assert outcome.missing == []
     assert sorted((r.attempt, r.failed_step) for r in tvm) == [(1, "session"), (2, "session")]  # waited, retried once
     assert tvm[0].reason == "no free device for key 'test-b' after 1 s"
     assert [(r.runtime, r.status) for r in rows if r.is_reference] == [("onnxruntime", "ok")]  # the host's figure still
@@ -150,7 +152,8 @@ max_cooldown_s = 600
                                      tmp_path / "r.db", tmp_path / "cache")
     benched, swept = sorted(run_rows(Store(tmp_path / "r.db")), key=lambda r: r.run_id)
     assert cell.result.failed_step == "compile" and "/nonexistent/g++" in cell.result.hint
-    assert outcome.status == "done" and swept.sweep_id == outcome.sweep_id and benched.sweep_id is None
+    assert outcome.status == "incomplete" and swept.sweep_id == outcome.sweep_id and benched.sweep_id is None
+    assert outcome.not_ok == {CellStanding.FAILED: [(swept.device, swept.model)]}  # a compile failure: not redone
     assert (benched.status, benched.failed_step, benched.reason) == (swept.status, swept.failed_step, swept.reason)
     assert (swept.status, swept.failed_step, swept.attempt) == ("failed", "compile", 1)
     assert gates == []  # no cooldown, no gate: a compile failure touches no device
@@ -241,7 +244,8 @@ def test_a_cell_that_raises_unexpectedly_is_stored_failed_and_the_sweep_goes_on(
     inv = parse_inventory(farm_net.inventory_text())
     spec = SweepSpec(("cpu-a", "cpu-b"), ("mlp", "convnet"), None, FAST)
     outcome = sweep_module.run_sweep(inv.tracker, inv.devices, spec, tmp_path / "r.db", tmp_path / "cache")
-    assert outcome.status == "done" and outcome.missing == []
+    # the crashed cell is failed for good (step "farm": no retry helps): incomplete, and nothing to resume
+    assert outcome.status == "incomplete" and outcome.missing == []
     cells = {(r.device, r.model): r for r in run_rows(Store(tmp_path / "r.db")) if not r.is_reference}
     broken = cells.pop(("cpu-a", "convnet"))
     assert (broken.status, broken.failed_step) == ("failed", "farm") and "KeyError" in broken.reason

@@ -138,7 +138,7 @@ def _say_resumed(db: str, spec: SweepSpec, sweep_id: int) -> None:
         not_ok = cells_not_ok(store, spec, sweep_id)
     redo = {s: cells for s, cells in not_ok.items() if s.redone}
     kept = {s: cells for s, cells in not_ok.items() if not s.redone}
-    print(f"sweep {sweep_id}: resuming: " + (f"measuring again {standing_text(redo)}" if redo else "nothing to measure again")
+    print(f"sweep {sweep_id}: resuming: " + (f"to measure: {standing_text(redo)}" if redo else "nothing to measure")
           + (f"; leaving {standing_text(kept)}" if kept else ""), file=sys.stderr, flush=True)
 
 
