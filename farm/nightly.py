@@ -50,23 +50,14 @@ from farm.regress import not_slower
 from farm.queue import HOST_WAIT_S, TUNE, Job, LabQueue
 from farm.sweep import cell_inputs, measure_cell, tuning_set
 from farm.sweep.lab import LabWorker, follow_jobs
-from farm.tune import DEFAULT_TRIALS, TuneConfig, TuneStatus, tune_model
+from farm.tune import TuneConfig, TuneStatus, tune_model
+from farm.tune.config import TuneBudget
 
 log = logging.getLogger(__name__)
 
 MIN_SESSION_S = 60.0  # a key's budget with less than this left starts no new session
 VALIDATION_ROUNDS = 5  # interleaved rounds comparing a record set with the previous one (each a fresh load of both)
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class TuneBudget:
-    """A sweep file's ``[tune]`` table."""
-
-    minutes: float
-    trials: int = DEFAULT_TRIALS
-    devices: tuple[str, ...] = ()
-    models: int | None = None  # at most this many models per key a night
 
 
 @dataclass(frozen=True)

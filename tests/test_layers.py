@@ -30,6 +30,7 @@ ALLOWED = {
     "reference": {"errors", "records", "devices", "measure", "models", "__init__"},  # runtimes timed beside TVM
     "queue": {"errors", "store"},  # procrastinate on the results' PostgreSQL; store: a URL's redaction
     "sweep": {"errors", "records", "compile", "devices", "measure", "models", "queue", "reference", "rpc", "store"},  # tracker
+    "sweep_file": {"errors", "records", "tune"},  # the sweep file's schema; [tune] is TuneBudget's fields
     "figures": set(),
     "findings": {"records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
     "review": {"drift", "figures", "findings", "records", "regress", "results", "runs", "series", "stats", "store"},

@@ -14,10 +14,8 @@ from farm.cli.common import (add_bench_options, add_budget_option, add_progress,
                              load_inventory_of, print_table, progress_printer, require_db, sweep_id, triage)
 
 if TYPE_CHECKING:  # the store and the confirmation are imported where a verb needs them
-    from farm.confirmation import Progress, SweepRegressions
-    from farm.findings import Finding
-    from farm.records import Alert, BenchConfig, Inventory
-    from farm.store import Store
+    from farm.confirmation import SweepRegressions
+    from farm.records import Alert
 
 
 def rounds_text() -> str:
@@ -66,6 +64,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from farm.confirmation import detect_and_confirm
+    from farm.findings import failing_findings
     from farm.store import Store
 
     require_db(args.db)
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         for finding_id, state in args.triage:
             store.set_finding_state(finding_id, state)
-        reviewed = detect_and_confirm(store, inventory, args.sweep, args.confirm, bench_config(args),
+        reviewed = detect_and_confirm(store, args.sweep, args.confirm, inventory.tracker if inventory else None,
+                                      inventory.devices if inventory else None, bench_config(args),
                                       progress_printer(args.progress), args.confirm_budget)
     if args.json:
         emit_json({"sweep_id": reviewed.sweep_id, "findings": reviewed.findings, "budget": reviewed.budget,
@@ -86,13 +87,6 @@ def run(args: argparse.Namespace) -> int:
                         f"{reviewed.sweep_id}: {failing[0].sentence}",
                         "triage them: farm regressions --triage ID:acknowledged (or expected, fixed)")
     return 0
-
-
-def failing_findings(findings: list[Finding], fail_on: str | None) -> list[Finding]:
-    """The findings that fail --fail-on: new (untriaged) and slower, and confirmed (new) or not rejected by the reruns
-    (new-any). This is a rule of findings' (farm/findings.py), kept here until it moves there."""
-    return [f for f in findings if f.state == "new" and f.direction == "slower"
-            and ((fail_on == "new-any" and (f.confirmed or not f.rejected)) or (fail_on == "new" and f.confirmed))]
 
 
 def _print_review(reviewed: SweepRegressions) -> None:
@@ -121,12 +115,3 @@ def alert_change(alert: Alert) -> str:
     if alert.z is None:
         return f"{change}, now {format_metric(alert.metric, alert.value)}".lstrip(", ")
     return f"{change}, z {alert.z:.1f}"
-
-
-def detect_and_confirm(store: Store, inventory: Inventory | None, sweep: int | None, confirm: bool, config: BenchConfig,
-                       progress: Progress | None, budget_min: float) -> SweepRegressions:
-    """The sweep's alerts and findings (``confirmation.detect_and_confirm``), confirmed on the inventory's devices."""
-    from farm.confirmation import detect_and_confirm as detect
-
-    return detect(store, sweep, confirm, inventory.tracker if inventory else None,
-                  inventory.devices if inventory else None, config, progress, budget_min)

@@ -31,7 +31,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.devices import can_bring_up
+    from farm.devices import bring_up_devices, can_bring_up
     from farm.inventory import find_device
     from farm.records import TrackerAddress, split_address
     from farm.rpc.tracker import query_summary
@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tracker and (given := split_address(args.tracker)):  # argparse's `address` type checked it
         tracker = TrackerAddress(*given)
     query_summary(tracker)  # fail early and clearly when there is no tracker
-    names = args.device or [n for n, d in inventory.devices.items() if can_bring_up(d)]
-    started, records, failures = bring_up_devices(inventory, names, tracker, home_dir(), args.wait)
+    names = [find_device(inventory, n).name for n in args.device] if args.device else \
+        [n for n, d in inventory.devices.items() if can_bring_up(d)]
+    started, records, failures = bring_up_devices(inventory, names, tracker, home_dir(), args.wait,
+                                                  lambda note: print(note, file=sys.stderr))
     rows = [{"device": r.name, "key": r.key, "pid": r.pid, "port": r.port, "log": r.log_path}
             for r in records if r.role == "server"]
     if args.json:
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _stop(as_json: bool) -> int:
     """--stop: the watchdog, then the servers farm started (``farm down`` stops the tracker too)."""
-    from farm.cli.down import failed_json, raise_if_failed, stop_roles
+    from farm.cli.down import failed_json, raise_if_failed
+    from farm.devices import stop_roles
 
     stopped, failed = stop_roles(home_dir(), ("watchdog", "server", "relay"))
     if as_json:
@@ -77,43 +80,6 @@ def _stop(as_json: bool) -> int:
         print(f"stopped {sum(r.role == 'server' for r in stopped)} server(s)")
     raise_if_failed(failed)
     return 0
-
-
-def bring_up_devices(inventory, names: list[str], tracker, state: Path, wait_s: float) -> tuple[list, list, list]:
-    """Start each named device that has no server yet; wait for those that register at start. Returns (the records
-    started, every record now kept, [(device name, FarmError)] of the devices that could not be brought up)."""
-    from farm.devices import bring_up, kind_of
-    from farm.inventory import find_device
-    from farm.rpc import processes
-    from farm.rpc.tracker import wait_for_servers
-
-    # the registry is read here and changed after the bring-ups, under its lock, as it is then: others' records
-    # (a watchdog's restart, another `farm serve`) stay; only the ones found gone here are dropped, never the
-    # "unknown" ones (a host that did not answer): `farm down` tries those again
-    states = {r: processes.process_state(r) for r in processes.load_records(state)}
-    running = {r.name for r, s in states.items() if r.role == "server" and s != "gone"}
-    for r, s in states.items():
-        if r.role == "server" and s == "unknown" and r.name in names:
-            print(f"{r.name}: could not check server pid {r.pid} (its host did not answer); not starting another",
-                  file=sys.stderr)
-    started: list = []
-    failures: list[tuple[str, FarmError]] = []
-    for name in names:
-        device = find_device(inventory, name)
-        if name in running:
-            continue
-        try:
-            started.extend(bring_up(device, tracker, state))
-        except FarmError as exc:  # one device's failure does not stop the others
-            failures.append((name, exc))
-    gone = {r for r, s in states.items() if s == "gone"}
-    records = processes.update_records(state, lambda current: [r for r in current if r not in gone] + started)
-    waiting = {r.key: 1 for r in started if kind_of(inventory.devices[r.name]).registers_at_start}
-    wait_for_servers(tracker, waiting, timeout_s=wait_s, give_up=processes.exited_at_start(started, state))
-    for r in started:
-        if note := kind_of(inventory.devices[r.name]).started_note(r):
-            print(note, file=sys.stderr)
-    return started, records, failures
 
 
 def _watch(devices, tracker, state: Path, interval_s: float) -> None:

@@ -17,12 +17,12 @@ from farm.stats import median
 from farm.cli.common import (REPORT_DIR, VARIANTS, add_bench_options, add_budget_option, add_progress, add_verb,
                              bench_config, count, duration, emit_json, home_dir, load_inventory_of, positive_float,
                              progress_printer, record_default, reference_text, require_db, sweep_or_latest)
-from farm.cli.regressions import alert_change, detect_and_confirm, rounds_text
-from farm.cli.sweep_file import SweepFile, load_sweep_file
+from farm.cli.regressions import alert_change, rounds_text
+from farm.sweep_file import SweepFile, load_sweep_file
 
 if TYPE_CHECKING:  # the sweep's and the nightly's modules are imported where the verb runs
     from farm.confirmation import SweepRegressions
-    from farm.nightly import TuneBudget
+    from farm.tune.config import TuneBudget
     from farm.sweep import SweepOutcome
 
 UNFINISHED = ("running", "incomplete")  # a sweep's status when it was killed, or a worker ended early
@@ -239,7 +239,7 @@ def _fresh_spec(args: argparse.Namespace, inventory: Inventory) -> tuple[SweepSp
 
 def _tune_budget(tune: dict[str, Any], path: str, inventory: Inventory) -> TuneBudget:
     """The sweep file's [tune] as nightly's TuneBudget, its devices checked against the inventory."""
-    from farm.nightly import TuneBudget
+    from farm.tune.config import TuneBudget
 
     budget = TuneBudget(**tune)
     if unknown := [d for d in budget.devices if d not in inventory.devices]:
@@ -252,12 +252,13 @@ def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, out
             budget: TuneBudget | None, queued: bool) -> tuple[SweepRegressions, list, Path | None]:
     """After measuring: the sweep's alerts and findings (confirmed with --confirm), the [tune] budget spent (over lab
     hosts: a job per key on its host, ``nightly.tune_queued``), the report."""
+    from farm.confirmation import detect_and_confirm
     from farm.store import Store
 
     report = None
     with Store(args.db) as store:
-        reviewed = detect_and_confirm(store, inventory, outcome.sweep_id, args.confirm, spec.config,
-                                      progress_printer(args.progress), args.confirm_budget)
+        reviewed = detect_and_confirm(store, outcome.sweep_id, args.confirm, inventory.tracker, inventory.devices,
+                                      spec.config, progress_printer(args.progress), args.confirm_budget)
         tuning = [] if not budget else _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) \
             if not queued else _queued_tuning(args, inventory, spec, outcome.sweep_id, budget)
         if not args.no_report:

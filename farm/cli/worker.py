@@ -117,11 +117,10 @@ def _check_reachable(db: str, tracker) -> None:
 
 
 def _serve(inventory, names: list[str]) -> None:
-    from farm.cli.serve import bring_up_devices
-    from farm.devices import can_bring_up
+    from farm.devices import bring_up_devices, can_bring_up
 
     started, _, failures = bring_up_devices(inventory, [n for n in names if can_bring_up(inventory.devices[n])],
-                                     inventory.tracker, home_dir(), 60.0)
+                                            inventory.tracker, home_dir(), 60.0, lambda note: print(note, file=sys.stderr))
     print(f"{sum(r.role == 'server' for r in started)} server(s) started", file=sys.stderr)
     for name, error in failures:  # its cells are stored offline: the other devices go on
         print(f"could not bring up {name}: {error.message}", file=sys.stderr)

@@ -16,7 +16,7 @@ from typing import Callable
 
 from farm.devices.kind import DeviceKind
 from farm.errors import DeviceError, FarmError, InventoryError
-from farm.records import Device, TrackerAddress
+from farm.records import Device, Inventory, TrackerAddress
 from farm.rpc.processes import (ManagedProcess, collect_ended, load_records, process_state, stop_process,
                                  update_records)
 
@@ -120,3 +120,63 @@ def _replace_record(state_dir: Path, old: ManagedProcess, fresh: list[ManagedPro
         update_records(state_dir, lambda current: current + unstopped)
         return "recorded, not stopped"
     return "stopped"
+
+
+WATCHDOG_GRACE_S = 30.0  # a watchdog ends after the restart it is making (an adb push, a server start)
+
+
+def bring_up_devices(inventory: Inventory, names: list[str], tracker: TrackerAddress, state: Path, wait_s: float,
+                     say: Callable[[str], None] | None = None) -> tuple[list, list, list]:
+    """Start each named device that has no server yet; wait for those that register at start (``farm serve``,
+    ``farm worker --serve``). Returns (the records started, every record now kept, [(device name, FarmError)] of
+    the devices that could not be brought up); what a person should know goes to ``say``."""
+    from farm.rpc import processes
+    from farm.rpc.tracker import wait_for_servers
+
+    # the registry is read here and changed after the bring-ups, under its lock, as it is then: others' records
+    # (a watchdog's restart, another `farm serve`) stay; only the ones found gone here are dropped, never the
+    # "unknown" ones (a host that did not answer): `farm down` tries those again
+    states = {r: processes.process_state(r) for r in processes.load_records(state)}
+    running = {r.name for r, s in states.items() if r.role == "server" and s != "gone"}
+    for r, s in states.items():
+        if r.role == "server" and s == "unknown" and r.name in names and say:
+            say(f"{r.name}: could not check server pid {r.pid} (its host did not answer); not starting another")
+    started: list = []
+    failures: list[tuple[str, FarmError]] = []
+    for name in names:
+        if name in running:
+            continue
+        try:
+            started.extend(bring_up(inventory.devices[name], tracker, state))
+        except FarmError as exc:  # one device's failure does not stop the others
+            failures.append((name, exc))
+    gone = {r for r, s in states.items() if s == "gone"}
+    records = processes.update_records(state, lambda current: [r for r in current if r not in gone] + started)
+    waiting = {r.key: 1 for r in started if kind_of(inventory.devices[r.name]).registers_at_start}
+    wait_for_servers(tracker, waiting, timeout_s=wait_s, give_up=processes.exited_at_start(started, state))
+    for r in started:
+        if (note := kind_of(inventory.devices[r.name]).started_note(r)) and say:
+            say(note)
+    return started, records, failures
+
+
+def stop_roles(state: Path, roles: tuple[str, ...]) -> tuple[list, list]:
+    """Stop the recorded processes of each role in turn, the watchdog first so it restarts nothing (``farm down``,
+    ``farm serve --stop``). Records are read again before each role: a watchdog that was restarting a server when
+    told to stop records that server as it ends. Returns (the records that were running and are stopped,
+    [(record, error)] for those that could not be); the records it handled are dropped from the state file but
+    for the failed ones, kept for another try. Records added meanwhile by another command (a `farm serve` that ran
+    at the same time) are kept: what was started after the stop is still recorded, for the next `farm down`."""
+    from farm.rpc import processes
+
+    stopped, failed, handled = [], [], set()
+    for role in roles:
+        for record in [r for r in processes.load_records(state) if r.role == role]:
+            try:
+                if processes.stop_process(record, WATCHDOG_GRACE_S if role == "watchdog" else 3.0):
+                    stopped.append(record)
+                handled.add(record)
+            except DeviceError as exc:
+                failed.append((record, exc))
+    processes.update_records(state, lambda current: [r for r in current if r not in handled])
+    return stopped, failed

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from farm.store import Store
 
 __all__ = ["DEFAULT_BUDGET_MIN", "KINDS", "SLOWER_STATUSES", "UNCONFIRMABLE", "Finding", "SeriesTraits",
-           "find_findings", "noise_floor", "percent", "record", "representatives", "resolution", "sentence",
+           "failing_findings", "find_findings", "noise_floor", "percent", "record", "representatives", "resolution", "sentence",
            "sweep_findings", "sweep_verdicts", "with_state"]
 
 
@@ -108,6 +108,13 @@ def record(store: "Store", sweep_id: int, findings: list[Finding]) -> list[Findi
     from the last reviewed sweep keeps them)."""
     states = store.record_findings(sweep_id, [dict(f) for f in findings])
     return [with_state(f, states.get(f.key)) for f in findings]
+
+
+def failing_findings(findings: list[Finding], fail_on: str | None) -> list[Finding]:
+    """The findings that fail ``farm regressions --fail-on``: new (untriaged) and slower, and confirmed (``new``) or
+    not rejected by the reruns (``new-any``)."""
+    return [f for f in findings if f.state == "new" and f.direction == "slower"
+            and ((fail_on == "new-any" and (f.confirmed or not f.rejected)) or (fail_on == "new" and f.confirmed))]
 
 
 def with_state(finding: Finding, state: Mapping[str, Any] | None) -> Finding:

@@ -95,3 +95,14 @@ def search_population_for(device: Device, config: TuneConfig, batch: int) -> int
 def runner_timeout_for(device: Device) -> float:
     """Seconds a candidate may take on ``device``: its ``runner_timeout_s`` in devices.toml, else ``RUNNER_TIMEOUT_S``."""
     return float(device.options.get("runner_timeout_s", RUNNER_TIMEOUT_S))
+
+
+@dataclass(frozen=True)
+class TuneBudget:
+    """A sweep file's ``[tune]`` table: what a night's tuning spends (``farm.nightly``); its fields are the table's keys
+    (``farm.sweep_file``)."""
+
+    minutes: float
+    trials: int = DEFAULT_TRIALS
+    devices: tuple[str, ...] = ()
+    models: int | None = None  # at most this many models per key a night

@@ -1,4 +1,6 @@
-"""A sweep file (``farm sweep --file nightly.toml``) as a frozen record, every value checked before any work."""
+"""A sweep file (``farm sweep --file nightly.toml``) as a frozen record, every value checked before any work: the
+file's schema, a domain rule the CLI reads (``farm sweep --file``), not one of its own. Its [tune] keys are
+``TuneBudget``'s fields, read from the record, never listed by hand."""
 
 from __future__ import annotations
 
@@ -8,14 +10,14 @@ from typing import Any
 
 from farm.errors import FarmError
 from farm.records import BenchConfig
-from farm.tune.config import DEFAULT_TRIALS
+from farm.tune.config import DEFAULT_TRIALS, TuneBudget
 
 # BenchConfig's fields, as a sweep file's [bench] writes them: a number, whole unless the field is a float
 BENCH_KEYS = {f.name: float if "float" in str(f.type) else int for f in fields(BenchConfig)}
 POSITIVE_BENCH_KEYS = ("repeat", "number", "copy_repeat", "timeout_s")  # the others may be 0
 SWEEP_FILE_HINT = ('a sweep file: devices = ["cpu"], models = ["mlp"], variants = ["fp32"], reference = "mlp", '
                    "[bench] repeat = 20, [shapes.MODEL] input = [1, 3, 224, 224]")
-TUNE_KEYS = ("minutes", "trials", "devices", "models")  # farm.nightly.TuneBudget's fields
+TUNE_KEYS = tuple(f.name for f in fields(TuneBudget))
 TUNE_HINT = (f"[tune] minutes = 20 (per device key, after measuring), trials = {DEFAULT_TRIALS} (per model at most), "
              'models = 2 and devices = ["x86-local"] (both optional)')
 
@@ -30,7 +32,7 @@ class SweepFile:
     reference: str | None = None  # "" or "none": no reference model
     bench: dict[str, Any] = field(default_factory=dict)  # BenchConfig fields it overrides: numbers, checked
     shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # model -> {input name: shape}
-    tune: dict[str, Any] | None = None  # [tune]: the keyword arguments of farm.nightly.TuneBudget
+    tune: dict[str, Any] | None = None  # [tune]: the keyword arguments of TuneBudget
 
 
 def load_sweep_file(path: str) -> SweepFile:
@@ -92,7 +94,7 @@ def _check_tune(path: str, data: dict[str, Any]) -> dict[str, Any] | None:
     """[tune], checked, as TuneBudget's keyword arguments (None when the file has no [tune])."""
     tune = data.get("tune", {})
     if not isinstance(tune, dict) or set(tune) - set(TUNE_KEYS):
-        raise FarmError(f"{path}: [tune] takes minutes, trials, models and devices", TUNE_HINT)
+        raise FarmError(f"{path}: [tune] takes {', '.join(TUNE_KEYS[:-1])} and {TUNE_KEYS[-1]}", TUNE_HINT)
     if "tune" not in data:
         return None
     minutes = tune.get("minutes")
