@@ -27,6 +27,7 @@ import numpy as np
 from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup, XGBModel
 
 from farm.errors import FarmError
+from farm.tvm_private import XGBState, set_xgb_state, xgb_state
 
 FORMAT = "farm-xgb-1"  # what the file holds; a pack's manifest names it
 
@@ -37,15 +38,16 @@ def new_cost_model(cores: int | None) -> XGBModel:
 
 
 def samples_of(model: XGBModel) -> int:
-    return int(model.data_size)
+    return xgb_state(model).data_size
 
 
 def dump_cost_model(model: XGBModel) -> bytes:
     """The model's booster and training data as one ``.npz`` (bytes)."""
-    groups = list(model.data.values())
+    state = xgb_state(model)
+    groups = list(state.data.values())
     features = [f for g in groups for f in g.features]
     width = next((f.shape[1] for f in features if f.ndim == 2 and f.shape[0]), 0)
-    raw = bytes(model.booster.save_raw(raw_format="ubj")) if model.booster is not None else b""
+    raw = bytes(state.booster.save_raw(raw_format="ubj")) if state.booster is not None else b""
     arrays: dict[str, Any] = {
         "format": np.array(FORMAT),
         "booster": np.frombuffer(raw, dtype=np.uint8),
@@ -56,7 +58,7 @@ def dump_cost_model(model: XGBModel) -> bytes:
                      if features else np.zeros((0, width), dtype=np.float32)),
         "costs": (np.concatenate([np.asarray(g.costs, dtype=np.float32) for g in groups])
                   if groups else np.zeros(0, dtype=np.float32)),
-        "last_train_size": np.array(int(model.last_train_size), dtype=np.int64),
+        "last_train_size": np.array(state.last_train_size, dtype=np.int64),
     }
     out = io.BytesIO()
     np.savez_compressed(out, **arrays)
@@ -88,11 +90,9 @@ def load_cost_model(model: XGBModel, blob: bytes) -> int:
     data = OrderedDict()
     for index, (feats, group_costs) in sorted(per_group.items()):
         data[hashes[index]] = FeatureGroup(hashes[index], feats, np.array(group_costs, dtype=np.float32))
-    model.data = data
-    model.data_size = len(costs)
-    model.last_train_size = last_train
+    booster = None
     if raw:
         booster = xgb.Booster()
         booster.load_model(bytearray(raw))
-        model.booster = booster
-    return model.data_size
+    set_xgb_state(model, XGBState(data, len(costs), last_train, booster))
+    return len(costs)

@@ -20,8 +20,16 @@ what a device farm needs without a scheduler of farm's own (docs/ARCHITECTURE.md
 
 A job's body is farm's (``farm.sweep.lab``, ``farm.nightly``): the worker passes its handlers in by task name
 (``CELL``, ``CURVE``, ``TUNE``, ``BUILD``); this module knows no cell. What a job does must be safe to do twice (at least once:
-a worker killed after its result committed and before its job was marked done runs again): the store's unique cell
-key ensures it for a cell; a tuning job run again tunes its key again, which only adds records.
+a worker killed after its result committed and before its job was marked done runs again): a cell is stored whole
+under its unique cell key (``Store.record_cell``) and a copy curve under its curve key, so a job run again finds
+them and measures nothing; a tuning job run again finds its key's night stored (``Store.night_tuned``) and tunes
+nothing; a build job run again finds its artifact in the lab's store. Two deliveries of one job may also run at
+once (a worker that froze past ``STALLED_S``): the device's lease (``farm.sweep.leases``) lets only its current
+holder store.
+
+A worker holds ``POOL_CONNECTIONS`` database connections, whatever its slots (#50: 4 workers × 24 slots passed
+PostgreSQL's default ``max_connections = 100``): procrastinate's own and the results store's are each a pool,
+sized in ``farm.store.backends``.
 
 Sync tasks run in threads of the worker's event loop (asgiref's ``sync_to_async``): the loop's executor is sized to
 the worker's slots, so a worker holds as many sessions as it has slots (``farm.rpc.session.SESSION_SLOTS``).

@@ -18,6 +18,13 @@ farm's name                 TVM's private name (0.27)                           
 ``import_tensor_intrinsics``  ``s_tir.tensor_intrin``'s ``__init__``: imports only   ``tune.metaschedule``
 ``import_tvm_without_torch``  ``tvm_ffi``'s ``__init__``: imports torch if it can     ``cli``, ``rpc``
 ``STARTUP_PTH``             ... in TVM's own worker processes (``popen_worker``)    ``tools/setup.sh``
+``normalize_mod``           global ``tvm.s_tir.meta_schedule.normalize_mod``       ``compile``, ``tune``
+``XGBState``                ``XGBModel``'s ``data``, ``data_size``,                 ``costmodel``
+                            ``last_train_size``, ``booster`` (its training state)
+``runner_future``           ``rpc_runner.RPCRunnerFuture(future, timeout_sec)``    ``tune.metaschedule``
+``stop_runner_pool``        ``RPCRunner.pool`` (its own process pool), shut down   ``tune.metaschedule``
+``pseudo_files_have_no_module``  ``inspect.getmodule``, as TVMScript's              ``tune.metaschedule``
+                            ``inspect.stack()`` calls it (patched for an import)
 ==========================  =====================================================  ===========================
 
 MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
@@ -26,6 +33,7 @@ must not import MetaSchedule.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -34,7 +42,8 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 # build_in_worker: MetaSchedule's builder worker, (f_build, f_export, mod, target, params) -> the exported library's
 # path. Run in farm's own pool (AheadBuilder), so a device starts on a candidate as soon as it is built.
@@ -102,6 +111,78 @@ def unchecked(meta_schedule_class: Any) -> Any:
 
 
 _UNCHECKED: dict[type, Any] = {}
+
+
+def normalize_mod(mod: Any) -> Any:
+    """MetaSchedule's normalization of a task's module before a database lookup (its global function, the same
+    one ``tune_tasks`` and ``MetaScheduleApplyDatabase`` use), looked up once."""
+    if not _NORMALIZE:
+        import tvm
+
+        _NORMALIZE.append(tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod"))
+    return _NORMALIZE[0](mod)
+
+
+_NORMALIZE: list[Callable] = []
+
+
+@dataclass(frozen=True)
+class XGBState:
+    """An ``XGBModel``'s training state, which MetaSchedule keeps in plain attributes and never saves
+    (``farm.costmodel`` saves and restores it): its feature groups by hash (``data``), their candidate count
+    (``data_size``), that count at its last training (``last_train_size``: its adaptive retraining) and the
+    booster (None before any training)."""
+
+    data: Any
+    data_size: int
+    last_train_size: int
+    booster: Any
+
+
+def xgb_state(model: Any) -> XGBState:
+    return XGBState(model.data, int(model.data_size), int(model.last_train_size), model.booster)
+
+
+def set_xgb_state(model: Any, state: XGBState) -> None:
+    model.data, model.data_size, model.last_train_size = state.data, state.data_size, state.last_train_size
+    if state.booster is not None:
+        model.booster = state.booster
+
+
+def runner_future(future: Any, timeout_s: float) -> Any:
+    """A ``RunnerFuture`` over a ``concurrent.futures`` future of ``measure_in_worker``, as ``RPCRunner.run``
+    makes them (its result is the worker's, or a timeout's error message)."""
+    from tvm.s_tir.meta_schedule.runner import rpc_runner
+
+    return rpc_runner.RPCRunnerFuture(future=future, timeout_sec=timeout_s)
+
+
+def stop_runner_pool(rpc: Any) -> None:
+    """Shut an ``RPCRunner``'s own worker pool down at once: farm measures with its functions in its own pool."""
+    rpc.pool.shutdown(wait=False)
+
+
+@contextlib.contextmanager
+def pseudo_files_have_no_module() -> Iterator[None]:
+    """While TVMScript functions are defined (the tensor intrinsics' modules): ``inspect.getmodule`` answers None
+    at once for a frame of the import machinery's pseudo-files (``<frozen importlib._bootstrap>``). Each such
+    function calls ``inspect.stack()``, which looks up every frame's module; for those pseudo-files none matches,
+    and ``inspect.getmodule`` scans all of ``sys.modules`` (~2000 after importing TVM) again each time, whatever it
+    finds: None gives ``inspect.stack()`` the same frames and source lines, in seconds instead of ~40 s."""
+    import inspect
+
+    scan = inspect.getmodule
+
+    def getmodule(obj, _filename=None):
+        if _filename is not None and _filename.startswith("<") and _filename.endswith(">") and inspect.isframe(obj):
+            return None
+        return scan(obj, _filename)
+
+    inspect.getmodule = getmodule
+    try:
+        yield
+    finally:
+        inspect.getmodule = scan
 
 # The tensor intrinsics MetaSchedule's rules for an LLVM CPU may tensorize with, by the CPU's architecture (TVM's
 # GetRuleKindFromTarget: "vnni" and "avx512" use x86's, "dotprod" and "asimd" arm_cpu's, "rvv" riscv_cpu's).

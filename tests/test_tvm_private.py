@@ -130,3 +130,56 @@ def test_tvm_s_own_worker_processes_started_by_a_farm_process_import_tvm_without
     other = subprocess.run([sys.executable, "-c", script.format(hook="")], capture_output=True, text=True,
                            check=True, env=env).stdout
     assert (farm_started.split(), other.split()) == (["False"], ["True"]), (farm_started, other)
+
+
+def test_normalize_mod_is_metaschedule_s_own_global_and_gives_a_module_back():
+    import tvm
+    from tvm.script import tirx as T
+
+    from farm.tvm_private import normalize_mod
+
+    @T.prim_func
+    def add_one(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
+        for i in range(4):
+            b[i] = a[i] + T.float32(1)
+
+    normalized = normalize_mod(add_one)
+    assert isinstance(normalized, tvm.IRModule) and len(normalized.functions) == 1
+    assert tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod", True) is not None
+
+
+def test_an_xgb_model_keeps_its_training_state_in_the_attributes_farm_saves():
+    from farm.costmodel import new_cost_model
+    from farm.tvm_private import XGBState, set_xgb_state, xgb_state
+
+    model = new_cost_model(1)
+    fresh = xgb_state(model)  # before any training: no data, no booster
+    assert (len(fresh.data), fresh.data_size, fresh.last_train_size, fresh.booster) == (0, 0, 0, None)
+    set_xgb_state(model, XGBState({"h": "group"}, 3, 2, None))
+    assert (model.data, model.data_size, model.last_train_size) == ({"h": "group"}, 3, 2)
+
+
+def test_a_runner_future_reads_its_worker_s_result_and_a_runner_s_pool_stops():
+    from concurrent.futures import Future
+
+    from farm.tvm_private import runner_future, stop_runner_pool
+
+    done: Future = Future()
+    done.set_result([0.5, 0.25])
+    assert [float(s) for s in runner_future(done, 10.0).result().run_secs] == [0.5, 0.25]
+    rpc = RPCRunner(RPCConfig("127.0.0.1", 9, "nobody"), max_workers=1)
+    stop_runner_pool(rpc)
+    assert rpc.pool._shutdown  # TVM's PopenPoolExecutor: stopped, not waited for
+
+
+def test_a_pseudo_file_frame_has_no_module_while_intrinsics_load_and_inspect_is_itself_after():
+    import sys
+
+    from farm.tvm_private import pseudo_files_have_no_module
+
+    real = inspect.getmodule
+    frame = sys._getframe()
+    with pseudo_files_have_no_module():
+        assert inspect.getmodule(frame, "<frozen importlib._bootstrap>") is None
+        assert inspect.getmodule(frame, __file__) is sys.modules[__name__]
+    assert inspect.getmodule is real

@@ -12,6 +12,7 @@ import tvm
 
 from farm.errors import message_line
 from farm.records import TuningSet
+from farm.tvm_private import normalize_mod
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,6 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
 
-    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     out = mod.clone()
     tuned = anchored = 0
     with tempfile.TemporaryDirectory(prefix="farm-tuning-") as tmp:
@@ -91,7 +91,7 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
         for gv, func in mod.functions.items():
             if not isinstance(func, tvm.tirx.PrimFunc):
                 continue
-            task = normalize(func)
+            task = normalize_mod(func)
             try:
                 record = exact.query_tuning_record(task, target, gv.name_hint)
                 if record is not None:

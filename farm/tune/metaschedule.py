@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
 import os
 import platform
@@ -28,7 +27,6 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner, RPCConfig, RPCRunner
-from tvm.s_tir.meta_schedule.runner import rpc_runner as ms_rpc_runner
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.compile import export_library
@@ -38,7 +36,7 @@ from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.tune.config import BUSY_RETRIES, TuneConfig
 from farm.tvm_private import (artifact_path, build_in_worker, import_tensor_intrinsics, measure_in_worker, outer_object,
-                               runner_args, unchecked)
+                               pseudo_files_have_no_module, runner_args, runner_future, stop_runner_pool, unchecked)
 
 log = logging.getLogger(__name__)
 
@@ -270,10 +268,9 @@ class AfterBuildRunner(PyRunner):
         return [float(word) for word in text.split() if word.replace(".", "", 1).isdigit()]
 
     def run(self, runner_inputs: list) -> list:
-        return [ms_rpc_runner.RPCRunnerFuture(
-            future=self.pool.submit(measure_when_built, self.build_wait_s, self.busy_log,
-                                    *runner_args(self.rpc, runner_input)),
-            timeout_sec=self.timeout_s) for runner_input in runner_inputs]
+        return [runner_future(self.pool.submit(measure_when_built, self.build_wait_s, self.busy_log,
+                                               *runner_args(self.rpc, runner_input)), self.timeout_s)
+                for runner_input in runner_inputs]
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False)
@@ -294,7 +291,7 @@ def make_runner(tracker: TrackerAddress, device: Device, config: TuneConfig, run
         f_run_evaluator=functools.partial(_run_with_cooldown, config.candidate_cooldown_s)
         if config.candidate_cooldown_s else None,
     )
-    rpc.pool.shutdown(wait=False)  # AfterBuildRunner measures with RPCRunner's functions in its own pool
+    stop_runner_pool(rpc)  # AfterBuildRunner measures with RPCRunner's functions in its own pool
     return AfterBuildRunner(rpc, runners, config.builder_timeout_s if ahead else 1.0,
                             config.runner_timeout_s + (BUSY_RETRIES + 1) * config.request_timeout_s)
 
@@ -404,30 +401,11 @@ def load_tensor_intrinsics(target: dict) -> None:
     """Register the tensor intrinsics a tune context for ``target`` needs (``tvm_private.import_tensor_intrinsics``:
     an LLVM CPU's architecture's only, in about half a second; a GPU's, all of them) in seconds instead of ~40 s.
 
-    Their TVMScript functions each call ``inspect.stack()``, which looks up the module of every
-    frame on the stack; for the import machinery's frames (``<frozen importlib._bootstrap>``) no
-    module matches, and ``inspect.getmodule`` scans all of ``sys.modules`` (~2000 after importing
-    TVM) again each time. Those pseudo-files have no module, whatever the scan finds: answering
-    ``None`` at once gives ``inspect.stack()`` the same frames and source lines."""
+    Defining their TVMScript functions is slow under ``inspect.stack()``: ``tvm_private.pseudo_files_have_no_module``
+    says why, and makes it fast."""
     arch = None
     if target.get("kind") == "llvm":
         triple = target.get("mtriple") or platform.machine()
         arch = triple.split("-", 1)[0]
-    with _pseudo_files_have_no_module():
+    with pseudo_files_have_no_module():
         import_tensor_intrinsics(arch)
-
-
-@contextlib.contextmanager
-def _pseudo_files_have_no_module():
-    scan = inspect.getmodule
-
-    def getmodule(obj, _filename=None):
-        if _filename is not None and _filename.startswith("<") and _filename.endswith(">") and inspect.isframe(obj):
-            return None
-        return scan(obj, _filename)
-
-    inspect.getmodule = getmodule
-    try:
-        yield
-    finally:
-        inspect.getmodule = scan

@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from farm.compile import is_schedule, record_databases, untuned_trace
@@ -27,6 +26,7 @@ from farm.task_profile import time_modules
 from farm.tune.config import Progress, TuneConfig
 from farm.tune.metaschedule import build_candidate, export_to
 from farm.tune.plan import Plan, Tuning
+from farm.tvm_private import normalize_mod
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,9 @@ def prior_databases(prior: TuningSet):
 
 def best_recorded(exact, tasks: tuple, tvm_target) -> tuple[float | None, ...]:
     """Each task's best stored record's time (``record_s``), or None: no record of its own."""
-    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     best: list[float | None] = []
     for task in tasks:
-        record = exact.query_tuning_record(normalize(task.dispatched[0]), tvm_target, task.task_name)
+        record = exact.query_tuning_record(normalize_mod(task.dispatched[0]), tvm_target, task.task_name)
         tuned = record is not None and is_schedule(record.trace)  # an untuned record: no record of its own yet
         best.append(record_s(record.run_secs) if tuned else None)
     return tuple(best)
@@ -103,12 +102,11 @@ def searched_before(exact, tasks: tuple) -> tuple[bool, ...]:
     """Whether each task has a candidate of its own in the store: any record with a schedule, a failed one or one that
     lost to the task's untuned code included (its untuned record alone is not a search; a seed transferred by
     anchor block and measured is one)."""
-    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
     # every record, failed ones too (get_top_k skips those); a record holds its database's workload object
     scheduled = [record.workload for record in exact.get_all_tuning_records() if is_schedule(record.trace)]
     searched = []
     for task in tasks:
-        mod = normalize(task.dispatched[0])
+        mod = normalize_mod(task.dispatched[0])
         # commit_workload only looks up a workload the database has (these databases' files are gone: read only)
         workload = exact.commit_workload(mod) if exact.has_workload(mod) else None
         searched.append(workload is not None and any(workload.same_as(w) for w in scheduled))
