@@ -220,7 +220,7 @@ class LabTuning:
 
     def __call__(self, sweep_id: int, device: str, budget: dict) -> str:
         tuner = self.worker.device(device)
-        with Store(self.worker.db_url) as store:
+        with self.worker.store() as store:
             if device in store.night_tuned(sweep_id):  # the job delivered again: its key's night is stored
                 return "done before"
             spec, _ = self.worker.context(store, sweep_id)

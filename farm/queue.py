@@ -55,7 +55,7 @@ BUILD = "farm.build"  # (sweep_id, device, model): a cell's compile, on a build 
 HEARTBEAT_S = 5.0  # a worker's heartbeat (procrastinate's default is 10 s)
 STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stalled
 STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
-POLL_S = 2.0  # a worker's poll for new jobs when no notification came (LISTEN/NOTIFY wakes it at once)
+POLL_S = 1.0  # a worker's poll for new jobs: it keeps no LISTEN connection (POOL_CONNECTIONS); 40 workers, 40 reads/s
 RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed worker's job is running again by then
 # a worker silent this long is removed from procrastinate's list by whoever looks (``prune_dead_workers``): not
 # STALLED_S, as procrastinate's own prune at a worker's start: a worker that only froze for a minute would wake to a
@@ -64,6 +64,12 @@ PRUNE_S = 300.0
 HOST_WAIT_S = 600.0  # a lab host that took none of a sweep's waiting jobs this long is gone (farm sweep --host-wait)
 INSTALL_LOCK = 0x66726D71  # "frmq": one process installs the queue's tables on a new database
 ACTIVE = ("todo", "doing")
+# a worker's connections, whatever its slots (#50: one a running job put 4 workers × 24 slots past PostgreSQL's
+# default max_connections = 100): procrastinate's pool of one (fetch, heartbeat, stall checks; no LISTEN
+# connection: a worker polls every POLL_S), and the results store's one, shared by its jobs
+# (``store.shared_store``), on which this module's own statements run too. 40 lab hosts' workers: 80 of 100
+QUEUE_POOL = 1
+POOL_CONNECTIONS = QUEUE_POOL + 1
 T = TypeVar("T")
 
 
@@ -201,7 +207,8 @@ class LabQueue:
 
         self.url = url
         self._procrastinate = procrastinate
-        self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+        self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+            conninfo=url, min_size=QUEUE_POOL, max_size=QUEUE_POOL))
         self._handlers: dict[str, Callable[..., Any]] = {}
         for name in (CELL, CURVE, TUNE, BUILD):
             self.app.task(name=name, pass_context=False)(self._dispatcher(name))
@@ -216,10 +223,13 @@ class LabQueue:
     # -- the database -------------------------------------------------------------------
 
     def _connect(self):
-        """A connection of its own for one call (``patient`` translates its errors and runs the call again)."""
+        """The connection for one call: in a worker, its shared store's (``store.shared_connection``: no connection of
+        its own), else one of its own, closed after (``patient`` translates errors and runs the call again)."""
         import psycopg
 
-        return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        from farm.store import shared_connection
+
+        return shared_connection(self.url) or psycopg.connect(self.url, autocommit=True, connect_timeout=10)
 
     def check(self) -> None:
         """That the queue's database answers now, at once: a ``StoreError`` with a hint where it does not (a worker
@@ -486,7 +496,7 @@ class LabQueue:
                 stalled = asyncio.create_task(self._retry_stalled(set(queues)))
                 try:
                     await self.app.run_worker_async(
-                        queues=queues, concurrency=slots, name=name, wait=wait, listen_notify=True,
+                        queues=queues, concurrency=slots, name=name, wait=wait, listen_notify=False,
                         fetch_job_polling_interval=POLL_S, update_heartbeat_interval=HEARTBEAT_S,
                         stalled_worker_timeout=STALLED_S, delete_jobs="never")
                 finally:

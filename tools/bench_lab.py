@@ -18,8 +18,15 @@ serve a lab host's queue through farm's `LabQueue.serve` with a cell handler tha
 (one device each, so no device lock holds one back) are deferred by `LabQueue.defer` as `farm sweep` defers them.
 Figures: the deferring's time per job, each job's wait from queued to started (procrastinate's events), and the
 time until all N succeeded. A farm cell job adds its own reads to this (the sweep's spec, its attempts).
+With --hosts H and --cell-s S (#50: a lab of 1,000 devices on one PostgreSQL at its default settings), W worker
+processes serve each of H lab hosts' queues (W a host, default 1), and each cell is simulated as a worker's cell job
+is: it takes its device's lease (``sweep.leases``), reads the sweep's attempts, holds the device S seconds, and stores
+its run whole under the lease (``Store.record_cell``), all on the worker's one shared store. The server keeps its
+default max_connections (100); the peak of its client connections is read every 0.2 s (pg_stat_activity). Goals
+(exit 1 when missed): every cell stored once, and the peak within max_connections.
 
     .venv/bin/python tools/bench_lab.py --queue-load 1000 [-w 4 --slots 24]
+    .venv/bin/python tools/bench_lab.py --queue-load 1920 --hosts 40 -w 1 --slots 24 --cell-s 3
 
 --builds N: compiles as jobs (#30), N cold compiles (default 8 of --build-model, default onnx:resnet50, for N x86
 devices whose targets differ in mcpu only, so every artifact key differs and nothing is cached), two ways:
@@ -79,8 +86,9 @@ def say(message: str) -> None:
 
 
 @contextmanager
-def postgres(work: Path) -> Iterator[str]:
-    """Debian's PostgreSQL in ``work``, on a free loopback port, as the postgres user when run as root; its URL."""
+def postgres(work: Path, max_connections: int | None = 400) -> Iterator[str]:
+    """Debian's PostgreSQL in ``work``, on a free loopback port, as the postgres user when run as root; its URL.
+    ``max_connections`` None: the server's default (100)."""
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
     if not found:
         raise SystemExit("needs PostgreSQL: apt-get install postgresql (bash tools/setup.sh --test)")
@@ -95,7 +103,7 @@ def postgres(work: Path) -> Iterator[str]:
     with open(work / "postgres.log", "wb") as log:
         proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(base / "data"), "-p", str(port),
                                  "-k", str(base), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                                 "-c", "max_connections=400"],
+                                 *(["-c", f"max_connections={max_connections}"] if max_connections else [])],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -154,61 +162,119 @@ def stop_workers(workers: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def noop_worker(url: str, slots: int) -> None:
-    """A worker process of --queue-load: the lab host "load"'s queue, each cell job done at once."""
+def noop_worker(url: str, slots: int, host: str = "load", cell_s: float = 0.0) -> None:
+    """A worker process of --queue-load: lab host ``host``'s queue, each cell job done at once, or (``cell_s``) a
+    simulated cell: its device's lease, the sweep's attempts read, the device held ``cell_s``, its run stored whole
+    under the lease on the worker's one shared store (as ``LabWorker.cell`` does, without a device)."""
     from farm.queue import CELL, LabQueue, queue_of
 
-    LabQueue(url).serve([queue_of("load")], {CELL: lambda **_: "ok"}, slots, f"load-{os.getpid()}")
+    handler = (lambda **_: "ok") if not cell_s else simulated_cell(url, cell_s)
+    LabQueue(url).serve([queue_of(host)], {CELL: handler}, slots, f"{host}-{os.getpid()}")
+
+
+def simulated_cell(url: str, cell_s: float):
+    from farm.models import load_model
+    from farm.records import BenchConfig, BenchResult, CheckResult, Device, RunToStore, StoredAttempt
+    from farm.store import shared_store
+    from farm.sweep.leases import LeaseKeeper
+
+    keeper, mlp = LeaseKeeper(url), load_model("mlp")
+
+    def cell(sweep_id: int, device: str, model: str, first: bool) -> str:
+        store = shared_store(url)
+        with keeper.hold(store, device, f"{os.getpid()}:{device}") as lease:
+            if StoredAttempt(1, "ok", "") in store.sweep_attempts(sweep_id).get((device, model), []):
+                return "done before"
+            time.sleep(cell_s)  # the device measures
+            result = BenchResult(device=device, key=device, model=model, model_digest=mlp.digest, status="ok",
+                                 steady_number=10, steady_samples_s=(0.002, 0.001, 0.003),
+                                 check=CheckResult("passed", 0.0, 1e-4, 1e-4, "onnxruntime"), config=BenchConfig(),
+                                 context={"simulated": True}, started_at="2026-11-28T00:00:00+00:00")
+            target = Device(device, device, "remote", {"kind": "llvm"}, lab_host="load")
+            store.record_cell(RunToStore(result, target, mlp, None, 1), sweep_id=sweep_id, lease=lease)
+        return "ok"
+
+    return cell
+
+
+def count_connections(url: str, stop: threading.Event, peak: list[int]) -> None:
+    """Every 0.2 s: the server's client connections but this one (pg_stat_activity); the peak in ``peak``."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        while not stop.wait(0.2):
+            n = db.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE backend_type = 'client backend'").fetchone()[0]
+            peak[0] = max(peak[0], int(n) - 1)
 
 
 def queue_load(args: argparse.Namespace, work: Path) -> int:
     from farm.queue import CELL, Job, LabQueue, cell_lock
+    from farm.store import Store
 
     workers: list[subprocess.Popen] = []
-    with postgres(work) as url:
+    hosts = [f"host{h:02d}" for h in range(args.hosts)] if args.hosts else ["load"]
+    stop, peak = threading.Event(), [0]
+    with postgres(work, None) as url:
         lab = LabQueue(url)
         lab.install()
+        with Store(url) as store:  # the results' tables; the simulated cells' sweep
+            sweep_id = store.start_sweep({"devices": [], "models": ["mlp"]})
+        counter = threading.Thread(target=count_connections, args=(url, stop, peak), daemon=True)
+        counter.start()
         try:
-            for w in range(args.workers):
-                with open(work / f"noop-worker-{w}.log", "wb") as log:
-                    workers.append(subprocess.Popen(
-                        [sys.executable, __file__, "--noop-worker", url, "--slots", str(args.slots)], cwd=REPO,
-                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-            deadline = time.monotonic() + 120
-            while lab.live_workers() < args.workers:
+            for h, host in enumerate(hosts):
+                for w in range(args.workers):
+                    with open(work / f"noop-worker-{h}-{w}.log", "wb") as log:
+                        workers.append(subprocess.Popen(
+                            [sys.executable, __file__, "--noop-worker", url, "--slots", str(args.slots),
+                             "--host", host, "--cell-s", str(args.cell_s)], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+            deadline = time.monotonic() + 600
+            while lab.live_workers() < len(workers):
                 if time.monotonic() > deadline or any(p.poll() is not None for p in workers):
-                    raise SystemExit(f"the workers did not start: {(work / 'noop-worker-0.log').read_text()[-2000:]}")
-                time.sleep(0.2)
+                    raise SystemExit(f"the workers did not start: {(work / 'noop-worker-0-0.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+            say(f"{len(workers)} workers of {len(hosts)} lab host(s) beat; {peak[0]} connections so far")
             devices = [f"dev{i:04d}" for i in range(args.queue_load)]
-            jobs = [Job(CELL, "load", d, {"sweep_id": 1, "device": d, "model": "noop", "first": True},
-                        cell_lock(1, d, "noop")) for d in devices]
+            jobs = [Job(CELL, hosts[i % len(hosts)], d, {"sweep_id": sweep_id, "device": d, "model": "mlp",
+                                                        "first": True}, cell_lock(sweep_id, d, "mlp"))
+                    for i, d in enumerate(devices)]
             start = time.perf_counter()
             lab.defer(jobs)
             defer_s = time.perf_counter() - start
-            while (done := lab.sweep_jobs(1).count("succeeded")) < args.queue_load:
-                if time.perf_counter() - start > 1800 or any(p.poll() is not None for p in workers):
-                    raise SystemExit(f"{done}/{args.queue_load} jobs done; worker log: "
-                                     f"{(work / 'noop-worker-0.log').read_text()[-2000:]}")
-                time.sleep(0.1)
+            while (done := lab.sweep_jobs(sweep_id).count("succeeded")) < args.queue_load:
+                failed = lab.sweep_jobs(sweep_id).count("failed")
+                if time.perf_counter() - start > 3600 or any(p.poll() is not None for p in workers) or failed:
+                    raise SystemExit(f"{done}/{args.queue_load} jobs done, {failed} failed; worker log: "
+                                     f"{(work / 'noop-worker-0-0.log').read_text()[-2000:]}")
+                time.sleep(0.2)
             all_s = time.perf_counter() - start
             waits = job_waits(url)
+            with Store(url) as store:
+                stored = store.count("runs") if args.cell_s else args.queue_load
+                cells = len(store.sweep_attempts(sweep_id)) if args.cell_s else args.queue_load
         finally:
+            stop.set()
             stop_workers(workers)
-    figures = {"jobs": args.queue_load, "workers": args.workers, "slots": args.slots,
+    figures = {"jobs": args.queue_load, "hosts": len(hosts), "workers": len(workers), "slots": args.slots,
+               "cell_s": args.cell_s, "peak_connections": peak[0], "max_connections": 100,
+               "runs_stored": stored, "cells_stored": cells,
                "defer_ms_per_job": round(defer_s / args.queue_load * 1e3, 2), "defer_s": round(defer_s, 2),
                "wait_s_median": round(waits[len(waits) // 2], 3), "wait_s_p95": round(waits[int(len(waits) * 0.95)], 3),
                "wait_s_max": round(waits[-1], 3), "all_done_s": round(all_s, 1),
                "jobs_per_s": round(args.queue_load / all_s, 1)}
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        print(f"{args.queue_load} cell jobs, {args.workers} workers × {args.slots} slots, handlers that return at once:")
-        print(f"  deferring: {figures['defer_ms_per_job']} ms a job ({figures['defer_s']} s in all)")
-        print(f"  a job's wait from queued to started: median {figures['wait_s_median']} s, p95 "
-              f"{figures['wait_s_p95']} s, max {figures['wait_s_max']} s")
-        print(f"  all {args.queue_load} done {figures['all_done_s']} s after the first was queued: "
-              f"{figures['jobs_per_s']} jobs/s")
-    return 0
+    goals = {"every cell stored once": stored == cells == args.queue_load,
+             "the peak within max_connections (100)": peak[0] <= 100}
+    handlers = "handlers that return at once" if not args.cell_s else f"cells of {args.cell_s:g} s, stored whole"
+    lines = [f"{args.queue_load} cell jobs, {len(hosts)} lab host(s) × {args.workers} worker(s) × {args.slots} slots, "
+             f"{handlers}; PostgreSQL at its default max_connections (100):",
+             f"  peak client connections: {peak[0]} ({len(workers)} workers)",
+             f"  deferring: {figures['defer_ms_per_job']} ms a job ({figures['defer_s']} s in all)",
+             f"  a job's wait from queued to started: median {figures['wait_s_median']} s, p95 "
+             f"{figures['wait_s_p95']} s, max {figures['wait_s_max']} s",
+             f"  all {args.queue_load} done {figures['all_done_s']} s after the first was queued: "
+             f"{figures['jobs_per_s']} jobs/s; runs stored {stored}, cells {cells}"]
+    return conclude(figures, goals, args.json, lines)
 
 
 BUILD_MCPUS = ("x86-64", "x86-64-v2", "x86-64-v3", "haswell", "broadwell", "skylake", "znver1", "znver2", "znver3",
@@ -457,13 +523,17 @@ def main() -> int:
     parser.add_argument("--build-model", default="onnx:resnet50", help="--builds' model (default onnx:resnet50)")
     parser.add_argument("--faults", action="store_true", help="a worker killed mid-sweep; a job redelivered after commit")
     parser.add_argument("--phones", action="store_true", help="a sweep queued on host A measures host B's phone")
+    parser.add_argument("--hosts", type=int, default=0, help="--queue-load: lab hosts, each with -w workers")
+    parser.add_argument("--cell-s", type=float, default=0.0,
+                        help="--queue-load: each cell holds its device this long and is stored (default: returns at once)")
+    parser.add_argument("--host", default="load", help=argparse.SUPPRESS)  # a --noop-worker's lab host
     parser.add_argument("--noop-worker", metavar="URL", help=argparse.SUPPRESS)  # --queue-load's worker processes
     parser.add_argument("--compile-loop", nargs=3, help=argparse.SUPPRESS)  # --builds' single loop
     args = parser.parse_args()
     if args.builds is None:
         args.workers = args.workers or 4
     if args.noop_worker:
-        noop_worker(args.noop_worker, args.slots)
+        noop_worker(args.noop_worker, args.slots, args.host, args.cell_s)
         return 0
     if args.compile_loop:
         compile_loop(*args.compile_loop)

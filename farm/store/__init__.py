@@ -16,6 +16,7 @@ A driver's error never leaves the store: ``backends.py`` turns it into a ``Store
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from farm.errors import StoreError
@@ -29,7 +30,7 @@ from farm.store.schema import MIGRATIONS, SCHEMA_VERSION, statements
 from farm.store.sweeps import SweepsMixin
 from farm.store.tuning import TuningMixin
 
-__all__ = ["Store", "SCHEMA_VERSION", "exists"]
+__all__ = ["Store", "SCHEMA_VERSION", "exists", "shared_store", "shared_connection"]
 
 TABLES = ("runs", "samples", "summaries", "copies", "checks", "devices", "models", "artifacts", "tune_records",
           "tune_workloads", "tune_sessions", "tune_cost_models", "sweeps", "alerts", "probes", "copy_curves",
@@ -105,3 +106,28 @@ class Store(RunsMixin, TuningMixin, SweepsMixin, CatalogMixin, FindingsMixin, Le
         if table not in TABLES:
             raise ValueError(table)
         return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+
+_SHARED: dict[str, Store] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_store(url: str) -> Store:
+    """This process's one ``Store`` on the PostgreSQL database ``url``, shared by its threads, never closed: a lab
+    worker's jobs, its lease renewals and its queue reads all go through its one connection (#50: a connection per
+    running job put 4 workers × 24 slots past PostgreSQL's default ``max_connections = 100``). A transaction holds
+    it whole (``backends.PostgresBackend``); it waits for a restarting server (``RECONNECT_S``)."""
+    from farm.store.backends import RECONNECT_S, require_server
+
+    require_server(url, "a store shared by a worker's threads")
+    with _SHARED_LOCK:
+        if url not in _SHARED:
+            _SHARED[url] = Store(url, wait_s=RECONNECT_S)
+        return _SHARED[url]
+
+
+def shared_connection(url: str):
+    """The shared store's connection (``PostgresBackend.connection``) where this process has one for ``url``, else
+    None: the lab's queue then runs its statements there rather than on a connection of its own."""
+    store = _SHARED.get(url)
+    return None if store is None else store._db.connection()  # type: ignore[attr-defined]  # PostgresBackend's

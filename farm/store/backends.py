@@ -21,6 +21,7 @@ import functools
 import logging
 import re
 import sqlite3
+import threading
 import time
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -318,6 +319,9 @@ class PostgresBackend(Backend):
         self._url, self._readonly = url, readonly
         self._depth = 0  # transactions open: a statement inside one is never run again alone
         self._retrying = False  # a write runs again whole: the writes it calls do not retry on their own
+        # one connection, many threads (a lab worker's jobs: ``store.shared_store``): a transaction holds it whole,
+        # a statement outside one for its own time; a cursor's rows are read after, from the client's copy
+        self._lock = threading.RLock()
         try:
             self.db = self._connect(time.monotonic() + wait_s)
         except psycopg.Error as exc:
@@ -348,6 +352,10 @@ class PostgresBackend(Backend):
         return isinstance(exc, self._psycopg.OperationalError) and (self.db.closed or self.db.broken)
 
     def _reconnect(self, deadline: float, exc: BaseException) -> None:
+        with self._lock:
+            self._reconnect_locked(deadline, exc)
+
+    def _reconnect_locked(self, deadline: float, exc: BaseException) -> None:
         log.warning("lost the connection to %s (%s): reconnecting", self.location, message_line(exc))
         try:
             self.db.close()
@@ -362,21 +370,22 @@ class PostgresBackend(Backend):
         log.warning("reconnected to %s", self.location)
 
     def retrying(self, fn: Callable[[], T]) -> T:
-        if self._depth or self._retrying:
-            return fn()
-        deadline = None
-        self._retrying = True
-        try:
-            while True:
-                try:
-                    return fn()
-                except StoreError as exc:
-                    if isinstance(exc, ConnectionLost) or not self.lost(exc):
-                        raise
-                    deadline = deadline or time.monotonic() + RECONNECT_S
-                    self._reconnect(deadline, exc.__cause__ or exc)
-        finally:
-            self._retrying = False
+        with self._lock:  # a write runs whole before another thread's (its retry too)
+            if self._depth or self._retrying:
+                return fn()
+            deadline = None
+            self._retrying = True
+            try:
+                while True:
+                    try:
+                        return fn()
+                    except StoreError as exc:
+                        if isinstance(exc, ConnectionLost) or not self.lost(exc):
+                            raise
+                        deadline = deadline or time.monotonic() + RECONNECT_S
+                        self._reconnect(deadline, exc.__cause__ or exc)
+            finally:
+                self._retrying = False
 
     def _statement(self, fn: Callable[[], T]) -> T:
         """``fn()``, one statement: run again on a new connection when the old one was lost, unless it is part of a
@@ -384,12 +393,23 @@ class PostgresBackend(Backend):
         deadline = None
         while True:
             try:
-                return fn()
+                with self._lock:
+                    return fn()
             except self._psycopg.OperationalError as exc:
                 if self._depth or self._retrying or not self.lost(exc):
                     raise
                 deadline = deadline or time.monotonic() + RECONNECT_S
                 self._reconnect(deadline, exc)
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """The psycopg connection itself, held for the block (nothing else runs on it meanwhile), alive (a lost one
+        replaced first): for the lab's queue's own statements in a worker (``queue.LabQueue``), which then open no
+        connection of their own. Not closed after."""
+        with self._lock:
+            if self.db.closed or self.db.broken:
+                self._statement(lambda: self.db.execute("SELECT 1"))
+            yield self.db
 
     def reason(self, exc: Exception) -> str:
         """The server's own one-line message (its text goes on with the statement and a caret), else the
@@ -435,7 +455,7 @@ class PostgresBackend(Backend):
     @contextmanager
     def transaction(self, migrating: bool = False) -> Iterator["PostgresBackend"]:
         # the commit (or rollback) happens inside ``translated``: a failing commit is a StoreError too
-        with self.phase("upgrade" if migrating else "write"), self.translated():
+        with self._lock, self.phase("upgrade" if migrating else "write"), self.translated():
             if not self._depth and (self.db.closed or self.db.broken):  # lost since the last statement: a new one
                 self._statement(lambda: self.db.execute("SELECT 1"))
             self._depth += 1

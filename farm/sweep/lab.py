@@ -20,6 +20,7 @@ one whose build is running waits for it (``BUILD_WAIT_S``). So a lab without bui
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -37,7 +38,7 @@ from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
                         build_queue, cell_lock, queue_of)
 from farm.records import Artifact, Device, ModelSource, SweepSpec, TrackerAddress, split_variant
-from farm.store import Store
+from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, require_server
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
 from farm.sweep.leases import LeaseKeeper
@@ -198,6 +199,10 @@ class LabWorker:
         self._lock = threading.Lock()
         self.leases = LeaseKeeper(self.db_url)
 
+    def store(self) -> contextlib.AbstractContextManager[Store]:
+        """The worker's one store, shared by its jobs (``store.shared_store``: one connection, whatever its slots)."""
+        return contextlib.nullcontext(shared_store(self.db_url))
+
     def model(self, spec: SweepSpec, name: str) -> ModelSource:
         shapes = spec.shapes.get(split_variant(name)[0])
         with self._lock:
@@ -227,7 +232,7 @@ class LabWorker:
         refused and logged, never stored. Its build job is settled first: taken over if it still waits
         (``LabQueue.settle_build``)."""
         build = LabQueue(self.db_url).settle_build(sweep_id, device, model)
-        with Store(self.db_url, wait_s=RECONNECT_S) as store:
+        with self.store() as store:
             spec, ctx = self.context(store, sweep_id)
             if self._done_before(store, spec, sweep_id, device, model):
                 return "done before"
@@ -331,7 +336,7 @@ class LabWorker:
         first), its library put in the lab's artifact store, its key recorded for the cell (``sweep_builds``); or
         the build's error (the cell then compiles on its own host: the error may be this host's)."""
         name = self.name or "a build worker"
-        with Store(self.db_url, wait_s=RECONNECT_S) as store:
+        with self.store() as store:
             spec, _ = self.context(store, sweep_id)
             target, source = self.device(device), self.model(spec, model)
             tuning = tuning_set(store, target) if spec.tuned else None  # read once: the key and the compile's
@@ -360,7 +365,7 @@ class LabWorker:
     def curve(self, sweep_id: int, device: str) -> str:
         """A GPU device's copy curve, after its cells (the same device lock: they ran first), under the device's
         lease; not measured again once one is stored ok for the sweep (a redelivered job, a resume)."""
-        with Store(self.db_url, wait_s=RECONNECT_S) as store:
+        with self.store() as store:
             spec, _ = self.context(store, sweep_id)
             target = self.device(device)
             with self.leases.hold(store, target.name, self._holder(sweep_id, device, "copy curve"),

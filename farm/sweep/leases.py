@@ -26,8 +26,7 @@ from typing import Callable, Iterator
 from farm.errors import DeviceUnavailable, StoreError
 from farm.queue import HEARTBEAT_S, STALLED_S
 from farm.records import Lease
-from farm.store import Store
-from farm.store.backends import RECONNECT_S
+from farm.store import Store, shared_store
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ LEASE_WAIT_S = 4 * 3600.0
 
 
 class LeaseKeeper:
-    """The leases one worker process holds, and the thread that renews them (its own database connection)."""
+    """The leases one worker process holds, and the thread that renews them (on the worker's shared store)."""
 
     def __init__(self, db_url: str) -> None:
         self.db_url = db_url
@@ -70,15 +69,13 @@ class LeaseKeeper:
             store.release_lease(lease)
 
     def _renew(self) -> None:
-        store: Store | None = None
         while True:
             time.sleep(RENEW_S)
             with self._lock:
                 held = list(self._held.values())
             for lease in held:
                 try:
-                    store = store or Store(self.db_url, wait_s=RECONNECT_S)
-                    if not store.renew_lease(lease, LEASE_S):
+                    if not shared_store(self.db_url).renew_lease(lease, LEASE_S):
                         log.error("%s lost device %s's lease (epoch %d): another holder took it after it was not "
                                   "renewed for %g s; what it measures now will be refused", lease.holder, lease.device,
                                   lease.epoch, LEASE_S)
@@ -86,7 +83,6 @@ class LeaseKeeper:
                             self._held.pop((lease.device, lease.epoch), None)
                 except StoreError as exc:
                     log.warning("could not renew device %s's lease: %s", lease.device, exc.message)
-                    store = None
 
 
 def take(store: Store, device: str, holder: str, say: Callable[[str], None] | None = None) -> Lease:
