@@ -39,11 +39,12 @@ cores. No device is measured: the sweep's cells wait for a lab host that has no 
 
     .venv/bin/python tools/bench_lab.py --builds 8 [-w 2]
 
---faults: the queue's two faults (#30), timed on the database's clock, on FAULT_DEVICES native servers of one
-lab host: (1) `kill -9` of the only worker while it measures; a second worker is started at once, and each cell
-the dead one held must start again within RETRY_WITHIN_S of the kill, the sweep end `done`, and no cell be stored
-twice; (2) a finished cell's job put back as a worker killed after its result committed and before the queue
-heard of it leaves it (status `doing`, no worker): it must run again, and store nothing new.
+--faults: a lab of two hosts under faults (#50; tools/lab_faults.py says how): this host and a network namespace, one
+PostgreSQL, one tracker, 3 local devices a host, two workers on one host and one on the other; a sweep a scenario
+(a baseline, kill -9 of a worker, SIGSTOP of a worker for 60 s with a second worker on its host and with none, a
+PostgreSQL restart with cells running, a duplicate delivery, a resume while jobs are in flight). Goals (exit 1 when
+missed), after each: every cell stored exactly once with both its runtimes, no failed run, the sweep done without a
+manual resume; the time each fault added is printed. Needs root, iproute2 and PostgreSQL.
 
     .venv/bin/python tools/bench_lab.py --faults
 
@@ -362,106 +363,13 @@ def builds(args: argparse.Namespace, work: Path) -> int:
         f"  {speedup:.2f}x the loop's rate"])
 
 
-FAULT_DEVICES = 3
 
 
 def faults(args: argparse.Namespace, work: Path) -> int:
-    import psycopg
+    sys.path.insert(0, str(REPO))  # the scenarios' second host and restartable server come from the tests' helpers
+    from tools.lab_faults import run_faults
 
-    from farm.queue import RETRY_WITHIN_S
-
-    server = ensure_native_server()
-    started: list[ManagedProcess] = []
-    workers: list[subprocess.Popen] = []
-    figures: dict = {"devices": FAULT_DEVICES, "retry_within_s": RETRY_WITHIN_S}
-
-    def start_worker(index: int) -> None:
-        with open(work / f"worker-{index}.log", "wb") as log:
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "farm.cli", "worker", "--lab-host", "lab1", "--slots", str(FAULT_DEVICES),
-                 "--progress"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True))
-
-    with postgres(work) as url:
-        try:
-            port = free_port()
-            started.append(start_tracker("127.0.0.1", port, work))
-            tracker = TrackerAddress("127.0.0.1", port)
-            for i in range(FAULT_DEVICES):
-                started.append(start_native_server(server, tracker, f"dev{i:03d}", f"lab1-{i:03d}", work))
-            wait_for_servers(tracker, {f"lab1-{i:03d}": 1 for i in range(FAULT_DEVICES)}, timeout_s=120,
-                             give_up=exited_at_start(started))
-            (work / "devices.toml").write_text(inventory(tracker, FAULT_DEVICES))
-            env = {**os.environ, "FARM_DEVICES": str(work / "devices.toml"), "FARM_DB": url,
-                   "FARM_HOME": str(work / "home")}
-            farm = [sys.executable, "-m", "farm.cli"]
-            queued = subprocess.run([*farm, "sweep", "--model", "mlp", "--reference", "none", "--tvm-only", "--repeat",
-                                     "40", "--min-repeat-ms", "100", "--no-report", "--detach", "--json"], cwd=REPO,
-                                    env=env, capture_output=True, text=True, timeout=600)
-            if queued.returncode != 0:
-                raise SystemExit(queued.stderr[-3000:])
-            sweep_id = json.loads(queued.stdout)["sweep_id"]
-            start_worker(0)
-            deadline = time.monotonic() + 600
-            while "· steady" not in (work / "worker-0.log").read_text(errors="replace"):
-                if time.monotonic() > deadline or workers[0].poll() is not None:
-                    raise SystemExit(f"the first worker did not measure: {(work / 'worker-0.log').read_text()[-2000:]}")
-                time.sleep(0.2)
-            os.killpg(workers[0].pid, signal.SIGKILL)
-            workers[0].wait()
-            with psycopg.connect(url, autocommit=True) as db:
-                killed_at = one(db, "SELECT NOW()")
-                held = [r[0] for r in db.execute("SELECT id FROM procrastinate_jobs WHERE status = 'doing' AND "
-                                                 "task_name = 'farm.cell'")]
-            say(f"worker 0 killed (-9) while it held {len(held)} cell job(s); worker 1 started")
-            start_worker(1)
-            followed = subprocess.run([*farm, "sweep", "--resume", str(sweep_id), "--no-report", "--json"], cwd=REPO,
-                                      env=env, capture_output=True, text=True, timeout=1800)
-            out = json.loads(followed.stdout) if followed.returncode == 0 else {}
-            with psycopg.connect(url, autocommit=True) as db:
-                again: dict[int, float] = dict(db.execute(
-                    "SELECT job_id, EXTRACT(EPOCH FROM MIN(at) - %s) FROM procrastinate_events WHERE type = 'started' "
-                    "AND at > %s AND job_id = ANY(%s) GROUP BY job_id", (killed_at, killed_at, held)).fetchall())
-                rows = (one(db, "SELECT COUNT(*) FROM runs WHERE sweep_id = %s", (sweep_id,)),
-                        one(db, "SELECT COUNT(DISTINCT (device, model, runtime, attempt)) FROM runs WHERE sweep_id = %s",
-                            (sweep_id,)))
-                before = db.execute("SELECT id FROM runs WHERE sweep_id = %s ORDER BY id", (sweep_id,)).fetchall()
-                job = one(db, "SELECT id FROM procrastinate_jobs WHERE task_name = 'farm.cell' AND status = 'succeeded' "
-                              "ORDER BY id LIMIT 1")
-                put_back_at = one(db, "UPDATE procrastinate_jobs SET status = 'doing', worker_id = NULL WHERE id = %s "
-                                      "RETURNING NOW()", (job,))
-                deadline = time.monotonic() + RETRY_WITHIN_S + 120
-                while one(db, "SELECT status::text FROM procrastinate_jobs WHERE id = %s", (job,)) != "succeeded" \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                ran_again = one(db, "SELECT EXTRACT(EPOCH FROM MIN(at) - %s) FROM procrastinate_events WHERE job_id = %s "
-                                    "AND type = 'started' AND at > %s", (put_back_at, job, put_back_at))
-                after = db.execute("SELECT id FROM runs WHERE sweep_id = %s ORDER BY id", (sweep_id,)).fetchall()
-        finally:
-            stop_workers(workers)
-            for record in reversed(started):
-                stop_process(record)
-    restarts = sorted(float(v) for v in again.values())
-    figures.update({
-        "sweep_status": out.get("status"), "cells_ok": sum(c["status"] == "ok" for c in out.get("cells", [])),
-        "killed_jobs": len(held), "restarted": len(restarts),
-        "restart_after_kill_s": [round(v, 1) for v in restarts], "stored_rows": rows[0],
-        "duplicate_rows": rows[0] - rows[1], "redelivered_ran_again_after_s": None if ran_again is None
-        else round(float(ran_again), 1), "rows_after_redelivery_unchanged": before == after})
-    goals = {
-        "the sweep ends done, every cell ok": figures["sweep_status"] == "done" and figures["cells_ok"] == FAULT_DEVICES,
-        f"each killed cell started again within {RETRY_WITHIN_S:g} s": bool(held) and len(restarts) == len(held)
-        and restarts[-1] <= RETRY_WITHIN_S,
-        "0 duplicate rows": figures["duplicate_rows"] == 0,
-        "a redelivered job runs again and stores nothing": ran_again is not None and before == after}
-    return conclude(figures, goals, args.json, [
-        f"kill -9 of a lab host's only worker while it measured {len(held)} cell(s) of {FAULT_DEVICES}; a second "
-        "worker started at once:",
-        f"  each started again {figures['restart_after_kill_s']} s after the kill (stated: within {RETRY_WITHIN_S:g} "
-        f"s); sweep {figures['sweep_status']}, {figures['cells_ok']}/{FAULT_DEVICES} ok, {figures['stored_rows']} "
-        f"rows, {figures['duplicate_rows']} duplicate",
-        f"a finished cell's job put back as after a kill between commit and acknowledgement: ran again "
-        f"{figures['redelivered_ran_again_after_s']} s later, rows unchanged: {before == after}"])
+    return run_faults(args, work)
 
 
 def conclude(figures: dict, goals: dict[str, bool], as_json: bool, lines: list[str]) -> int:
