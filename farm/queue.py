@@ -207,8 +207,10 @@ class LabQueue:
 
         self.url = url
         self._procrastinate = procrastinate
+        from farm.store.backends import application_name
+
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-            conninfo=url, min_size=QUEUE_POOL, max_size=QUEUE_POOL))
+            conninfo=url, min_size=QUEUE_POOL, max_size=QUEUE_POOL, kwargs={"application_name": application_name()}))
         self._handlers: dict[str, Callable[..., Any]] = {}
         for name in (CELL, CURVE, TUNE, BUILD):
             self.app.task(name=name, pass_context=False)(self._dispatcher(name))
@@ -228,8 +230,10 @@ class LabQueue:
         import psycopg
 
         from farm.store import shared_connection
+        from farm.store.backends import application_name
 
-        return shared_connection(self.url) or psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        return shared_connection(self.url) or psycopg.connect(self.url, autocommit=True, connect_timeout=10,
+                                                              application_name=application_name())
 
     def check(self) -> None:
         """That the queue's database answers now, at once: a ``StoreError`` with a hint where it does not (a worker

@@ -347,3 +347,44 @@ def test_a_frozen_worker_s_cell_is_measured_by_the_next_holder_and_its_late_resu
     _wait_for(lambda: "its result is refused, not stored" in workers.log(0), 120, "the woken worker stored or said nothing")
     assert "lost device dev0's lease (epoch 1) while it measured; it is now " in workers.log(0)
     assert "no free device" not in workers.log(1)
+
+
+def test_a_worker_holds_its_few_connections_whatever_its_slots_and_a_long_dead_worker_is_pruned(workers):
+    """A worker of 3 slots measuring 3 devices at once holds at most POOL_CONNECTIONS connections (#50: one per
+    running job passed PostgreSQL's default limit with 4 workers of 24 slots), counted from pg_stat_activity by
+    each connection's application_name (farm:PID); and `farm worker --status` removes a worker silent for an hour."""
+    import threading
+
+    import psycopg
+
+    from farm.queue import POOL_CONNECTIONS
+
+    worker = workers.start("--slots", str(DEVICES))
+    peak: dict[str, int] = {}
+    stop = threading.Event()
+
+    def count() -> None:
+        with psycopg.connect(workers.env["FARM_DB"], autocommit=True) as db:
+            while not stop.wait(0.1):
+                for name, n in db.execute("SELECT application_name, COUNT(*) FROM pg_stat_activity "
+                                          "WHERE application_name LIKE 'farm:%%' GROUP BY 1").fetchall():
+                    peak[name] = max(peak.get(name, 0), n)
+
+    counter = threading.Thread(target=count, daemon=True)
+    counter.start()
+    try:
+        proc = run_farm("sweep", "--model", "mlp", "--model", "convnet", "--reference", "none", "--tvm-only",
+                        "--repeat", "10", "--min-repeat-ms", "50", "--no-report", "--json", env=workers.env, timeout=600)
+    finally:
+        stop.set()
+        counter.join()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "· steady" in workers.log(0) and workers.log(0).count("dev") >= DEVICES
+    assert 1 <= peak.get(f"farm:{worker.pid}", 0) <= POOL_CONNECTIONS, peak
+    with psycopg.connect(workers.env["FARM_DB"], autocommit=True) as db:
+        dead = db.execute("INSERT INTO procrastinate_workers (last_heartbeat) VALUES (NOW() - interval '1 hour') "
+                          "RETURNING id").fetchone()[0]
+    assert run_farm("worker", "--status", env=workers.env).returncode == 0
+    with psycopg.connect(workers.env["FARM_DB"], autocommit=True) as db:
+        assert db.execute("SELECT COUNT(*) FROM procrastinate_workers WHERE id = %s", (dead,)).fetchone()[0] == 0
+        assert db.execute("SELECT COUNT(*) FROM procrastinate_workers").fetchone()[0] >= 1  # the live one stays

@@ -2,6 +2,7 @@
 
 A real Debian PostgreSQL server is started for the session (tests/conftest.py); nothing is mocked."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -130,3 +131,45 @@ def test_a_server_gone_longer_than_the_bound_is_one_store_error_with_a_hint(monk
     assert error.message.startswith(f"lost the connection to {server.url}/postgres (")
     assert "could not reconnect within 1 s" in error.message
     assert "farm sweep --resume" in error.hint
+
+
+def test_a_store_shared_by_threads_writes_each_cell_whole_on_one_connection(postgres_db):
+    """A worker's jobs share one store (``shared_store``): 8 threads storing 10 cells each, each a TVM run and its
+    reference run in one transaction, all stored, none torn, through this process's one connection."""
+    import os
+    import threading
+
+    from farm.models import load_model
+    from farm.records import RunToStore
+    from farm.store import shared_store
+    from tests.test_store import DEVICE, _result
+
+    store, mlp = shared_store(postgres_db), load_model("mlp")
+    assert shared_store(postgres_db) is store
+    sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+    errors: list[BaseException] = []
+
+    def write(thread: int) -> None:
+        try:
+            for i in range(10):
+                tvm = dataclasses.replace(_result(samples=(thread + i / 100,)), model=f"m{thread}-{i}")
+                reference = dataclasses.replace(tvm, runtime="onnxruntime")
+                store.record_cell(RunToStore(tvm, DEVICE, mlp, None), reference=RunToStore(reference, DEVICE, mlp, None),
+                                  sweep_id=sweep)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    runs = store.runs(sweep_id=sweep)
+    assert len(runs) == 160 and {(r["model"], r["runtime"]) for r in runs} == {
+        (f"m{t}-{i}", runtime) for t in range(8) for i in range(10) for runtime in ("tvm", "onnxruntime")}
+    assert sorted(store.samples(r["id"])[0] for r in runs if r["runtime"] == "tvm") == sorted(
+        t + i / 100 for t in range(8) for i in range(10))
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        assert db.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = %s",
+                          (f"farm:{os.getpid()}",)).fetchone()[0] == 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -48,6 +49,12 @@ CHECK_HINT = "check the database (or move it aside) and pass --db PATH"
 
 def is_url(location: str | Path) -> bool:
     return str(location).startswith(URL_PREFIXES)
+
+
+def application_name() -> str:
+    """What each of farm's PostgreSQL connections calls itself (pg_stat_activity's ``application_name``): the
+    process's id, so an operator (and a test) sees which process holds which connections."""
+    return f"farm:{os.getpid()}"
 
 
 def require_server(location: str | Path, what: str) -> None:
@@ -317,8 +324,7 @@ class PostgresBackend(Backend):
         self.errors = (psycopg.Error,)
         self.location = redact(url)
         self._url, self._readonly = url, readonly
-        self._depth = 0  # transactions open: a statement inside one is never run again alone
-        self._retrying = False  # a write runs again whole: the writes it calls do not retry on their own
+        self._local = threading.local()  # this thread's: _depth, _retrying (the connection is shared: ``_lock``)
         # one connection, many threads (a lab worker's jobs: ``store.shared_store``): a transaction holds it whole,
         # a statement outside one for its own time; a cursor's rows are read after, from the client's copy
         self._lock = threading.RLock()
@@ -329,12 +335,31 @@ class PostgresBackend(Backend):
                              "check the URL (postgresql://USER@HOST:PORT/DBNAME), that the server runs and the "
                              "database exists (createdb DBNAME)") from exc
 
+    @property
+    def _depth(self) -> int:
+        """This thread's transactions open: a statement inside one is never run again alone."""
+        return getattr(self._local, "depth", 0)
+
+    @_depth.setter
+    def _depth(self, value: int) -> None:
+        self._local.depth = value
+
+    @property
+    def _retrying(self) -> bool:
+        """This thread runs a write that runs again whole: the writes it calls do not retry on their own."""
+        return getattr(self._local, "retrying", False)
+
+    @_retrying.setter
+    def _retrying(self, value: bool) -> None:
+        self._local.retrying = value
+
     def _connect(self, deadline: float) -> Any:
         """A new connection, tried until ``deadline`` while the server refuses or is starting (an OperationalError)."""
         attempt = 0
         while True:
             try:
-                db = self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory, connect_timeout=10)
+                db = self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory, connect_timeout=10,
+                                           application_name=application_name())
                 if self._readonly:
                     db.execute("SET default_transaction_read_only = on")
                 return db
