@@ -492,6 +492,7 @@ class LabQueue:
 
         self.install()
         self._handlers = handlers
+        self._outlast_restarts()
 
         async def main() -> None:
             asyncio.get_running_loop().set_default_executor(
@@ -511,6 +512,47 @@ class LabQueue:
         except self._procrastinate.exceptions.ConnectorException as exc:
             raise FarmError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
                             "check the PostgreSQL server, then start the worker again: its jobs wait") from exc
+
+    # what procrastinate's worker asks of its database: a failure of any ends the worker (a failed heartbeat stops it,
+    # a failed fetch ends its loop) or leaves its job "doing" for good (a failed finish, on a live worker)
+    WORKER_CALLS = ("fetch_job", "finish_job", "retry_job", "update_heartbeat", "list_jobs_to_abort_async",
+                    "register_worker", "unregister_worker", "prune_stalled_workers")
+
+    def _outlast_restarts(self) -> None:
+        """Make the worker's own database calls (``WORKER_CALLS``) wait through a restart or failover as farm's do
+        (#50: a database restart must cost seconds, not the lab's workers): each runs again while its error is the
+        connection's (``OperationalError``: the pool's reconnects, a server starting), for up to ``RECONNECT_S``.
+        A finish that committed before its connection went reports the job missing when run again: procrastinate
+        logs it, and the job is done."""
+        import asyncio
+
+        import psycopg
+
+        from farm.store.backends import RECONNECT_S, RECONNECT_PAUSES_S
+
+        manager, connector_error = self.app.job_manager, self._procrastinate.exceptions.ConnectorException
+
+        def patient(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+            async def run(*args: Any, **kwargs: Any) -> Any:
+                deadline, pause = None, 0
+                while True:
+                    try:
+                        return await call(*args, **kwargs)
+                    except connector_error as exc:
+                        if not isinstance(exc.__cause__, psycopg.OperationalError):
+                            raise
+                        deadline = deadline or time.monotonic() + RECONNECT_S
+                        if time.monotonic() >= deadline:
+                            raise
+                        if pause == 0:
+                            log.warning("the lab's queue (%s): %s: trying again", name, message_line(exc.__cause__))
+                        await asyncio.sleep(RECONNECT_PAUSES_S[min(pause, len(RECONNECT_PAUSES_S) - 1)])
+                        pause += 1
+
+            return run
+
+        for name in self.WORKER_CALLS:
+            setattr(manager, name, patient(name, getattr(manager, name)))
 
     async def _retry_stalled(self, queues: set[str]) -> None:
         """Put back in their queue the jobs of ``queues`` whose worker stopped beating (killed, or host rebooted)."""

@@ -388,3 +388,49 @@ def test_a_worker_holds_its_few_connections_whatever_its_slots_and_a_long_dead_w
     with psycopg.connect(workers.env["FARM_DB"], autocommit=True) as db:
         assert db.execute("SELECT COUNT(*) FROM procrastinate_workers WHERE id = %s", (dead,)).fetchone()[0] == 0
         assert db.execute("SELECT COUNT(*) FROM procrastinate_workers").fetchone()[0] >= 1  # the live one stays
+
+
+def test_a_database_restart_under_running_cells_costs_seconds_not_the_cells_or_the_worker(tmp_path):
+    """A private PostgreSQL shut down fast (AdminShutdown for every session, as `pg_ctl restart -m fast`) and started
+    again while a worker's cells hold their devices: each cell is stored once when it ends, its job ends
+    succeeded, and the worker lives on to take the next job (#50: every running cell failed for good, and a failed
+    heartbeat or fetch ends procrastinate's worker). The cells are tools/bench_lab.py's simulated ones: a lease,
+    3 s on the device, the run stored whole under it."""
+    from farm.queue import CELL, Job, LabQueue, cell_lock
+    from farm.store import Store
+    from tests.conftest import REPO, postgres_server_at
+
+    with postgres_server_at() as server:
+        url = f"{server.url}/postgres"
+        lab = LabQueue(url)
+        lab.install()
+        with Store(url) as store:
+            sweep = store.start_sweep({"devices": [], "models": ["mlp"]})
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([sys.executable, str(REPO / "tools" / "bench_lab.py"), "--noop-worker", url,
+                                       "--slots", "2", "--host", "h", "--cell-s", "3"], cwd=REPO, stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            def defer(*devices: str) -> None:
+                LabQueue(url).defer([Job(CELL, "h", d, {"sweep_id": sweep, "device": d, "model": "mlp", "first": True},
+                                         cell_lock(sweep, d, "mlp")) for d in devices])
+
+            def statuses() -> list[str]:
+                return sorted(LabQueue(url).task_statuses(sweep, CELL).values())
+
+            defer("d0", "d1")
+            _wait_for(lambda: statuses() == ["doing", "doing"], 120, "the worker did not take both cells")
+            server.stop()
+            server.start()
+            _wait_for(lambda: statuses() == ["succeeded", "succeeded"], 120, "the cells did not end after the restart")
+            defer("d2")
+            _wait_for(lambda: statuses() == ["succeeded"] * 3, 120, "the worker took no job after the restart")
+            assert worker.poll() is None
+            with Store(url) as store:
+                assert sorted(r["device"] for r in store.runs(sweep_id=sweep)) == ["d0", "d1", "d2"]
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=60)
+    log_text = (tmp_path / "worker.log").read_text()
+    assert "lost the connection to" in log_text or "trying again" in log_text, log_text[-2000:]
