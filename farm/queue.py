@@ -165,7 +165,8 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
     """A ``LabQueue`` call that reads or writes the queue: run again whole while the database is unreachable (a
     restart, a failover) for up to the store's ``RECONNECT_S``, then a ``ConnectionLost``; any other driver error
     becomes a ``StoreError`` with a hint (#50: a follower ended with "unexpected AdminShutdown"). Each call is
-    safe to run twice: reads, cancels of waiting jobs, and defers under their queueing locks."""
+    safe to run twice: reads, cancels of waiting jobs, and defers under their queueing locks. A process that never
+    reached the database fails at once (a wrong URL, a server down: a command says so, it does not wait a minute)."""
 
     @functools.wraps(method)
     def call(self: "LabQueue", *args: Any, **kwargs: Any) -> T:
@@ -176,12 +177,18 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
         deadline, pause = None, 0
         while True:
             try:
-                return method(self, *args, **kwargs)
+                done = method(self, *args, **kwargs)
+                _ANSWERED.add(self.url)
+                return done
             except (psycopg.Error, self._procrastinate.exceptions.ConnectorException) as exc:
                 cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
                 if not isinstance(cause, psycopg.OperationalError):
                     raise StoreError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
                                      backend_hint(exc, "check the PostgreSQL server and its log")) from exc
+                if self.url not in _ANSWERED:
+                    raise StoreError(f"cannot connect to the lab's queue at {_redact(self.url)}: {message_line(cause)}",
+                                     "check that the PostgreSQL server runs (the lab's queue is on the results "
+                                     "database)") from exc
                 deadline = deadline or time.monotonic() + RECONNECT_S
                 if time.monotonic() >= deadline:
                     raise ConnectionLost(f"the lab's queue at {_redact(self.url)} did not answer for {RECONNECT_S:g} s:"
@@ -192,6 +199,9 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
                 pause += 1
 
     return call
+
+
+_ANSWERED: set[str] = set()  # the databases this process reached once: a lost one is waited for (``patient``)
 
 
 def _installed(db) -> bool:
@@ -243,6 +253,7 @@ class LabQueue:
         try:
             with self._connect() as db:
                 db.execute("SELECT 1")
+            _ANSWERED.add(self.url)
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to the lab's queue at {_redact(self.url)}: {message_line(exc)}",
                              "check that the PostgreSQL server runs (the lab's queue is on the results database)") from exc

@@ -434,3 +434,18 @@ def test_a_database_restart_under_running_cells_costs_seconds_not_the_cells_or_t
             worker.wait(timeout=60)
     log_text = (tmp_path / "worker.log").read_text()
     assert "lost the connection to" in log_text or "trying again" in log_text, log_text[-2000:]
+
+
+def test_a_worker_against_an_unreachable_database_says_so_and_never_that_it_started(lab_host, tmp_path):
+    """#50: it printed its start line, then the error. Now the queue and the tracker answer first, or one error."""
+    from farm.rpc.processes import free_port
+
+    _, inventory = lab_host
+    url = f"postgresql://farm@127.0.0.1:{free_port()}/nowhere"  # nothing listens there
+    proc = run_farm("worker", "--lab-host", "lab1", env={"FARM_DEVICES": str(inventory), "FARM_DB": url,
+                                                         "FARM_HOME": str(tmp_path / "home")}, timeout=120)
+    assert proc.returncode == 1
+    assert "started" not in proc.stderr and "device(s) of lab host" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-2].startswith(f"error: cannot connect to the lab's queue at {url}: ") and lines[-1].startswith(
+        "hint: check that the PostgreSQL server runs"), proc.stderr

@@ -13,6 +13,8 @@ What a command must do is decided by what it names, never by a list of expected 
 - a device (``--device``): exit 0 when its key has a server on the tracker (``farm serve`` brought it up);
   otherwise (a phone, an iPhone, a Jetson, a stock server nobody started) farm's ``error:`` line and a ``hint:``;
 - ``farm serve``: exit 0 when each device it brings up has what its kind needs here (``DeviceKind.prerequisites``);
+- ``farm sweep`` (and ``tools/nightly.sh``, a sweep over every device): exit 0 when each device it sweeps has a
+  server on the tracker; otherwise its cells are stored offline and the sweep ends incomplete: error + hint;
 - ``farm phones``: exit 0 when an adb server answers; a ``postgresql://`` database on another host: error + hint;
   ``farm compare A B``: exit 0 when both runs are stored with samples, else error + hint;
 - anything else: exit 0. Never a traceback, never ``error: unexpected``.
@@ -243,6 +245,8 @@ class Newcomer:
             return "not run", " ".join(RUN_BY[command.farm])
         if command.argv[:3] == ("python", "-m", "tvm.exec.rpc_server"):
             return "ok", "a stock TVM rpc_server; this host plays the remote one"
+        if command.program == "tools/nightly.sh":
+            return self.sweep_expectation(list(self.inventory.devices), "a sweep over every device")
         if command.farm is None:
             return "ok", "a script of the repository's"
         try:
@@ -267,6 +271,8 @@ class Newcomer:
             kind = kind_of(device)
             return "error", (f"no server for {device.name} ({device.kind}): "
                              f"{kind.prerequisites() or kind.unready(device) or 'nothing here starts one'}")
+        if args.command == "sweep" and args.resume is None and args.status is None and not args.file:
+            return self.sweep_expectation(args.device or list(self.inventory.devices), "a sweep")
         if args.command == "phones":
             address = adb_address()
             try:
@@ -286,6 +292,14 @@ class Newcomer:
             return ("ok", "serves until Ctrl-C") if port_free(args.host, args.port) else \
                 ("error", f"{args.host}:{args.port} is taken")
         return "ok", "needs nothing this host lacks"
+
+    def sweep_expectation(self, names: list[str], what: str) -> tuple[str, str]:
+        """A sweep over ``names`` ends done only when each has a server on the tracker: a device with none has its
+        cells stored offline, and the sweep is incomplete (exit 1, the cells named)."""
+        offline = [n for n in names if not self.registered(self.inventory.devices[n].key)]
+        if offline:
+            return "error", f"{what}: {', '.join(offline)} have no server here: their cells are stored offline"
+        return "ok", f"{what}: every device's server is on the tracker"
 
     # running
     def shell(self, text: str, env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nightly sweep: every inventory device × the models below, regressions confirmed, report written.
-# Run from the farm checkout. Logs to .farm/nightly-DATE.log; exit code is farm's.
+# Run from the farm checkout. Logs to .farm/nightly-DATE.log; exit code is farm's sweep's (1: incomplete, its
+# cells named in the error: and hint: lines it prints on stderr).
 #
 # cron (02:30 every night):
 #   30 2 * * *  cd /srv/farm && bash tools/nightly.sh >> .farm/cron.log 2>&1
@@ -41,5 +42,9 @@ for m in $models; do model_args+=(--model "$m"); done
 "$farm" serve >>"$log" 2>&1 || echo "some devices did not come up; the sweep stores their cells as offline" >>"$log"
 # A sweep killed mid-way (reboot, OOM) is finished first, then tonight's runs.
 "$farm" sweep --resume --if-incomplete --no-report >>"$log" 2>&1 || true
-"$farm" sweep "${model_args[@]}" --confirm --json >".farm/nightly-$(date +%Y%m%d).json" 2>>"$log"
+status=0
+"$farm" sweep "${model_args[@]}" --confirm --json >".farm/nightly-$(date +%Y%m%d).json" 2>>"$log" || status=$?
+# an incomplete sweep (a cell offline or failed) or an error: farm's last two lines (error: and hint:) for cron's mail
+[ "$status" = 0 ] || tail -n 2 "$log" >&2
 echo "nightly done: $(grep -o '"report": "[^"]*"' ".farm/nightly-$(date +%Y%m%d).json")" >>"$log"
+exit "$status"
