@@ -39,7 +39,7 @@ from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, 
                         build_queue, cell_lock, queue_of)
 from farm.records import Artifact, Device, ModelSource, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store, shared_store
-from farm.store.backends import RECONNECT_S, require_server
+from farm.store.backends import RECONNECT_S, is_url, require_server
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
 from farm.sweep.leases import LeaseKeeper
 from farm.sweep.tuning import tuning_set
@@ -198,6 +198,8 @@ class LabWorker:
         self._models: dict[tuple[str, str], ModelSource] = {}
         self._lock = threading.Lock()
         self.leases = LeaseKeeper(self.db_url)
+        if is_url(self.db_url):  # a worker's always is
+            shared_store(self.db_url)  # before any job: the queue's own statements use its connection from the first
 
     def store(self) -> contextlib.AbstractContextManager[Store]:
         """The worker's one store, shared by its jobs (``store.shared_store``: one connection, whatever its slots)."""
