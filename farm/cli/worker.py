@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     _check_reachable(args.db, inventory.tracker)
     print(f"worker {name}: started: {len(devices)} device(s) of lab host {args.lab_host}, {slots} slot(s), "
           f"tracker {inventory.tracker} and the lab's queue answered", file=sys.stderr, flush=True)
-    worker = LabWorker(args.db, devices, inventory.tracker, home_dir() / "cache", progress_printer(args.progress))
+    worker = LabWorker(args.db, devices, inventory.tracker, home_dir() / "cache", progress_printer(args.progress),
+                       name=name)
     tuning = LabTuning(worker, home_dir() / "tune", lambda message: print(f"tune: {message}", file=sys.stderr, flush=True))
     serve_lab_host(args.db, args.lab_host, worker, slots, name, wait=not args.until_empty, tuning=tuning)
     return 0

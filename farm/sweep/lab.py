@@ -262,7 +262,7 @@ class LabWorker:
                 return cell.result.status
 
     def _holder(self, sweep_id: int, device: str, model: str) -> str:
-        return f"{self.name or 'worker'}/{threading.get_ident()} (sweep {sweep_id}: {device} × {model})"
+        return f"{self.name or 'a worker'}/{threading.current_thread().name} (sweep {sweep_id}: {device} × {model})"
 
     def _say(self, device: str, model: str) -> Callable[[str], None] | None:
         progress = self.progress

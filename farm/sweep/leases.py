@@ -75,7 +75,10 @@ class LeaseKeeper:
                 held = list(self._held.values())
             for lease in held:
                 try:
-                    if not shared_store(self.db_url).renew_lease(lease, LEASE_S):
+                    renewed = shared_store(self.db_url).renew_lease(lease, LEASE_S)
+                    with self._lock:
+                        released = (lease.device, lease.epoch) not in self._held  # its cell ended meanwhile
+                    if not renewed and not released:
                         log.error("%s lost device %s's lease (epoch %d): another holder took it after it was not "
                                   "renewed for %g s; what it measures now will be refused", lease.holder, lease.device,
                                   lease.epoch, LEASE_S)
