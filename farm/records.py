@@ -473,6 +473,18 @@ class RunToStore:
     attempt: int = 1
 
 
+@dataclass(frozen=True)
+class SweepBuild:
+    """What a queued sweep's build job made for a cell (``Store.sweep_builds``, schema 18): its artifact's cache key,
+    or the build's error and hint; which worker built it, and in how long."""
+
+    cache_key: str | None
+    error: str | None
+    builder: str
+    build_s: float | None = None
+    hint: str | None = None
+
+
 class CellStanding(enum.StrEnum):
     """Where a sweep's cell stands (``SweepSpec.standing``): what ``farm sweep`` reports and ``--resume`` redoes."""
 

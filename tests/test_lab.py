@@ -132,14 +132,14 @@ def test_a_sweep_s_compiles_are_jobs_of_a_build_worker_read_by_the_measuring_hos
     with Store(workers.env["FARM_DB"]) as store:
         builds = store.sweep_builds(sweep_id)
         runs = {(r["device"], r["model"]): r for r in store.runs(sweep_id=sweep_id)}
-        files = {key: store.artifact_file(key) for key in {b["cache_key"] for b in builds.values()}}
+        files = {key: store.artifact_file(key) for key in {b.cache_key for b in builds.values()}}
     cells = {(f"dev{i}", model) for i in range(DEVICES) for model in ("mlp", "convnet")}
-    assert set(builds) == cells and all(b["error"] is None and b["builder"].startswith("builds:") for b in builds.values())
+    assert set(builds) == cells and all(b.error is None and b.builder.startswith("builds:") for b in builds.values())
     assert len(files) == 2 and all(f is not None for f in files.values()), "one artifact a model: the devices share a target"
     # ... built once each: the devices' builds of one model take one lock, and the later ones find it in the store
     assert workers.log(0).count("· compile: build job on builds:") == 2, workers.log(0)
     assert workers.log(0).count("in the lab's store already") == len(cells) - 2, workers.log(0)
-    assert {cell: runs[cell]["artifact_key"] for cell in cells} == {cell: builds[cell]["cache_key"] for cell in cells}
+    assert {cell: runs[cell]["artifact_key"] for cell in cells} == {cell: builds[cell].cache_key for cell in cells}
     assert {r["status"] for r in runs.values()} == {"ok"}
     measured = workers.log(1)
     assert "· compile:" not in measured, measured[-3000:]

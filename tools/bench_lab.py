@@ -345,10 +345,10 @@ def builds(args: argparse.Namespace, work: Path) -> int:
             jobs_s = time.perf_counter() - start
         finally:
             stop_workers(workers)
-    errors = [f"{d}: {b['error']}" for (d, _), b in made.items() if b["error"]]
+    errors = [f"{d}: {b.error}" for (d, _), b in made.items() if b.error]
     by_worker: dict[str, int] = {}
     for b in made.values():
-        by_worker[b["builder"]] = by_worker.get(b["builder"], 0) + 1
+        by_worker[b.builder] = by_worker.get(b.builder, 0) + 1
     speedup = loop_s / jobs_s
     figures = {"compiles": n, "model": model, "build_workers": args.workers, "loop_s": round(loop_s, 1),
                "jobs_s": round(jobs_s, 1), "speedup": round(speedup, 2), "builds_per_worker": sorted(by_worker.values()),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from farm.records import Artifact, Device, InputSpec, ModelSource
+from farm.records import Artifact, Device, InputSpec, ModelSource, SweepBuild
 from farm.store.backends import Backend, now, retried
 
 
@@ -119,7 +119,8 @@ class CatalogMixin:
                        "builder=excluded.builder, build_s=excluded.build_s, stored_at=excluded.stored_at",
                        (sweep_id, device, model, cache_key, error, hint, builder, build_s, now()))
 
-    def sweep_builds(self, sweep_id: int) -> dict[tuple[str, str], dict[str, Any]]:
-        """The sweep's builds by (device, model): cache_key or error and hint, builder, build_s."""
-        return {(row["device"], row["model"]): dict(row) for row in self._db.dicts(
-            "SELECT * FROM sweep_builds WHERE sweep_id=?", (sweep_id,))}
+    def sweep_builds(self, sweep_id: int) -> dict[tuple[str, str], SweepBuild]:
+        """The sweep's builds by (device, model)."""
+        return {(device, model): SweepBuild(key, error, builder, build_s, hint) for device, model, key, error, builder,
+                build_s, hint in self._db.tuples("SELECT device, model, cache_key, error, builder, build_s, hint "
+                                                 "FROM sweep_builds WHERE sweep_id=?", (sweep_id,))}

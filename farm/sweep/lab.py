@@ -37,7 +37,7 @@ from farm.errors import BuildError, FarmError, LeaseLost, StoreError
 from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
                         build_queue, cell_lock, queue_of)
-from farm.records import Artifact, Device, ModelSource, SweepSpec, TrackerAddress, split_variant
+from farm.records import Artifact, Device, ModelSource, SweepBuild, SweepSpec, TrackerAddress, split_variant
 from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, is_url, require_server
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
@@ -310,26 +310,26 @@ class LabWorker:
                 return ""  # no toolchain here: the compile says so
             if store.artifact_file_head(key) is None:
                 return "" if not built else "its build job stored nothing"
-            made = {"cache_key": key, "error": None, "builder": "a build of a device alike", "build_s": None}
-        if made["error"]:
-            return f"its build failed on {made['builder']} ({made['error']})"
-        if (stored := store.artifact_file(made["cache_key"])) is None:
-            return f"its artifact {made['cache_key'][:12]} is not in the lab's store"
+            made = SweepBuild(key, None, "a build of a device alike")
+        if made.error or made.cache_key is None:
+            return f"its build failed on {made.builder} ({made.error})"
+        if (stored := store.artifact_file(made.cache_key)) is None:
+            return f"its artifact {made.cache_key[:12]} is not in the lab's store"
         meta = stored[1]
         want = {"model_digest": model.digest, "target": effective_target(device), "export": device.export,
                 "tuning_digest": tuning.digest if tuning is not None and tuning.records else "",
                 "tvm_version": TVM_VERSION, "pipeline_version": PIPELINE_VERSION}
         got = {field: meta.get(field) for field in want}
         if json.dumps(got, sort_keys=True) != json.dumps(want, sort_keys=True):
-            return f"{made['builder']} built it as {got}, not as this host compiles it ({want})"
+            return f"{made.builder} built it as {got}, not as this host compiles it ({want})"
         try:
             artifact = install_artifact(self.cache_dir, *stored)
         except BuildError as exc:
-            store.drop_artifact_file(made["cache_key"])  # the next build of the key stores it again
+            store.drop_artifact_file(made.cache_key)  # the next build of the key stores it again
             return exc.message
         if self.progress:
-            took = f" in {made['build_s']:.1f} s" if made.get("build_s") is not None else ""
-            self.progress(device.name, model.name, "artifact", f"built by {meta.get('builder', made['builder'])}{took}, "
+            took = f" in {made.build_s:.1f} s" if made.build_s is not None else ""
+            self.progress(device.name, model.name, "artifact", f"built by {meta.get('builder', made.builder)}{took}, "
                           f"{len(stored[2]) / 1e6:.1f} MB from the lab's store, sha256 checked")
         return artifact
 
