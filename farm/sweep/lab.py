@@ -37,7 +37,8 @@ from farm.errors import BuildError, FarmError, LeaseLost, StoreError
 from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
                         build_queue, cell_lock, queue_of)
-from farm.records import Artifact, Device, ModelSource, SweepBuild, SweepSpec, TrackerAddress, split_variant
+from farm.records import (Artifact, Device, ModelSource, StoredAttempt, SweepBuild, SweepSpec, TrackerAddress,
+                          split_variant)
 from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, is_url, require_server
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
@@ -236,12 +237,13 @@ class LabWorker:
         build = LabQueue(self.db_url).settle_build(sweep_id, device, model)
         with self.store() as store:
             spec, ctx = self.context(store, sweep_id)
-            if self._done_before(store, spec, sweep_id, device, model):
+            if self._attempts_unless_done(store, spec, sweep_id, device, model) is None:
                 return "done before"
             target, source = self.device(device), self.model(spec, model)
             with self.leases.hold(store, target.name, self._holder(sweep_id, device, model), self._say(device, model)) \
                     as lease:
-                if self._done_before(store, spec, sweep_id, device, model):  # its earlier holder stored it meanwhile
+                attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
+                if attempts is None:  # its earlier holder stored it meanwhile
                     return "done before"
                 if offline_keys(self.tracker, {target.key}):
                     if self.progress:
@@ -253,7 +255,6 @@ class LabWorker:
                     ctx = dataclasses.replace(ctx, config=dataclasses.replace(
                         ctx.config, timeout_s=ctx.config.timeout_s + target.session_timeout_s))
                 artifact = self.artifact(ctx, store, target, source, build)
-                attempts = spec.by_cell(store.sweep_attempts(sweep_id)).get((device, model), [])
                 try:
                     cell = run_cell(ctx, store, target, source, artifact, first, spec.attempts_spent(attempts) + 1)
                 except LeaseLost as exc:
@@ -268,12 +269,15 @@ class LabWorker:
         progress = self.progress
         return (lambda text: progress(device, model, "lease", text)) if progress else None
 
-    def _done_before(self, store: Store, spec: SweepSpec, sweep_id: int, device: str, model: str) -> bool:
-        if not spec.cell_done(spec.by_cell(store.sweep_attempts(sweep_id)).get((device, model), [])):
-            return False
+    def _attempts_unless_done(self, store: Store, spec: SweepSpec, sweep_id: int, device: str,
+                              model: str) -> list[StoredAttempt] | None:
+        """The cell's stored attempts, or None (said) when it is done: a job delivered again measures nothing."""
+        attempts = spec.by_cell(store.sweep_attempts(sweep_id)).get((device, model), [])
+        if not spec.cell_done(attempts):
+            return attempts
         if self.progress:
             self.progress(device, model, "done before", "stored already, nothing measured")
-        return True
+        return None
 
     def artifact(self, ctx: CellContext, store: Store, device: Device, model: ModelSource,
                  build: BuildState) -> Artifact | FarmError:
