@@ -29,7 +29,7 @@ COMMON_FIELDS = {
 FALLBACKS = ("cpu",)
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
 # The common fields a device keeps in its options (farm tune, the sweep's gates and fallback read them there)
-OPTION_FIELDS = ("cc", "runner_timeout_s", "search_population", "fallback", *GATE_FIELDS)
+OPTION_FIELDS = ("cc", "runner_timeout_s", "search_population", "fallback", "cuda_toolkit", *GATE_FIELDS)
 EXAMPLE = '''[devices.x86-local]
 kind = "local"
 key = "x86-local"
@@ -187,6 +187,9 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     if raw.get("weight_prepack") and target_kind(target) != "llvm":  # records.weight_prepack_setting: nothing to rewrite
         raise fail("weight_prepack", f"needs an llvm target, not {target_kind(target)!r}",
                    "leave it out: MetaSchedule rewrites weight layouts only for CPU (llvm) code")
+    if "cuda_toolkit" in raw and target_kind(target) != "cuda":
+        raise fail("cuda_toolkit", f"needs a CUDA target, not {target_kind(target)!r}",
+                   "leave it out: it names the nvcc that compiles a CUDA target's device code")
     plugin.validate(raw, target, fail)
     if "fallback" in raw:
         if raw["fallback"] not in FALLBACKS:

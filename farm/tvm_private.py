@@ -25,6 +25,12 @@ farm's name                 TVM's private name (0.27)                           
 ``stop_runner_pool``        ``RPCRunner.pool`` (its own process pool), shut down   ``tune.metaschedule``
 ``pseudo_files_have_no_module``  ``inspect.getmodule``, as TVMScript's              ``tune.metaschedule``
                             ``inspect.stack()`` calls it (patched for an import)
+``pack_imports_with_cubin``  global ``runtime.ModulePackImportsToC``, the packed   ``compile.build``
+                            module tree's bytes (``ModuleSerializer``) and a
+                            ``cuda`` module's (``CUDAModuleNode::SaveToBytes``:
+                            fmt, function table, code)
+``runtime_only``            ``TVM_USE_RUNTIME_LIB=1`` (``tvm/base.py``): libtvm  ``tools/gpu_kit.py``
+                            without ``libtvm_compiler.so``
 ==========================  =====================================================  ===========================
 
 MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
@@ -38,7 +44,10 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
+import re
+import struct
 import sys
 import sysconfig
 from pathlib import Path
@@ -311,6 +320,112 @@ class _WithoutTorch(importlib.abc.Loader):
         finally:
             if absent and sys.modules.get("torch", False) is None:
                 del sys.modules["torch"]
+
+
+# pack_imports_with_cubin: TVM 0.27 serializes an executable's imported modules into the library as one blob
+# (src/target/codegen.cc: ModuleSerializer, PackImportsToC): an 8-byte little-endian length, the import tree (two
+# vectors of uint64, each its count then its items), then per module its kind and bytes (each a uint64 length and
+# the bytes; "_lib" stands for the library itself and has no bytes). A "cuda" module's bytes are its format, its
+# function table and its code, the code last (CUDAModuleNode::SaveToBytes; CUDAFallbackModuleNode mirrors it when
+# no CUDA runtime is linked, as on a build host). With format "cuda" the code is C source that the runtime compiles
+# when it loads; with "cubin" it is loaded as it is (CUDAModuleCreateImpl).
+PACK_IMPORTS_TO_C = "runtime.ModulePackImportsToC"
+
+
+def _take(blob: bytes, at: int) -> tuple[bytes, int]:
+    """A length-prefixed string of TVM's byte stream at ``at``: (its bytes, where the next item starts)."""
+    (size,) = struct.unpack_from("<Q", blob, at)
+    if at + 8 + size > len(blob):
+        raise ValueError(f"a string of {size} bytes at {at} runs past the blob's {len(blob)}")
+    return blob[at + 8:at + 8 + size], at + 8 + size
+
+
+def _string(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+def rewrite_cuda_code(blob: bytes, sources: list[str], cubin_for: Callable[[str], bytes]) -> tuple[bytes, int]:
+    """The packed module tree ``blob`` (with its length header) with every ``cuda`` module's source replaced by
+    ``cubin_for(source)`` in format ``cubin``; and how many it replaced. ``sources`` are the CUDA modules' sources
+    (``inspect_source``): a module's bytes must end in exactly one of them, or TVM's format has moved (ValueError)."""
+    (size,) = struct.unpack_from("<Q", blob, 0)
+    if size != len(blob) - 8:
+        raise ValueError(f"the packed modules say {size} bytes and hold {len(blob) - 8}")
+    at = 8
+    for _ in range(2):  # the import tree: row pointers, then child indices
+        (count,) = struct.unpack_from("<Q", blob, at)
+        at += 8 + 8 * count
+    out, replaced = [blob[8:at]], 0
+    while at < len(blob):
+        kind, at = _take(blob, at)
+        out.append(_string(kind))
+        if kind == b"_lib":
+            continue
+        payload, at = _take(blob, at)
+        if kind == b"cuda":
+            payload = _cubin_payload(payload, sources, cubin_for)
+            replaced += 1
+        out.append(_string(payload))
+    body = b"".join(out)
+    return struct.pack("<Q", len(body)) + body, replaced
+
+
+def _cubin_payload(payload: bytes, sources: list[str], cubin_for: Callable[[str], bytes]) -> bytes:
+    fmt, rest = _take(payload, 0)
+    if fmt != b"cuda":
+        raise ValueError(f"a CUDA module in format {fmt!r}, not 'cuda' (source)")
+    for source in sources:
+        code = _string(source.encode())
+        if payload.endswith(code):
+            return _string(b"cubin") + payload[rest:len(payload) - len(code)] + _string(cubin_for(source))
+    raise ValueError("a CUDA module's bytes do not end in its source: TVM's CUDAModuleNode::SaveToBytes has changed")
+
+
+def cuda_sources(module: Any) -> list[str]:
+    """The CUDA source of every ``cuda`` module ``module`` imports, at any depth."""
+    found, stack, seen = [], [module], set()
+    while stack:
+        current = stack.pop()
+        for child in current.imports:
+            if id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+        if current.kind == "cuda":
+            found.append(current.inspect_source())
+    return found
+
+
+def pack_imports_with_cubin(cubin_for: Callable[[str], bytes], note: bytes) -> Callable[..., str]:
+    """An ``fpack_imports`` for ``export_library``: TVM's own C file of the packed modules, with every CUDA module's
+    source compiled by ``cubin_for`` and ``note`` kept in the library's read-only data (``artifacts.py`` reads it)."""
+    import tvm
+
+    def pack(module: Any, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
+        text = tvm.get_global_func(PACK_IMPORTS_TO_C)(module, is_system_lib, prefix)
+        array = re.search(r"const unsigned char (\w+)\[(\d+)\] = \{(.*?)\};", text, re.S)
+        if array is None:
+            raise ValueError(f"{PACK_IMPORTS_TO_C} wrote no byte array: TVM's PackImportsToC has changed")
+        blob = bytes(int(h, 16) for h in re.findall(r"0x([0-9a-f]{2})", array.group(3)))
+        sources = cuda_sources(module)
+        rewritten, replaced = rewrite_cuda_code(blob, sources, cubin_for)
+        if replaced != len(sources):
+            raise ValueError(f"{len(sources)} CUDA module(s) imported, {replaced} packed")
+        data = ",".join(f"0x{b:02x}" for b in rewritten)
+        text = text[:array.start()] + f"const unsigned char {array.group(1)}[{len(rewritten)}] = {{{data}}};" + \
+            text[array.end():]
+        text += f"\n__attribute__((used)) static const char farm_device_code_note[] = {json.dumps(note.decode())};\n"
+        path = os.path.join(workspace_dir, f"{prefix}devc.c")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        return path
+
+    return pack
+
+
+def runtime_only_env() -> dict[str, str]:
+    """The environment under which ``import tvm`` loads libtvm_runtime alone, never ``libtvm_compiler.so`` (a
+    host that only runs compiled artifacts: ``tools/gpu_kit.py`` carries no compiler)."""
+    return {"TVM_USE_RUNTIME_LIB": "1"}
 
 
 if __name__ == "__main__":

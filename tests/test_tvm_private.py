@@ -3,6 +3,7 @@ upgrade that moves one, the test names it, instead of a tuning session failing i
 
 import importlib.util
 import inspect
+import struct
 import os
 from pathlib import Path
 
@@ -183,3 +184,60 @@ def test_a_pseudo_file_frame_has_no_module_while_intrinsics_load_and_inspect_is_
         assert inspect.getmodule(frame, "<frozen importlib._bootstrap>") is None
         assert inspect.getmodule(frame, __file__) is sys.modules[__name__]
     assert inspect.getmodule is real
+
+
+CUDA_ROUND_TRIP = """
+import json, os, sys, tempfile
+import tvm, tvm_ffi
+from farm.compile.frontends import import_model
+from farm.models import load_model
+from farm.tvm_private import _take, cuda_sources, pack_imports_with_cubin
+
+target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host={"kind": "llvm"})
+executable = tvm.compile(import_model(load_model("mlp")), target)
+sources = cuda_sources(executable.mod)
+path = os.path.join(tempfile.mkdtemp(), "mlp.so")
+executable.export_library(path, fpack_imports=pack_imports_with_cubin(lambda s: b"CUBIN:%d" % len(s), b"note"))
+seen = []
+def load(data):  # stands in for libtvm_runtime_cuda.so's loader, which TVM's deserializer calls by this name
+    seen.append(bytes(data))
+    return tvm_ffi.system_lib()
+tvm_ffi.register_global_func("ffi.Module.load_from_bytes.cuda", load, override=True)
+tvm.runtime.load_module(path)
+fmt, at = _take(seen[0], 0)
+print(json.dumps({"modules": len(seen), "sources": len(sources), "fmt": fmt.decode(),
+                  "tail": seen[0][-20:].hex(), "source_bytes": len(sources[0].encode())}))
+"""
+
+
+def test_cuda_modules_packed_as_cubins_reach_tvm_s_own_loader_as_cubin_with_their_function_table():
+    """TVM's deserializer (DeserializeModuleFromBytes) hands the "cuda" loader the bytes pack_imports_with_cubin
+    wrote: format "cubin", then the function table as TVM wrote it, then the compiled code, in place of the source.
+    In a process of its own: the stand-in loader is a global registration."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CUDA_ROUND_TRIP], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (said["modules"], said["sources"], said["fmt"]) == (1, 1, "cubin")
+    code = b"CUBIN:%d" % said["source_bytes"]
+    assert bytes.fromhex(said["tail"]).endswith(struct.pack("<Q", len(code)) + code)
+
+
+def test_a_cuda_module_whose_bytes_do_not_end_in_its_source_is_refused_as_a_moved_format():
+    import pytest
+
+    from farm.tvm_private import rewrite_cuda_code
+
+    def string(data: bytes) -> bytes:
+        return struct.pack("<Q", len(data)) + data
+
+    tree = struct.pack("<Q", 2) + struct.pack("<2Q", 0, 0) + struct.pack("<Q", 0)  # one module, no imports
+    good = tree + string(b"cuda") + string(string(b"cuda") + b"FMAP" + string(b"__global__ k"))
+    blob, replaced = rewrite_cuda_code(struct.pack("<Q", len(good)) + good, ["__global__ k"], lambda s: b"BIN")
+    assert replaced == 1 and blob.endswith(string(string(b"cubin") + b"FMAP" + string(b"BIN")))
+    moved = tree + string(b"cuda") + string(string(b"cuda") + string(b"__global__ k") + b"FMAP")
+    with pytest.raises(ValueError, match="SaveToBytes has changed"):
+        rewrite_cuda_code(struct.pack("<Q", len(moved)) + moved, ["__global__ k"], lambda s: b"BIN")

@@ -105,4 +105,9 @@ if [ "$want_emulation" = 1 ]; then
     || { [ "$want_test" = 0 ] && echo "warning: no arm64 POCL (see above): emulated OpenCL devices fail and fall back to their CPU" >&2; } \
     || exit 1
 fi
+if [ "$want_test" = 1 ]; then
+  # CUDA device code is compiled ahead (farm/compile/cuda.py) with NVRTC from PyPI's wheels, CUDA 12.9's and 13.0's,
+  # and farm's native server carries CUDA 13's libcudart: fetched once into ~/.cache/farm (about 10 s from a mirror)
+  .venv/bin/python -m farm.devices.nvidia_wheels >&2
+fi
 echo "farm is set up: .venv/bin/farm --help" >&2

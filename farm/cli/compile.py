@@ -18,7 +18,10 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
     p = add_verb(subparsers, common, "compile", run, "compile a model for a device (or every device) and export it",
                  "Compiles with Relax for the device's target, exports in its format, caches by\n"
                  "model digest + target + export + toolchain + TVM version. Prints each artifact's\n"
-                 "format, architecture and embedded device code (OpenCL, Metal, CUDA).")
+                 "format, architecture and embedded device code (OpenCL, Metal, CUDA). A CUDA target's\n"
+                 "device code is compiled here, to a cubin for its arch (NVRTC from PyPI, or the device's\n"
+                 "cuda_toolkit): farm prints the arch, the CUDA that compiled it and the oldest driver that\n"
+                 "loads it, read back from the library's bytes.")
     p.add_argument("--device", help="inventory device (default: every device, nothing is run)")
     p.add_argument("--model", required=True, help=MODEL_HELP)
     add_shape_option(p)
@@ -53,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         emit_json(out)
     else:
         print_table(out, ["device", "model", "status", "format", "arch", "device_code", "cached", "path"])
+        for row in out:
+            if row.get("cuda"):
+                print(f"{row['device']}: {row['cuda']['described']}")
     if failed:
         raise FarmError(f"{len(failed)} of {len(devices)} device(s) failed to compile: {failed[0].message}", failed[0].hint)
     return 0
@@ -67,4 +73,5 @@ def _artifact_row(artifact) -> dict[str, Any]:
             "cached": artifact.cached, "build_s": round(artifact.build_s, 3), "cache_key": artifact.cache_key,
             "arch": ",".join(info.archs), "objects": [asdict(m) for m in info.members],
             "tuned_tasks": artifact.tuned_tasks, "anchor_tasks": artifact.anchor_tasks,
-            "total_tasks": artifact.total_tasks, "device_code": ",".join(info.device_code)}
+            "total_tasks": artifact.total_tasks, "device_code": ",".join(info.device_code),
+            "cuda": {**asdict(info.cuda), "described": info.cuda.describe()} if info.cuda else None}

@@ -15,12 +15,14 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from farm.compile.cuda import CudaCompiler, DeviceCode, compile_cubin, device_code_for
 from farm.compile.frontends import fold_weight_prepack, float32_lanes, import_model, prepack_calls, tuning_module
 from farm.compile.keys import PIPELINE_VERSION, TVM_VERSION, artifact_key
 from farm.compile.memory import BuiltModule, planned_memory
 from farm.compile.records import apply_records
 from farm.compile.targets import effective_target, export_library, make_target, toolchain_for
 from farm.errors import BuildError, message_line
+from farm.tvm_private import pack_imports_with_cubin
 from farm.records import Artifact, Device, ModelSource, TuningSet, layout_setting, weight_prepack_setting
 
 log = logging.getLogger(__name__)
@@ -33,13 +35,16 @@ def planned_key(model: ModelSource, device: Device, tuning: TuningSet | None = N
     """The artifact key ``compile_model`` builds (model, device, tuning records) under, before building it."""
     target = effective_target(device)
     tuning = tuning if tuning is not None and tuning.records else None
-    return artifact_key(model, device, target, toolchain_for(device, target), tuning.digest if tuning else "")
+    cuda = device_code_for(device, target)
+    return artifact_key(model, device, target, toolchain_for(device, target), tuning.digest if tuning else "",
+                        device_code=cuda[1].compiler if cuda else "")
 
 
 def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: TuningSet | None = None) -> Artifact:
     """Return the cached artifact for (model, device target, tuning records) or build and export it."""
     target = effective_target(device)
     toolchain = toolchain_for(device, target)
+    cuda = device_code_for(device, target)  # an arch its compiler cannot target fails here, before TVM compiles
     if tuning is not None and not tuning.records:
         tuning = None
     key = planned_key(model, device, tuning)
@@ -76,7 +81,10 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
     filename = f"{_safe(model.name)}{EXPORT_SUFFIX[device.export]}"
     try:
-        export_library(executable, str(tmp / filename), toolchain)
+        export_library(executable, str(tmp / filename), toolchain, _cubin_packer(cuda, model) if cuda else None)
+    except BuildError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise BuildError(f"exporting {model.name} as {device.export} failed: {message_line(exc)}",
@@ -92,6 +100,20 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     )
     (tmp / META).write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
     return _publish(tmp, folder) or artifact
+
+
+def _cubin_packer(cuda: tuple[CudaCompiler, DeviceCode], model: ModelSource):
+    """Packs the executable's CUDA modules as cubins compiled here (``compile/cuda.py``), with their note."""
+    compiler, code = cuda
+
+    def cubin_for(source: str) -> bytes:
+        started = time.perf_counter()
+        cubin = compile_cubin(compiler, source, code.arch, progress=log.warning)
+        log.info("%s: %s compiled %d bytes of CUDA source for %s in %.1f s", model.name, compiler.label, len(source),
+                 code.arch, time.perf_counter() - started)
+        return cubin
+
+    return pack_imports_with_cubin(cubin_for, code.note())
 
 
 def artifact_file(artifact: Artifact) -> tuple[dict, bytes]:

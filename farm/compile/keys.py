@@ -65,17 +65,20 @@ def key_before_threads(target: dict[str, Any]) -> str:
     return _short_hash({"target": target, "tvm": TVM_VERSION})
 
 
-def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "") -> str:
+def artifact_key(model: ModelSource, device: Device, target: dict[str, Any], toolchain: str, tuning_digest: str = "",
+                 device_code: str = "") -> str:
     """Everything that changes the artifact; a tuned one also how its records are found (``RECORD_MATCH``),
     whether its weights are prepacked and its convolutions' layout, where not the model's (an untuned compile never
-    prepacks nor converts: nothing chose a layout)."""
+    prepacks nor converts: nothing chose a layout). ``device_code``: the compiler of a CUDA target's device code
+    (``compile.cuda.CudaCompiler.label``; absent from other keys, so theirs stay as they were)."""
     tuned: dict[str, Any] = {}
     if tuning_digest:
         tuned = {"record_match": RECORD_MATCH, "weight_prepack": weight_prepack_setting(device, target),
                  **_converted(layout_setting(device, target))}
     blob = json.dumps(
         {"model": model.digest, "target": target, "export": device.export, "toolchain": toolchain,
-         "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest, **tuned},
+         "tvm": TVM_VERSION, "pipeline": PIPELINE_VERSION, "tuning": tuning_digest, **tuned,
+         **({"device_code": device_code} if device_code else {})},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()

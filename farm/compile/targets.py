@@ -136,16 +136,18 @@ def toolchain_for(device: Device, target: dict[str, Any]) -> str:
     )
 
 
-def export_library(module, path: str, toolchain: str) -> None:
+def export_library(module, path: str, toolchain: str, fpack_imports=None) -> None:
     """Write ``module`` (an executable, or a tuning candidate) to ``path`` as the device loads it, linked by
-    ``toolchain`` (``toolchain_for``): Xcode's dylib for iOS, a cross compiler, or TVM's host cc ('')."""
+    ``toolchain`` (``toolchain_for``): Xcode's dylib for iOS, a cross compiler, or TVM's host cc (''). ``fpack_imports``:
+    how its imported modules are packed into it (``tvm_private.pack_imports_with_cubin``), where not TVM's way."""
+    packing = {"fpack_imports": fpack_imports} if fpack_imports is not None else {}
     if toolchain == "xcode":
         from tvm.support import xcode
 
-        module.export_library(path, fcompile=xcode.create_dylib, arch="arm64", sdk="iphoneos")
+        module.export_library(path, fcompile=xcode.create_dylib, arch="arm64", sdk="iphoneos", **packing)
     elif toolchain:
         from tvm.support import cc
 
-        module.export_library(path, fcompile=cc.cross_compiler(toolchain))
+        module.export_library(path, fcompile=cc.cross_compiler(toolchain), **packing)
     else:
-        module.export_library(path)
+        module.export_library(path, **packing)

@@ -181,7 +181,12 @@ SEARCH_POPULATION = Field("count", "search_population = 128",
                           "farm tune: the schedules MetaSchedule's evolutionary search keeps a batch (default 128); "
                           "fewer generate a batch faster and explore less (tune.config.SEARCH_POPULATION)")
 LAYOUT = Field("text", 'layout = "NHWC"', LAYOUT_RULE, choices=LAYOUTS)
-COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK, "layout": LAYOUT, "search_population": SEARCH_POPULATION}
+CUDA_TOOLKIT = Field("text", 'cuda_toolkit = "/usr/local/cuda-10.2"',
+                     "a CUDA target's device code compiled by this toolkit's bin/nvcc (default: NVRTC from PyPI, CUDA "
+                     "12.9 for sm_50-sm_72, 13.0 from sm_75; a cubin loads only on a driver of its CUDA or newer, so "
+                     "a Jetson names its JetPack's toolkit)")
+COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK, "layout": LAYOUT, "search_population": SEARCH_POPULATION,
+          "cuda_toolkit": CUDA_TOOLKIT}
 
 
 def thread_options(device: Device) -> tuple[str, ...]:
