@@ -133,7 +133,7 @@ def compiler_for(device: Device, arch: str) -> CudaCompiler:
         if low <= _sm(arch) <= high:
             return CudaCompiler("nvrtc", WHEEL_SETS[name].cuda_version, name)
     raise BuildError(f"device {device.name!r}: no CUDA compiler on PyPI targets {arch} (CUDA 12 dropped archs "
-                     "below sm_50)", f'name a CUDA 11 toolkit in devices.toml: cuda_toolkit = "/usr/local/cuda-11.8"')
+                     "below sm_50)", 'name a CUDA 11 toolkit in devices.toml: cuda_toolkit = "/usr/local/cuda-11.8"')
 
 
 def _hint_for(arch: str) -> str:

@@ -11,6 +11,7 @@ CUDA 13 dropped; CUDA 12.9's NVRTC compiles sm_50 to sm_90 (checked 2026-11-28 w
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def include_path(name: str, arch: str = "x86_64", progress=None) -> Path:
 def main() -> int:
     """Fetch every set for this host, as tools/setup.sh does."""
     for name in WHEEL_SETS:
-        if (code := setup_step(f"CUDA wheels {name}", lambda n=name: ensure_wheels(n, progress=print))) != 0:
+        if (code := setup_step(f"CUDA wheels {name}", functools.partial(ensure_wheels, name, progress=print))) != 0:
             return code
     return 0
 
