@@ -4,6 +4,11 @@ A fleet of devices on one host (``tools/bench_fleet.py``: 100 servers) cannot be
 importing TVM twice (server and worker, ~300 MB); the native server is one small process per device that
 loads the wheel's ``libtvm_runtime.so``. Same protocol, same forked session per connection, and it puts
 its key back on the tracker only after its session has ended. Built once (g++, a few seconds), cached.
+
+``ensure_native_server(cuda=True)`` is the same server in a folder of its own with the apache-tvm wheel's
+``libtvm_runtime_cuda.so`` and PyPI's ``libcudart.so.13`` beside it, which the server loads at start. The NVIDIA
+driver (``libcuda.so.1``) is the host's: where there is none, the server still starts and serves CPU sessions,
+logs why CUDA is not loaded, and refuses a CUDA session with that reason (``farm.DeviceRuntimes`` reports it).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 
 from farm.devices.board import SERVER, SOURCE
 from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
+from farm.devices.nvidia_wheels import library_path
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, local_process, spawn
@@ -27,6 +33,7 @@ HOST_CXX = "g++"
 # checkout was removed (#30: every server of a fleet then "did not register").
 RECIPE = 2
 LIBRARIES = ("libtvm_runtime.so", "libtvm_ffi.so")  # what the server links, copied from the installed wheels
+CUDA_RUNTIME = "libtvm_runtime_cuda.so"  # the wheel's CUDA runtime, which a CUDA bundle's server loads at start
 
 
 def _library_dirs() -> tuple[Path, Path, Path]:
@@ -35,9 +42,12 @@ def _library_dirs() -> tuple[Path, Path, Path]:
     return tvm_dir / "lib", ffi_dir / "lib", ffi_dir / "include"
 
 
-def ensure_native_server() -> Path:
+def ensure_native_server(cuda: bool = False) -> Path:
     """The host build of farm's native server, building it on first use, checked before it is returned (it
-    starts, and the loader finds its libraries); returns the executable."""
+    starts, and the loader finds its libraries); returns the executable. ``cuda``: the CUDA bundle (the module's
+    docstring), which starts on a host without the NVIDIA driver too."""
+    if cuda:
+        return _ensure_cuda_bundle(ensure_native_server())
     if shutil.which(HOST_CXX) is None:
         raise DeviceError("building farm's native RPC server needs g++", "install it: apt-get install g++")
     tvm_lib, ffi_lib, include = _library_dirs()
@@ -58,6 +68,20 @@ def ensure_native_server() -> Path:
                                   "check that g++ and the apache-tvm wheel are installed")
     check_native_server(server)
     return server
+
+
+def _ensure_cuda_bundle(server: Path) -> Path:
+    """The host build ``server`` copied with its libraries into ``native-host-cuda-<its tag>``, with TVM's CUDA
+    runtime and the cudart it needs beside them (the runtime's RUNPATH is ``$ORIGIN``)."""
+    folder = server.parent.with_name(server.parent.name.replace("native-host-", "native-host-cuda-", 1))
+    bundled = folder / SERVER
+    if not bundled.exists():
+        cudart = library_path("cudart-13")
+        with building(folder, "native-cuda-") as work:
+            for path in (*server.parent.iterdir(), _library_dirs()[0] / CUDA_RUNTIME, cudart):
+                shutil.copy2(path, work / path.name)
+    check_native_server(bundled)
+    return bundled
 
 
 def check_native_server(server: Path) -> None:

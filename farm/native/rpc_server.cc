@@ -7,9 +7,18 @@
 // `rpc.ServerLoop`. Each session runs in a forked child, so a crash in a model ends only
 // that session, and a `-timeout=N` from the client is enforced by killing the child.
 //
-// Device runtimes found beside the executable (libtvm_runtime_opencl.so, TVM's OpenCL runtime built
-// with its opencl_wrapper, which opens the phone's libOpenCL.so at first use) are loaded at start,
-// as are those named with --load. Sessions also get, as farm's Python server offers them (farm/rpc/server.py):
+// Device runtimes found beside the executable are loaded at start, as are those named with --load:
+// - libtvm_runtime_opencl.so, TVM's OpenCL runtime built with its opencl_wrapper, which opens the phone's
+//   libOpenCL.so at first use;
+// - libtvm_runtime_cuda.so, the apache-tvm wheel's CUDA runtime, with PyPI's libcudart.so.13 beside it (a CUDA
+//   bundle: farm/devices/native.py, ensure_native_server(cuda=True)). It needs the NVIDIA driver's libcuda.so.1;
+//   on a host without one the server logs "CUDA runtime not loaded: <the loader's words>; CUDA sessions will be
+//   refused", still serves CPU sessions, and a session that asks for a CUDA device (device_api.cuda, cuda_host)
+//   or loads a library with CUDA code in it (ffi.Module.load_from_bytes.cuda) gets an error that says so:
+//   "no CUDA device on this server (key K): libcuda.so.1: cannot open shared object file: ... (the NVIDIA driver
+//   is not installed)". Without these, TVM would say "Device API cuda is not enabled", or that no loader of
+//   that name is registered. With the driver but no GPU the runtime loads, and TVM's own CUDA errors apply.
+// Sessions also get, as farm's Python server offers them (farm/rpc/server.py):
 // - farm.WallTimeEvaluator: per-call wall time on the device, each call followed by a device sync (on
 //   OpenCL TVM's own timer sums kernel events);
 // - farm.ClearKernelCache: empties the driver's on-disk kernel cache, --kernel-cache DIR, which the
@@ -21,7 +30,9 @@
 //   child, so this is the model's process;
 // - farm.ThreadsSet(): the CPU threads this server gave TVM (--threads N, default the CPUs online here), set as
 //   TVM_NUM_THREADS before any session forks, so each session's thread pool is sized by it and not by TVM's
-//   default (half the CPUs on x86). A run stores what the session reports (runtime.NumThreads).
+//   default (half the CPUs on x86). A run stores what the session reports (runtime.NumThreads);
+// - farm.DeviceRuntimes(): which device runtimes this server has, as JSON {"cuda": "loaded", "opencl": "not
+//   loaded: <why>"}, so a client can tell a server without a GPU runtime from one whose GPU is busy or broken.
 //
 // usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090] [--load LIB]...
 //                        [--kernel-cache DIR] [--threads N]
@@ -64,6 +75,9 @@ constexpr int kPut = 3, kUpdateInfo = 5, kGetPendingMatchkeys = 7;
 
 std::string g_workdir;
 std::string g_kernel_cache;
+std::string g_key;
+// Why each device runtime is not loaded ("" when it is): the loader's words and what they mean; set at start.
+std::string g_cuda_missing, g_opencl_missing;
 
 void Log(const std::string& msg) {
   std::fprintf(stderr, "farm-rpc-server: %s\n", msg.c_str());
@@ -202,14 +216,38 @@ int Handshake(int conn, const std::string& key, const std::string& matchkey) {
   return at == std::string::npos ? 0 : std::atoi(client.c_str() + at + 9);
 }
 
-// Load a device runtime into the process before any session forks from it.
-bool LoadRuntime(const std::string& path, bool required) {
-  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
-    if (required) Die("cannot load " + path + ": " + dlerror());
-    return false;
-  }
+// Load a device runtime into the process before any session forks from it: "" when loaded, else the loader's words.
+std::string LoadRuntime(const std::string& path) {
+  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) return dlerror();
   Log("loaded " + path);
-  return true;
+  return "";
+}
+
+// Why the CUDA runtime did not load: the loader's words, and what they mean when a library was not found.
+std::string CudaMissing(const std::string& said) {
+  auto absent = [&said](const std::string& lib) {
+    return said.find(lib + ": cannot open shared object file") != std::string::npos;
+  };
+  if (absent("libcuda.so.1")) return said + " (the NVIDIA driver is not installed)";
+  if (absent("libcudart.so.13"))
+    return said + " (CUDA's runtime library is not beside the server, where a CUDA bundle carries it)";
+  if (absent("libtvm_runtime_cuda.so")) return said + " (this server was built without CUDA support)";
+  return said;
+}
+
+// A device runtime's state for farm.DeviceRuntimes.
+std::string RuntimeState(const std::string& missing) { return missing.empty() ? "loaded" : "not loaded: " + missing; }
+
+// In a session on a server without the CUDA runtime: what a client's CUDA device or CUDA module calls, refused
+// with the reason (TVM's DeviceAPI manager calls device_api.<name>; a library's CUDA import, its loader).
+void RefuseCuda() {
+  namespace ffi = tvm::ffi;
+  ffi::Function refuse = ffi::Function::FromPacked([](ffi::PackedArgs, ffi::Any*) {
+    TVM_FFI_THROW(RuntimeError) << "no CUDA device on this server (key " << g_key << "): " << g_cuda_missing;
+  });
+  for (const char* name : {"device_api.cuda", "device_api.cuda_host", "ffi.Module.load_from_bytes.cuda"}) {
+    ffi::Function::SetGlobal(name, refuse, true);
+  }
 }
 
 void SyncDevice(DLDevice dev) {
@@ -289,6 +327,11 @@ int g_threads = 0;  // --threads, or the CPUs online here
 void RegisterServerEnv() {
   namespace ffi = tvm::ffi;
   ffi::Function::SetGlobal("farm.ThreadsSet", ffi::Function::FromTyped([]() -> int { return g_threads; }), true);
+  ffi::Function::SetGlobal("farm.DeviceRuntimes", ffi::Function::FromTyped([]() -> ffi::String {
+    return "{\"cuda\": " + Quote(RuntimeState(g_cuda_missing)) + ", \"opencl\": " +
+           Quote(RuntimeState(g_opencl_missing)) + "}";
+  }), true);
+  if (!g_cuda_missing.empty()) RefuseCuda();
   ffi::Function::SetGlobal("farm.WallTimeEvaluator", ffi::Function::FromTyped(WallTimeEvaluator), true);
   ffi::Function::SetGlobal("farm.ClearKernelCache",
                            ffi::Function::FromTyped([]() -> ffi::String { return ClearKernelCache(); }), true);
@@ -352,7 +395,7 @@ int main(int argc, char** argv) {
       tracker_host = value.substr(0, colon);
       tracker_port = std::atoi(value.c_str() + colon + 1);
     } else if (flag == "--key") {
-      key = value;
+      key = g_key = value;
     } else if (flag == "--host") {
       host = value;
     } else if (flag == "--port") {
@@ -378,8 +421,16 @@ int main(int argc, char** argv) {
   }
   std::string self = argv[0];
   std::string here = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
-  LoadRuntime(here + "/libtvm_runtime_opencl.so", false);  // absent on CPU-only bundles
-  for (const std::string& lib : loads) LoadRuntime(lib, true);
+  g_opencl_missing = LoadRuntime(here + "/libtvm_runtime_opencl.so");  // absent on CPU-only bundles
+  g_cuda_missing = CudaMissing(LoadRuntime(here + "/libtvm_runtime_cuda.so"));  // on CUDA bundles; needs the driver
+  for (const std::string& lib : loads) {
+    std::string said = LoadRuntime(lib);
+    if (!said.empty()) Die("cannot load " + lib + ": " + said);
+  }
+  // a runtime named with --load counts as loaded: what a session finds is what decides
+  if (tvm::ffi::Function::GetGlobal("device_api.opencl")) g_opencl_missing.clear();
+  if (tvm::ffi::Function::GetGlobal("device_api.cuda")) g_cuda_missing.clear();
+  if (!g_cuda_missing.empty()) Log("CUDA runtime not loaded: " + g_cuda_missing + "; CUDA sessions will be refused");
   signal(SIGPIPE, SIG_IGN);
   int listener = ListenOn(host, port);
   Log("listening on " + host + ":" + std::to_string(port) + ", key " + key);
