@@ -19,23 +19,45 @@ format, toolchain and TVM version.
                    artifact carried to another host (the lab's store); main_calls, read from an exported library
 """
 
-from farm.compile.build import (EXPORT_SUFFIX, artifact_file, compile_model, install_artifact, main_calls,
-                                planned_key)
-from farm.compile.frontends import (channels_last, device_tuning_module, fold_weight_prepack, import_model, import_onnx,
-                                    prepack_calls, tuning_module)
-from farm.compile.keys import (PIPELINE_VERSION, RECORD_MATCH, TVM_VERSION, artifact_key, device_tuning_key,
-                               key_before_threads, tuning_key)
-from farm.compile.memory import ALLOC_STORAGE, BuiltModule, planned_memory
-from farm.compile.records import LOOKUP_INSTRUCTIONS, apply_records, is_schedule, record_databases, untuned_trace
-from farm.compile.targets import (ANDROID_CPU_TAGS, CROSS_CC, TAG_HOSTS, effective_target, export_library,
-                                  fallback_device, host_cpu, make_target, toolchain_for)
+from __future__ import annotations
 
-__all__ = [
-    "ALLOC_STORAGE", "ANDROID_CPU_TAGS", "CROSS_CC", "EXPORT_SUFFIX", "LOOKUP_INSTRUCTIONS", "PIPELINE_VERSION",
-    "RECORD_MATCH", "TAG_HOSTS", "TVM_VERSION", "BuiltModule", "apply_records", "artifact_file", "artifact_key",
-    "channels_last", "compile_model", "device_tuning_key", "device_tuning_module", "effective_target",
-    "export_library", "fallback_device", "fold_weight_prepack", "host_cpu", "import_model", "import_onnx",
-    "install_artifact", "is_schedule", "key_before_threads", "main_calls", "make_target",
-    "planned_key", "planned_memory", "prepack_calls", "record_databases", "toolchain_for", "tuning_key",
-    "tuning_module", "untuned_trace"
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# ruff: noqa: F401 (the block below re-exports names for type checkers only)
+if TYPE_CHECKING:  # the names as the modules define them, for type checkers
+    from farm.compile.build import (EXPORT_SUFFIX, artifact_file, compile_model, install_artifact, main_calls,
+                                    planned_key)
+    from farm.compile.frontends import (channels_last, device_tuning_module, fold_weight_prepack, import_model,
+                                        import_onnx, prepack_calls, tuning_module)
+    from farm.compile.keys import (PIPELINE_VERSION, RECORD_MATCH, TVM_VERSION, artifact_key, device_tuning_key,
+                                   key_before_threads, tuning_key)
+    from farm.compile.memory import ALLOC_STORAGE, BuiltModule, planned_memory
+    from farm.compile.records import LOOKUP_INSTRUCTIONS, apply_records, is_schedule, record_databases, untuned_trace
+    from farm.compile.targets import (ANDROID_CPU_TAGS, CROSS_CC, TAG_HOSTS, effective_target, export_library,
+                                      fallback_device, host_cpu, make_target, toolchain_for)
+
+# Each name and the module that defines it, imported when first asked for: a host that runs artifacts compiled
+# elsewhere has TVM's runtime alone (tvm_private.runtime_only_env: no Relax, no compiler), and still finds a cached
+# artifact (planned_key, compile_model's cache) and a device's effective target without importing the compiler.
+_EXPORTS = {
+    "build": ("EXPORT_SUFFIX", "artifact_file", "compile_model", "install_artifact", "main_calls", "planned_key"),
+    "frontends": ("channels_last", "device_tuning_module", "fold_weight_prepack", "import_model", "import_onnx",
+                  "prepack_calls", "tuning_module"),
+    "keys": ("PIPELINE_VERSION", "RECORD_MATCH", "TVM_VERSION", "artifact_key", "device_tuning_key",
+             "key_before_threads", "tuning_key"),
+    "memory": ("ALLOC_STORAGE", "BuiltModule", "planned_memory"),
+    "records": ("LOOKUP_INSTRUCTIONS", "apply_records", "is_schedule", "record_databases", "untuned_trace"),
+    "targets": ("ANDROID_CPU_TAGS", "CROSS_CC", "TAG_HOSTS", "effective_target", "export_library", "fallback_device",
+                "host_cpu", "make_target", "toolchain_for"),
+}
+_OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_OWNER)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _OWNER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_OWNER[name]}"), name)
+    globals()[name] = value
+    return value

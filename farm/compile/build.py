@@ -13,13 +13,9 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import tvm
-from tvm import relax
 
 from farm.compile.cuda import CudaCompiler, DeviceCode, compile_cubin, device_code_for
-from farm.compile.frontends import fold_weight_prepack, float32_lanes, import_model, prepack_calls, tuning_module
 from farm.compile.keys import PIPELINE_VERSION, TVM_VERSION, artifact_key
-from farm.compile.memory import BuiltModule, planned_memory
-from farm.compile.records import apply_records
 from farm.compile.targets import effective_target, export_library, make_target, toolchain_for
 from farm.errors import BuildError, message_line
 from farm.tvm_private import pack_imports_with_cubin
@@ -51,6 +47,12 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     folder = Path(cache_dir) / key[:24]
     if (cached := _cached(folder)) is not None:
         return cached
+    # the compiler's modules only now: a host with TVM's runtime alone finds cached artifacts above (package docstring)
+    from tvm import relax
+
+    from farm.compile.frontends import import_model
+    from farm.compile.memory import BuiltModule, planned_memory
+
     start = time.perf_counter()
     tvm_target = make_target(target)
     tuned_tasks = total_tasks = anchor_tasks = 0
@@ -62,9 +64,9 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
                     model, tvm_target, tuning, device.export == "system-lib", weight_prepack_setting(device, target),
                     layout_setting(device, target))
             elif device.export == "system-lib":
-                executable = relax.build(import_model(model), tvm_target, system_lib=True)
+                executable = relax.build(import_model(model, cuda is not None), tvm_target, system_lib=True)
             else:
-                executable = tvm.compile(import_model(model), tvm_target)
+                executable = tvm.compile(import_model(model, cuda is not None), tvm_target)
     except BuildError:
         raise
     except Exception as exc:
@@ -80,15 +82,18 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
     filename = f"{_safe(model.name)}{EXPORT_SUFFIX[device.export]}"
+    exported = False
     try:
         export_library(executable, str(tmp / filename), toolchain, _cubin_packer(cuda, model) if cuda else None)
-    except BuildError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        exported = True
+    except BuildError:  # the device code's compiler said what failed
         raise
     except Exception as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise BuildError(f"exporting {model.name} as {device.export} failed: {message_line(exc)}",
                          f"check that the toolchain {toolchain or 'cc'} is installed and works") from exc
+    finally:
+        if not exported:
+            shutil.rmtree(tmp, ignore_errors=True)
     artifact = Artifact(
         cache_key=key, path=str(folder / filename), model_name=model.name, model_digest=model.digest, target=target,
         export=device.export, toolchain=toolchain or "default", tvm_version=TVM_VERSION,
@@ -200,6 +205,11 @@ def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: Tuning
     weights is folded (``fold_weight_prepack``), and the module built with the default pipeline, which
     does not fuse again. (TVM 0.27's ``compile_relax`` re-runs fusion on that module, and then no record
     applies: measured here on onnx:squeezenet, 30 tasks with records, 277 ms vs 9.1 ms.)"""
+    from tvm import relax
+
+    from farm.compile.frontends import fold_weight_prepack, float32_lanes, prepack_calls, tuning_module
+    from farm.compile.records import apply_records
+
     mod = tuning_module(model, weight_prepack, layout, float32_lanes(target))
     applied, tuned, anchored = apply_records(mod, target, tuning)
     if weight_prepack:
@@ -214,6 +224,8 @@ def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: Tuning
 def main_calls(library: str) -> list[str]:
     """The functions ``main`` of an exported library calls, in order, read from its VM bytecode: what a tuned compile
     left in the hot path (``*_prepacked`` kernels, and no ``*_weight_prepack`` while weights are constants)."""
+    from tvm import relax
+
     text = relax.VMExecutable(tvm.runtime.load_module(library)).as_text()
     body = text.split("@main:", 1)[1].split("\n@", 1)[0]
     return [line.split()[1] for line in body.splitlines() if line.strip().startswith("call ")]

@@ -6,6 +6,7 @@ and, with weight prepacking, the repacking folded once the records are applied (
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import tvm
@@ -244,8 +245,9 @@ def prepack_calls(mod: tvm.IRModule) -> list[str]:
                   if gv.name_hint.endswith("_weight_prepack"))
 
 
-def import_model(model: ModelSource) -> tvm.IRModule:
-    """The model as a Relax module, through TVM's frontend for its format."""
+def import_model(model: ModelSource, c_names: bool = False) -> tvm.IRModule:
+    """The model as a Relax module, through TVM's frontend for its format. ``c_names``: an ONNX model's inputs named
+    as C identifiers (``c_identifier``), for targets whose code is C source (CUDA)."""
     if model.frontend == "torch":
         from tvm.relax.frontend.torch import from_exported_program
 
@@ -270,16 +272,33 @@ def import_model(model: ModelSource) -> tvm.IRModule:
                              "the model may use an operator TVM 0.27 does not support") from exc
         mod = mod[0] if isinstance(mod, tuple) else mod
         return for_inference(mod)
-    return import_onnx(model)
+    return import_onnx(model, c_names)
 
 
-def import_onnx(model: ModelSource) -> tvm.IRModule:
+def c_identifier(name: str) -> str:
+    """``name`` as a C identifier: TVM's CUDA codegen writes a model input's name into each kernel's parameters as
+    it is, and TVM's ONNX importer only replaces dots (resnet50's ``gpu_0/data_0``: NVRTC "expected a ')'")."""
+    legal = re.sub(r"\W", "_", name)
+    return legal if legal[:1].isalpha() or legal[:1] == "_" else f"input_{legal}"
+
+
+def _renamed_inputs(proto, rename: dict[str, str]):
+    for graph_input in proto.graph.input:
+        graph_input.name = rename.get(graph_input.name, graph_input.name)
+    for node in proto.graph.node:
+        node.input[:] = [rename.get(name, name) for name in node.input]
+    return proto
+
+
+def import_onnx(model: ModelSource, c_names: bool = False) -> tvm.IRModule:
     from tvm.relax.frontend.onnx import from_onnx
 
-    shapes = {spec.name: list(spec.shape) for spec in model.inputs}
-    dtypes = {spec.name: spec.dtype for spec in model.inputs}
+    rename = {spec.name: c_identifier(spec.name) if c_names else spec.name for spec in model.inputs}
+    shapes = {rename[spec.name]: list(spec.shape) for spec in model.inputs}
+    dtypes = {rename[spec.name]: spec.dtype for spec in model.inputs}
     try:
-        mod = from_onnx(onnx_proto(model), shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+        mod = from_onnx(_renamed_inputs(onnx_proto(model), rename), shape_dict=shapes, dtype_dict=dtypes,
+                        keep_params_in_input=False)
     except Exception as exc:
         raise BuildError(f"TVM's ONNX importer rejected {model.name}: {message_line(exc)}",
                          "the model may use an operator TVM 0.27 does not support; see the TVM log above") from exc

@@ -45,17 +45,22 @@ def _library_dirs() -> tuple[Path, Path, Path]:
 def ensure_native_server(cuda: bool = False) -> Path:
     """The host build of farm's native server, building it on first use, checked before it is returned (it
     starts, and the loader finds its libraries); returns the executable. ``cuda``: the CUDA bundle (the module's
-    docstring), which starts on a host without the NVIDIA driver too."""
-    if cuda:
-        return _ensure_cuda_bundle(ensure_native_server())
-    if shutil.which(HOST_CXX) is None:
-        raise DeviceError("building farm's native RPC server needs g++", "install it: apt-get install g++")
-    tvm_lib, ffi_lib, include = _library_dirs()
+    docstring), which starts on a host without the NVIDIA driver too. A bundle already in the cache is used as it
+    is, with no compiler here (``tools/gpu_kit.py`` carries one to a host that has no g++)."""
     tvm_version, ffi_version = tvm_versions()
     tag = f"{tvm_version}-{ffi_version}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}-r{RECIPE}"
+    if cuda:
+        bundled = cache_root() / f"native-host-cuda-{tag}" / SERVER
+        if bundled.exists():
+            check_native_server(bundled)
+            return bundled
+        return _ensure_cuda_bundle(ensure_native_server())
     folder = cache_root() / f"native-host-{tag}"
     server = folder / SERVER
     if not server.exists():
+        if shutil.which(HOST_CXX) is None:
+            raise DeviceError("building farm's native RPC server needs g++", "install it: apt-get install g++")
+        tvm_lib, ffi_lib, include = _library_dirs()
         with building(folder, "native-") as work:
             for name, lib in zip(LIBRARIES, (tvm_lib, ffi_lib)):
                 shutil.copy2(lib / name, work / name)

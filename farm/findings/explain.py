@@ -25,9 +25,16 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 import numpy as np
-from scipy.special import bdtrc, chdtrc, gammaln, xlogy  # not scipy.stats: its import alone is ~2 s of CPU
 
 from farm.findings.traits import SeriesTraits, Trait
+
+
+def special():
+    """scipy.special (not scipy.stats: its import alone is ~2 s of CPU), imported when a finding is explained: a host
+    that only measures and reports one night (tools/gpu_kit.py) carries no scipy."""
+    import scipy.special  # pylint: disable=import-outside-toplevel
+
+    return scipy.special
 
 # regress.METHOD's steady screen (z ≥ 2, ≥ 2 %) flags at most 5 % of unchanged series a night at up to 2 %
 # night-to-night noise (tools/bench_detect.py --costs, quoted in regress.Method): more than that is a cause
@@ -176,11 +183,11 @@ def _g_gain(k_in: np.ndarray, n_in: np.ndarray, k: float, n: float) -> np.ndarra
     table = [k_in, n_in - k_in, k - k_in, (n - n_in) - (k - k_in)]
     expected = [n_in * k / n, n_in * (n - k) / n, (n - n_in) * k / n, (n - n_in) * (n - k) / n]
     with np.errstate(divide="ignore", invalid="ignore"):
-        return sum(xlogy(o, o) - xlogy(o, e) for o, e in zip(table, expected))
+        return sum(special().xlogy(o, o) - special().xlogy(o, e) for o, e in zip(table, expected))
 
 
 def _log_choose(n: float, s: np.ndarray) -> np.ndarray:
-    return gammaln(n + 1) - gammaln(s + 1) - gammaln(n - s + 1)
+    return special().gammaln(n + 1) - special().gammaln(s + 1) - special().gammaln(n - s + 1)
 
 
 def _best(judged: np.ndarray, alerted: np.ndarray, rows: _Candidates, cols: _Candidates
@@ -212,7 +219,7 @@ def _p_value(inside: np.ndarray, judged: np.ndarray, alerted: np.ndarray) -> flo
     """The G test's p (1 df) of a block against the series no earlier block took."""
     k_in, n_in = float((inside & alerted).sum()), float((inside & judged).sum())
     g = 2 * float(_g_gain(np.asarray(k_in), np.asarray(n_in), float(alerted.sum()), float(judged.sum())))
-    return float(chdtrc(1, g))
+    return float(special().chdtrc(1, g))
 
 
 def _names(candidates: _Candidates) -> list[str]:
@@ -251,7 +258,7 @@ def _scatter(left: np.ndarray, alerted: np.ndarray, cells: tuple[Cell, ...]) -> 
     k, n = int(alerted.sum()), int(left.sum())
     if k < SCATTER_MIN or n == 0:
         return None
-    p_screen = float(bdtrc(k - 1, n, SCREEN_RATE))  # P(X ≥ k) of Binomial(n, SCREEN_RATE)
+    p_screen = float(special().bdtrc(k - 1, n, SCREEN_RATE))  # P(X ≥ k) of Binomial(n, SCREEN_RATE)
     if p_screen >= P_SCATTER:
         return None
     p_values = [_homogeneity(alerted.sum(axis=axis), left.sum(axis=axis)) for axis in (1, 0)]
@@ -267,4 +274,4 @@ def _homogeneity(k: np.ndarray, n: np.ndarray) -> float:
     if table.shape[0] < 2 or (table.sum(axis=0) == 0).any():
         return 1.0
     expected = np.outer(table.sum(axis=1), table.sum(axis=0)) / table.sum()
-    return float(chdtrc(table.shape[0] - 1, float(((table - expected) ** 2 / expected).sum())))
+    return float(special().chdtrc(table.shape[0] - 1, float(((table - expected) ** 2 / expected).sum())))

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-from scipy.special import ndtri, stdtrit
 
-from farm.findings.explain import Block, Cell, Scatter, Side, explain
+from farm.findings.explain import Block, Cell, Scatter, Side, explain, special
 from farm.findings.finding import (REPRESENTATIVES, SINGLE_ALPHA, SLOWER_STATUSES, UNCONFIRMABLE, Z_CAP, Finding,
                                    absolute_change, fraction, noise_floor)
 from farm.findings.traits import NO_TRAITS, SeriesTraits
@@ -110,7 +109,7 @@ def _alone(alert: Alert, judged: int, runs: Mapping[int, Run]) -> bool:
         return True
     t, nights = prediction_t(alert)
     alpha = SINGLE_ALPHA / max(judged, 1)
-    bound = -stdtrit(nights - 1, alpha) if nights > 1 else -ndtri(alpha)
+    bound = -special().stdtrit(nights - 1, alpha) if nights > 1 else -special().ndtri(alpha)
     return abs(t) >= float(bound)
 
 

@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine
 
 from farm.records import BenchConfig
 
@@ -18,9 +18,9 @@ MAX_NUMBER = 100_000  # calibrate_number's ceiling on calls per repeat
 Timer = Callable[[int, int], tuple[float, ...]]  # (number, repeat) -> each repeat's seconds a call
 
 
-def load_vm(session, remote_name: str, dev) -> relax.VirtualMachine:
+def load_vm(session, remote_name: str, dev) -> VirtualMachine:
     """The uploaded artifact ``remote_name`` loaded in ``session`` and made a Relax VM on ``dev``."""
-    return relax.VirtualMachine(session.load_module(remote_name), dev)
+    return VirtualMachine(session.load_module(remote_name), dev)
 
 
 def device_timer(module, name: str, dev, number: int, repeat: int,
@@ -38,7 +38,7 @@ class SteadyTimer:
     """A loaded VM's ``main`` with ``args`` set as its inputs (they stay on the device), called through
     ``invoke_stateful``: what is timed is the model's compute alone."""
 
-    def __init__(self, vm: relax.VirtualMachine, dev, args: list) -> None:
+    def __init__(self, vm: VirtualMachine, dev, args: list) -> None:
         vm.set_input("main", *args)
         self.vm, self.dev = vm, dev
 
@@ -67,7 +67,7 @@ def calibrate_number(run: Timer, min_repeat_ms: float) -> int:
         number = min(MAX_NUMBER, max(number * 2, math.ceil(number * min_repeat_ms / (seconds * number * 1000) * 1.1)))
 
 
-def first_run(vm: relax.VirtualMachine, dev, args: list) -> tuple[float, Any]:
+def first_run(vm: VirtualMachine, dev, args: list) -> tuple[float, Any]:
     """Host wall clock around the first call and a device sync (one RPC round trip included), and its result."""
     dev.sync()
     t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def first_run(vm: relax.VirtualMachine, dev, args: list) -> tuple[float, Any]:
     return time.perf_counter() - t0, result
 
 
-def wall_timer(make_timer, vm: relax.VirtualMachine, dev) -> Timer:
+def wall_timer(make_timer, vm: VirtualMachine, dev) -> Timer:
     """Per-call wall time on the device: each call followed by a sync, timed by the server's clock
     (``farm.WallTimeEvaluator``)."""
     dev_type = remote_device_type(dev)

@@ -1,0 +1,66 @@
+"""``cuda`` devices: this host's NVIDIA GPU behind farm's native server with TVM's CUDA runtime.
+
+``farm serve`` starts the CUDA bundle of farm's native server (``native.ensure_native_server(cuda=True)``: the wheel's
+``libtvm_runtime_cuda.so`` and PyPI's ``libcudart.so.13`` beside it; ``libcuda.so.1`` is the driver's). No Python
+runs on the device side, so the artifact must carry compiled device code: farm compiles CUDA targets to cubins
+(``compile/cuda.py``). The host code runs on this host's CPU: the host target defaults to llvm with its CPU; a host
+that runs artifacts compiled elsewhere names it (``host = { kind = "llvm" }``), so both compute one artifact key.
+
+Where the driver is missing, the server still starts and refuses CUDA sessions with the reason; ``farm devices
+--kinds`` says what this host lacks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+from farm.devices.kind import Fail, Field, ThisHost, thread_options
+from farm.records import Device, HostCPU, TrackerAddress, target_kind
+from farm.rpc.processes import ManagedProcess, free_port, local_process, spawn
+
+DRIVER = "libcuda.so.1"
+
+
+def driver_missing() -> str:
+    """Why this host's NVIDIA driver cannot be loaded ('' when it can)."""
+    try:
+        ctypes.CDLL(DRIVER)
+    except OSError as exc:
+        return f"{exc} (the NVIDIA driver is not installed here)"
+    return ""
+
+
+class Cuda(ThisHost):
+    name = "cuda"
+    summary = "this host's NVIDIA GPU, served by farm's native server with TVM's CUDA runtime (no Python there)"
+    serve_help = ("farm's native server with the wheel's libtvm_runtime_cuda.so and PyPI's libcudart beside it; "
+                  "artifacts carry cubins compiled by farm compile (NVRTC from PyPI, or the device's cuda_toolkit)")
+    fields = {"server_port": Field("port", "server_port = 9095, or leave it out for a free one", "the server's port")}
+    example = 'key = "h100"\ntarget = { kind = "cuda", arch = "sm_90" }'
+
+    def validate(self, raw: dict[str, Any], target: dict[str, Any], fail: Fail) -> None:
+        if target_kind(target) != "cuda":
+            raise fail("target", f"kind {target_kind(target)!r} is not CUDA",
+                       'a cuda device runs CUDA kernels: write target = { kind = "cuda", arch = "sm_90" } '
+                       "(the GPU's compute capability)")
+        super().validate(raw, target, fail)
+
+    def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
+        from farm.devices.native import SERVER, ensure_native_server, native_command
+
+        server = ensure_native_server(cuda=True)
+        port = int(device.options.get("server_port") or free_port())
+        log_path = state_dir / f"server-{device.name}.log"
+        proc = spawn([*native_command(server, tracker, device.key, port), *thread_options(device)], log_path)
+        return [local_process("server", device.name, device.key, proc.pid, port, str(log_path), SERVER)]
+
+    def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
+        target = super().effective_target(device, target, host)
+        if device.host is None:  # this host runs the host code
+            target["host"] = {"kind": "llvm", **({"mcpu": host.cpu} if host.cpu else {})}
+        return target
+
+    def prerequisites(self) -> str:
+        return driver_missing()
