@@ -157,17 +157,20 @@ def install_artifact(cache_dir: Path, file_digest: str, meta: dict, data: bytes)
 
 
 def _cached(folder: Path) -> Artifact | None:
-    """The artifact ``folder`` holds, when its metadata is whole and its file has the digest it records."""
+    """The artifact ``folder`` holds, when its metadata is whole and its file has the digest it records. The library
+    is the one in ``folder`` under its recorded name, wherever the cache was written (a cache carried to another
+    host: tools/gpu_kit.py)."""
     meta_path = folder / META
     if not meta_path.exists():
         return None
     try:
         meta = json.loads(meta_path.read_text())
+        library = folder / Path(meta["path"]).name
         if "params_bytes" not in meta:  # written before farm read planned memory: built again to read it
             log.info("rebuilding %s: its metadata has no planned memory", meta_path)
-        elif Path(meta["path"]).exists() and _digest(Path(meta["path"])) == meta["file_digest"]:
+        elif library.exists() and _digest(library) == meta["file_digest"]:
             # the key includes the pipeline version: metadata written before it was recorded has this one
-            return Artifact(**{"pipeline_version": PIPELINE_VERSION, **meta, "cached": True})
+            return Artifact(**{"pipeline_version": PIPELINE_VERSION, **meta, "path": str(library), "cached": True})
     except (ValueError, KeyError, TypeError, OSError):
         log.warning("rebuilding: unreadable artifact metadata %s", meta_path)
     return None

@@ -104,10 +104,11 @@ class DeviceCode:
 
 
 def cuda_arch(target: dict[str, Any]) -> str:
-    """The ``sm_XX`` an effective CUDA target compiles for (a tag's own arch included)."""
+    """The ``sm_XX`` an effective CUDA target compiles for: its ``arch``, else its tag's (which TVM's compiler reads:
+    a host with TVM's runtime alone needs the arch written out)."""
     from farm.compile.targets import make_target
 
-    arch = str(make_target(target).attrs.get("arch", ""))
+    arch = str(target["arch"] if "arch" in target else make_target(target).attrs.get("arch", ""))
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise BuildError(f"the CUDA target {json.dumps(target)} names no arch (sm_XX)",
                          'write target = { kind = "cuda", arch = "sm_90" } (the GPU\'s compute capability)')
