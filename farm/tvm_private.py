@@ -330,6 +330,7 @@ class _WithoutTorch(importlib.abc.Loader):
 # no CUDA runtime is linked, as on a build host). With format "cuda" the code is C source that the runtime compiles
 # when it loads; with "cubin" it is loaded as it is (CUDAModuleCreateImpl).
 PACK_IMPORTS_TO_C = "runtime.ModulePackImportsToC"
+CUDA_MODULE = "cuda"  # the kind() of TVM's CUDA module (CUDAModuleNode, CUDAFallbackModuleNode): not a device kind
 
 
 def _take(blob: bytes, at: int) -> tuple[bytes, int]:
@@ -362,7 +363,7 @@ def rewrite_cuda_code(blob: bytes, sources: list[str], cubin_for: Callable[[str]
         if kind == b"_lib":
             continue
         payload, at = _take(blob, at)
-        if kind == b"cuda":
+        if kind == CUDA_MODULE.encode():
             payload = _cubin_payload(payload, sources, cubin_for)
             replaced += 1
         out.append(_string(payload))
@@ -390,7 +391,8 @@ def cuda_sources(module: Any) -> list[str]:
             if id(child) not in seen:
                 seen.add(id(child))
                 stack.append(child)
-        if current.kind == "cuda":
+        module_kind = current.kind  # a module's kind, not a device's
+        if module_kind == CUDA_MODULE:
             found.append(current.inspect_source())
     return found
 

@@ -12,8 +12,19 @@
 # (cold and warm first run: module load with no JIT; steady kernel time on the GPU's clock and wall per call on the
 # host's; memory; outputs checked against onnxruntime on the CPU), the copy curve both ways, and the report.
 # Everything lands in OUT: results.db, report.html, one JSON per bench, the log, nvidia-smi's view of the GPU.
-# Each step is bounded (timeout); a model that fails is a stored failure, and the check goes on to the next.
+# Each step is bounded, and all of them by BUDGET_S (default 330 s: the check ends within 6 minutes, its 25 s of
+# teardown included; the last 90 s are the results' and the report's); a step with no time left is skipped and says
+# so. A model that fails is a stored failure, and the check goes on to the next.
 set -uo pipefail
+deadline=$(( SECONDS + ${BUDGET_S:-330} ))
+# bounded MAX_S CMD...: CMD under a timeout of MAX_S or what is left of the budget (less RESERVE_S, kept for the
+# steps after it), whichever is less
+bounded() {
+  local max=$1 left=$(( deadline - ${RESERVE_S:-0} - SECONDS ))
+  shift
+  if (( left < 5 )); then echo "skipped, out of time: $*" >&2; return 124; fi
+  timeout "$(( left < max ? left : max ))" "$@"
+}
 here="$(cd "$(dirname "$0")/.." && pwd)"
 kit="${1:-$here/build/gpu-kit.tar.gz}"
 out="$(mkdir -p "${2:-${OUT:-$PWD/gpu-check}}" && cd "${2:-${OUT:-$PWD/gpu-check}}" && pwd)"
@@ -29,7 +40,7 @@ step "kit $kit into $work"
 tar xzf "$kit" -C "$work" || exit 2
 venv="${VENV:-$work/venv}"
 [ -n "${VENV:-}" ] || "$python" -m venv --system-site-packages "$venv" || exit 2
-"$venv/bin/python" -m pip install -q --no-index --no-deps --force-reinstall "$work"/wheels/*.whl || exit 2
+bounded 120 "$venv/bin/python" -m pip install -q --no-index --no-deps --force-reinstall "$work"/wheels/*.whl || exit 2
 
 export TVM_USE_RUNTIME_LIB=1 FARM_CACHE="$work/cache" FARM_HOME="$work/home" FARM_DEVICES="$work/devices.toml"
 export FARM_DB="$out/results.db"
@@ -56,20 +67,20 @@ cat "$out/versions.json"
 step "tracker and farm's native CUDA server"
 port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 sed -i "s/^port = .*/port = $port/" "$FARM_DEVICES"  # a free port: never another tracker's
-trap 'timeout 60 "$farm" down >/dev/null 2>&1' EXIT
-timeout 60 "$farm" tracker start || { echo "error: the tracker did not start"; exit 1; }
-timeout 120 "$farm" serve || { echo "error: farm serve failed"; exit 1; }
-timeout 30 "$farm" devices
+trap 'timeout 25 "$farm" down >/dev/null 2>&1' EXIT
+bounded 60 "$farm" tracker start || { echo "error: the tracker did not start"; exit 1; }
+bounded 90 "$farm" serve || { echo "error: farm serve failed"; exit 1; }
+bounded 30 "$farm" devices
 
 for model in $models; do
   name="${model//[:\/]/-}"
   step "bench $model"
-  timeout 240 "$farm" bench --device gpu --model "$model" --json > "$out/bench-$name.json" || status=1
+  RESERVE_S=90 bounded 120 "$farm" bench --device gpu --model "$model" --json > "$out/bench-$name.json" || status=1
 done
 step "copy curve (both directions)"
-timeout 180 "$farm" copies --device gpu --json > "$out/copies.json" || status=1
+RESERVE_S=90 bounded 90 "$farm" copies --device gpu --json > "$out/copies.json" || status=1
 step "results and report"
-timeout 60 "$farm" results --json > "$out/results.json" || status=1
-timeout 120 "$farm" report --out "$out/report.html" || status=1
+bounded 30 "$farm" results --json > "$out/results.json" || status=1
+bounded 60 "$farm" report --out "$out/report.html" || status=1
 step "done (exit $status): $out"
 exit $status
