@@ -29,8 +29,8 @@ farm's name                 TVM's private name (0.27)                           
                             module tree's bytes (``ModuleSerializer``) and a
                             ``cuda`` module's (``CUDAModuleNode::SaveToBytes``:
                             fmt, function table, code)
-``runtime_only``            ``TVM_USE_RUNTIME_LIB=1`` (``tvm/base.py``): libtvm  ``tools/gpu_kit.py``
-                            without ``libtvm_compiler.so``
+``runtime_only_env``        ``TVM_USE_RUNTIME_LIB=1`` (``tvm/base.py``): libtvm  ``tools/gpu_check.sh``
+                            without ``libtvm_compiler.so``                         (the GPU kit's hosts)
 ==========================  =====================================================  ===========================
 
 MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
@@ -426,7 +426,8 @@ def pack_imports_with_cubin(cubin_for: Callable[[str], bytes], note: bytes) -> C
 
 def runtime_only_env() -> dict[str, str]:
     """The environment under which ``import tvm`` loads libtvm_runtime alone, never ``libtvm_compiler.so`` (a
-    host that only runs compiled artifacts: ``tools/gpu_kit.py`` carries no compiler)."""
+    host that only runs compiled artifacts: ``tools/gpu_kit.py`` carries no compiler, and ``tools/gpu_check.sh``
+    sets it, in shell)."""
     return {"TVM_USE_RUNTIME_LIB": "1"}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from farm.rpc.processes import free_port
+from farm.tvm_private import runtime_only_env
 from tests.conftest import REPO
 
 # pyenv's own 3.12 first: its shim answers "command not found" where 3.12 is not the selected version
@@ -97,7 +98,7 @@ def test_the_kit_s_runtime_only_farm_measures_a_cpu_model_end_to_end(kit_and_hos
     compiled = subprocess.run([str(REPO / ".venv" / "bin" / "farm"), "compile", "--device", "cpu", "--model", "mlp"],
                               capture_output=True, text=True, timeout=300, env=env)
     assert compiled.returncode == 0, compiled.stderr
-    farm, runtime_only = str(host / "bin" / "farm"), {**env, "TVM_USE_RUNTIME_LIB": "1"}
+    farm, runtime_only = str(host / "bin" / "farm"), {**env, **runtime_only_env()}
     try:
         for verb in (["tracker", "start"], ["serve"]):
             started = subprocess.run([farm, *verb], capture_output=True, text=True, timeout=120, env=runtime_only)

@@ -241,3 +241,19 @@ def test_a_cuda_module_whose_bytes_do_not_end_in_its_source_is_refused_as_a_move
     moved = tree + string(b"cuda") + string(string(b"cuda") + string(b"__global__ k") + b"FMAP")
     with pytest.raises(ValueError, match="SaveToBytes has changed"):
         rewrite_cuda_code(struct.pack("<Q", len(moved)) + moved, ["__global__ k"], lambda s: b"BIN")
+
+
+def test_the_runtime_only_environment_loads_tvm_s_runtime_and_never_its_compiler():
+    """What the GPU kit's hosts run with (tools/gpu_check.sh): TVM reads the variable when it loads its libraries."""
+    import json
+    import subprocess
+    import sys
+
+    from farm.tvm_private import runtime_only_env
+
+    probe = "import json, tvm.base as b; print(json.dumps([b._RUNTIME_ONLY, sorted(b._LOADED_LIBS)]))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **runtime_only_env()})
+    assert done.returncode == 0, done.stderr[-1000:]
+    runtime_only, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runtime_only is True and "tvm_runtime" in loaded and "tvm_compiler" not in loaded
