@@ -133,3 +133,6 @@ def test_the_plain_bundle_refuses_cuda_saying_it_was_built_without(cuda_less):
         assert "(this server was built without CUDA support)" in str(asked.value)
     finally:
         del session
+    # a server built without CUDA (boards, phones, a fleet's hundred) says nothing of it at start
+    plain_log = cuda_less.log.with_name("server-cpu-only.log").read_text()
+    assert "listening on" in plain_log and "CUDA" not in plain_log
