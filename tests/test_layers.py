@@ -228,6 +228,7 @@ CATCHERS = {
     "farm.nightly": "a tuning session or validation that fails is a line of the night's outcome; the sweep stands",
     "farm.measure.copies": "a failed session is a failed copy curve, with its reason",
     "farm.measure.steps": "a failed session is a stored failed run at step 'session'",
+    "farm.measure.profile": "a profile that fails is 'not available' with the reason; the run stands",
     "farm.reference": "a reference runtime that fails is its stored failed result; the TVM figure stands",
     "farm.rpc.probe": "a probe's state: busy or unreachable, with the reason",
     "farm.rpc.processes": "start_tracker waits for the tracker it started, then raises its own TrackerError",

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import asdict
 
 from farm.errors import FarmError
-from farm.stats import median, memory_text, versus_text
+from farm.stats import format_duration, median, memory_text, versus_text
 
 from farm.cli.common import (MODEL_HELP, add_bench_options, add_progress, add_shape_option, add_variant_options, add_verb,
                              bench_config, duration, emit_json, home_dir, inventory_and_device, load_with_variant,
@@ -33,6 +33,10 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                    "with a test_data_set_0 folder beside it: that folder")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
     p.add_argument("--tvm-only", action="store_true", help="do not time the reference runtime beside TVM")
+    p.add_argument("--profile", action="store_true",
+                   help="then where the time goes: each kernel of the model timed on the device, in runs of its own "
+                        "after the timed ones (farm's servers: a stock TVM server says 'not available'), by op class, "
+                        "its sum against the steady median (not stored yet: printed, and in --json)")
     add_variant_options(p)
     add_progress(p)
     add_bench_options(p)
@@ -48,14 +52,17 @@ def run(args: argparse.Namespace) -> int:
         cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", bench_config(args),
                           reference_file=args.reference, progress=progress_printer(args.progress), tuned=not args.untuned,
                           reference_runtime=not args.tvm_only)
+    profile = _profile(inventory.tracker, device, model, cell, args) if args.profile else None
     if args.json:
-        emit_json(bench_json(cell, device))
+        emit_json({**bench_json(cell, device), **({"profile": profile.to_json()} if profile else {})})
     else:
         print_bench(cell)
         if cell.fallback is not None:
             print_bench(cell.fallback)
         print(versus_line(cell.fallback if cell.fallback is not None and cell.result.status != "ok" else cell,
                           cell.reference))
+        if profile is not None:
+            print_profile(profile, median(cell.result.steady_samples_s) if cell.result.steady_samples_s else None)
     r = cell.result
     if r.status != "ok":
         fallback = "" if cell.fallback is None else \
@@ -63,6 +70,33 @@ def run(args: argparse.Namespace) -> int:
         raise FarmError(r.reason, f"{r.hint or 'the failed run is stored; see farm results'} (stored as run {cell.run_id}"
                                   f"{fallback})")
     return 0
+
+
+def _profile(tracker, device, model, cell, args):
+    """The cell's per-kernel profile, in a session of its own after the cell (``measure.profile``)."""
+    from farm.measure.profile import KernelProfile, profile_kernels
+    from farm.models import make_inputs
+
+    if cell.artifact is None or cell.result.status != "ok":
+        return KernelProfile("not available", f"the run did not pass (run {cell.run_id}: {cell.result.status})")
+    return profile_kernels(tracker, device, cell.artifact, make_inputs(model, bench_config(args).seed), bench_config(args))
+
+
+def print_profile(profile, steady_s: float | None, top: int = 10) -> None:
+    """Where the time goes: by op class, then the top kernels, the kernels' sum against ``main`` and the steady
+    median."""
+    if profile.status != "ok":
+        print(f"profile: not available: {profile.reason}")
+        return
+    steady = f", steady median {format_duration(steady_s)}" if steady_s else ""
+    print(f"where the time goes ({profile.runs} runs of their own, {profile.clock}): kernels "
+          f"{format_duration(profile.kernel_sum_s)} of main's {format_duration(profile.main_s)}{steady}; the rest (VM calls, "
+          f"what lies between calls) {format_duration(profile.main_s - profile.kernel_sum_s)}")
+    print("  by op class: " + " · ".join(f"{label} {format_duration(s)} ({s / profile.main_s:.0%})"
+                                         for label, s in profile.by_class().items()))
+    for kernel in sorted(profile.kernels, key=lambda k: -k.time_s)[:top]:
+        print(f"  {kernel.name:48s} {kernel.op_class:18s} {kernel.calls:5.3g}×  {format_duration(kernel.time_s):>9s}  "
+              f"{kernel.time_s / profile.main_s:5.1%}")
 
 
 def versus_line(cell, reference) -> str:

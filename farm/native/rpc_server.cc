@@ -31,6 +31,8 @@
 // - farm.ThreadsSet(): the CPU threads this server gave TVM (--threads N, default the CPUs online here), set as
 //   TVM_NUM_THREADS before any session forks, so each session's thread pool is sized by it and not by TVM's
 //   default (half the CPUs on x86). A run stores what the session reports (runtime.NumThreads);
+// - farm.KernelProfile(module, dev_type, dev_id, runs, inputs...): where the time goes, each call of the module's
+//   main timed between device syncs in this process, as JSON (farm/measure/profile.py);
 // - farm.DeviceRuntimes(): which device runtimes this server has, as JSON {"cuda": "loaded", "opencl": "not
 //   loaded: <why>"}, so a client can tell a server without a GPU runtime from one whose GPU is busy or broken.
 //
@@ -56,6 +58,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <random>
 #include <string>
@@ -283,6 +286,65 @@ tvm::ffi::Function WallTimeEvaluator(tvm::ffi::Module mod, tvm::ffi::String name
   });
 }
 
+// farm.KernelProfile(module, dev_type, dev_id, runs, inputs...) -> JSON, as farm's Python server answers it
+// (farm/rpc/server.py): the module's main run `runs` times (after one not counted) under a VM instrument that syncs
+// the device and reads the clock around each call, here in the session's process; sums over the runs.
+void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
+  namespace ffi = tvm::ffi;
+  using Clock = std::chrono::steady_clock;
+  ffi::Module executable = args[0].cast<ffi::Module>();
+  DLDevice dev{static_cast<DLDeviceType>(args[1].cast<int>()), args[2].cast<int>()};
+  int runs = args[3].cast<int>();
+  ffi::Module vm = executable->GetFunction("vm_load_executable").value()().cast<ffi::Module>();
+  constexpr int kPooled = 2;  // the VM's pooled allocator, as TVM's Python VirtualMachine chooses by default
+  ffi::Function init = vm->GetFunction("vm_initialization").value();
+  if (dev.device_type == kDLCPU) {
+    init(static_cast<int>(dev.device_type), dev.device_id, kPooled);
+  } else {  // the CPU runs the shape functions
+    init(static_cast<int>(dev.device_type), dev.device_id, kPooled, static_cast<int>(kDLCPU), 0, kPooled);
+  }
+  std::vector<std::string> order;
+  std::map<std::string, double> seconds;
+  std::map<std::string, int64_t> calls;
+  std::map<std::string, Clock::time_point> started;
+  ffi::Function instrument = ffi::Function::FromPacked([&](ffi::PackedArgs call, ffi::Any* ret) {
+    SyncDevice(dev);
+    Clock::time_point now = Clock::now();
+    std::string symbol = call[1].cast<ffi::String>();
+    if (call[2].cast<bool>()) {
+      started[symbol] = now;
+    } else {
+      if (!calls.count(symbol)) order.push_back(symbol);
+      seconds[symbol] += std::chrono::duration<double>(now - started[symbol]).count();
+      calls[symbol] += 1;
+    }
+    *ret = 0;
+  });
+  vm->GetFunction("set_instrument").value()(instrument);
+  ffi::Function main_func = vm->GetFunction("main").value();
+  ffi::Any unused;
+  main_func.CallPacked(args.data() + 4, args.size() - 4, &unused);  // not counted: the first run allocates
+  order.clear();
+  seconds.clear();
+  calls.clear();
+  SyncDevice(dev);
+  Clock::time_point begun = Clock::now();
+  for (int r = 0; r < runs; ++r) main_func.CallPacked(args.data() + 4, args.size() - 4, &unused);
+  SyncDevice(dev);
+  double main_s = std::chrono::duration<double>(Clock::now() - begun).count();
+  vm->GetFunction("set_instrument").value()(ffi::Function(nullptr));
+  std::ostringstream json;
+  json.precision(17);
+  json << "{\"clock\": \"wall, the device synced before and after each call\", \"runs\": " << runs
+       << ", \"main_s\": " << main_s << ", \"kernels\": [";
+  for (size_t i = 0; i < order.size(); ++i) {
+    json << (i ? ", " : "") << "{\"name\": " << Quote(order[i]) << ", \"calls\": " << calls[order[i]]
+         << ", \"time_s\": " << seconds[order[i]] << "}";
+  }
+  json << "]}";
+  *rv = ffi::String(json.str());
+}
+
 // The driver's kernel cache folder, emptied (and made again); the folder's name, "" when there is none.
 std::string ClearKernelCache() {
   if (g_kernel_cache.empty()) return "";
@@ -333,6 +395,7 @@ void RegisterServerEnv() {
   }), true);
   if (!g_cuda_missing.empty()) RefuseCuda();
   ffi::Function::SetGlobal("farm.WallTimeEvaluator", ffi::Function::FromTyped(WallTimeEvaluator), true);
+  ffi::Function::SetGlobal("farm.KernelProfile", ffi::Function::FromPacked(KernelProfile), true);
   ffi::Function::SetGlobal("farm.ClearKernelCache",
                            ffi::Function::FromTyped([]() -> ffi::String { return ClearKernelCache(); }), true);
   ffi::Function::SetGlobal("farm.MemoryStats",

@@ -27,6 +27,11 @@ It registers, in the server's worker before any session forks from it:
   default (half the CPUs on x86). A run stores what the session reports (``runtime.NumThreads``); this helper
   says farm set it. farm's native server answers the same.
 
+- ``farm.KernelProfile(module, dev_type, dev_id, runs, *inputs)`` → JSON: the module's ``main`` run ``runs``
+  times (after one not counted) with a VM instrument that syncs the device and reads the clock around each call, in
+  this process (no round trip per call): ``{"clock", "runs", "main_s", "kernels": [{"name", "calls", "time_s"}]}``,
+  sums over the runs (``farm/measure/profile.py``). farm's native server answers the same.
+
 The library is loaded in the worker (``import tvm`` there runs in a fresh process, not a fork
 of this one), so each session's OpenCL context is created fresh in its own child.
 """
@@ -105,6 +110,42 @@ def clear_kernel_cache() -> str:
     return folder
 
 
+def kernel_profile(module, dev_type: int, dev_id: int, runs: int, *inputs) -> str:
+    """``farm.KernelProfile``: each call of ``main`` timed between device syncs, summed over ``runs`` runs."""
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    dev = tvm.runtime.device(int(dev_type), int(dev_id))
+    vm = VirtualMachine(module, dev)
+    times: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    started: dict[str, float] = {}
+
+    def instrument(func, symbol, before_run, ret_value, *args) -> int:  # the VM's signature; 0: go on
+        dev.sync()
+        now = time.perf_counter()
+        if before_run:
+            started[symbol] = now
+        else:
+            times[symbol] = times.get(symbol, 0.0) + now - started.pop(symbol, now)
+            calls[symbol] = calls.get(symbol, 0) + 1
+        return 0
+
+    vm.set_instrument(instrument)
+    vm["main"](*inputs)  # not counted: the first run allocates, and builds kernels where the driver does so lazily
+    times.clear()
+    calls.clear()
+    dev.sync()
+    begun = time.perf_counter()
+    for _ in range(int(runs)):
+        vm["main"](*inputs)
+    dev.sync()
+    main_s = time.perf_counter() - begun
+    return json.dumps({"clock": "wall, the device synced before and after each call", "runs": int(runs),
+                       "main_s": main_s, "kernels": [{"name": name, "calls": calls[name], "time_s": times[name]}
+                                                     for name in times]})
+
+
 def keep_serving(serving):
     """TVM's ``_serving`` (``tvm_private.rpc_serving``), but a session whose child died is logged and closed instead
     of ending the server."""
@@ -140,6 +181,7 @@ def register(library: str | None, threads: int = 0) -> None:
     tvm.register_global_func("farm.ClearKernelCache", clear_kernel_cache, override=True)
     tvm.register_global_func("farm.MemoryStats", memory_stats, override=True)
     tvm.register_global_func("farm.ThreadsSet", lambda: threads, override=True)
+    tvm.register_global_func("farm.KernelProfile", kernel_profile, override=True)
 
 
 def main(argv: list[str] | None = None) -> None:
