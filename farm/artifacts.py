@@ -81,10 +81,12 @@ def describe_binary(name: str, data: bytes) -> Member:
     return Member(name, "other", "", "")
 
 
-def _device_code(data: bytes) -> set[str]:
+def _device_code(data: bytes) -> tuple[set[str], CudaCode | None]:
+    """The device code kinds ``data`` embeds, and its CUDA code: its packed modules unpacked and its cubins found once."""
     data = _unpacked(data)
+    cuda = _cuda_code(data)
     found = {kind for kind, markers in DEVICE_CODE_MARKERS.items() if any(m in data for m in markers)}
-    return found | ({"cuda"} if cubin_archs(data) else set())
+    return found | ({"cuda"} if cuda else set()), cuda
 
 
 def cubin_archs(data: bytes) -> list[str]:
@@ -111,7 +113,7 @@ def _unpacked(data: bytes) -> bytes:
 
 
 def _cuda_code(data: bytes) -> CudaCode | None:
-    data = _unpacked(data)
+    """``data``'s CUDA code (``data`` unpacked: ``_unpacked``), None when it has none."""
     archs = cubin_archs(data)
     if not archs:
         return CudaCode("source", ()) if any(m in data for m in DEVICE_CODE_MARKERS["cuda"]) else None
@@ -135,11 +137,11 @@ def inspect_artifact(path: str | Path) -> ArtifactInfo:
                 if item.isfile() and (member := tar.extractfile(item)) is not None:
                     data = member.read()
                     members.append(describe_binary(item.name, data))
-                    code |= _device_code(data)
-                    cuda = cuda or _cuda_code(data)
+                    kinds, member_cuda = _device_code(data)
+                    code |= kinds
+                    cuda = cuda or member_cuda
     else:
         data = path.read_bytes()
         members.append(describe_binary(path.name, data))
-        code |= _device_code(data)
-        cuda = _cuda_code(data)
+        code, cuda = _device_code(data)
     return ArtifactInfo(tuple(members), tuple(sorted(code)), cuda)

@@ -30,9 +30,12 @@ META = "artifact.json"  # an artifact folder's metadata, beside its library
 def planned_key(model: ModelSource, device: Device, tuning: TuningSet | None = None) -> str:
     """The artifact key ``compile_model`` builds (model, device, tuning records) under, before building it."""
     target = effective_target(device)
-    tuning = tuning if tuning is not None and tuning.records else None
-    cuda = device_code_for(device, target)
-    return artifact_key(model, device, target, toolchain_for(device, target), tuning.digest if tuning else "",
+    return _key(model, device, target, toolchain_for(device, target), tuning, device_code_for(device, target))
+
+
+def _key(model: ModelSource, device: Device, target: dict, toolchain: str, tuning: TuningSet | None,
+         cuda: tuple[CudaCompiler, DeviceCode] | None) -> str:
+    return artifact_key(model, device, target, toolchain, tuning.digest if tuning is not None and tuning.records else "",
                         device_code=cuda[1].compiler if cuda else "")
 
 
@@ -43,7 +46,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     cuda = device_code_for(device, target)  # an arch its compiler cannot target fails here, before TVM compiles
     if tuning is not None and not tuning.records:
         tuning = None
-    key = planned_key(model, device, tuning)
+    key = _key(model, device, target, toolchain, tuning, cuda)
     folder = Path(cache_dir) / key[:24]
     if (cached := _cached(folder)) is not None:
         return cached

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from farm.devices.nvidia_wheels import WHEEL_SETS, include_path, library_path
 from farm.errors import BuildError
-from farm.records import Device
+from farm.records import Device, target_kind
 
 # The oldest Linux driver that loads a cubin from each CUDA release (NVIDIA's "CUDA Compatibility" guide, table
 # "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility"; 10.2 has no minor-version
@@ -234,8 +234,6 @@ def _nvcc_cubin(nvcc: str, source: str, arch: str) -> bytes:
 def device_code_for(device: Device, target: dict[str, Any]) -> tuple[CudaCompiler, DeviceCode] | None:
     """For a CUDA target: its compiler and the note its artifact will carry (checked before TVM compiles); None for
     other targets."""
-    from farm.records import target_kind
-
     if target_kind(target) != "cuda":
         return None
     arch = cuda_arch(target)

@@ -31,7 +31,7 @@ ANDROID_CPU_TAGS = ("arm/mate10", "arm/pixel2")
 def host_cpu() -> str | None:
     """The host CPU as LLVM names it (TVM 0.27 refuses ``mcpu=native``); None where TVM's runtime is loaded alone
     (no LLVM to ask: a device host that runs artifacts compiled elsewhere names its host target in the inventory)."""
-    if not hasattr(codegen._ffi_api, "llvm_get_system_cpu"):  # pylint: disable=protected-access
+    if tvm.get_global_func("target.llvm_get_system_cpu", allow_missing=True) is None:  # LLVM is the compiler's
         return None
     cpu = codegen.llvm_get_system_cpu()
     triple = codegen.llvm_get_system_triple()

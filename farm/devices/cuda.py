@@ -16,9 +16,9 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
-from farm.devices.kind import Fail, Field, ThisHost, thread_options
-from farm.records import Device, HostCPU, TrackerAddress, target_kind
-from farm.rpc.processes import ManagedProcess, free_port, local_process, spawn
+from farm.devices.kind import Fail, Field, GpuHere, thread_options
+from farm.records import Device, TrackerAddress, target_kind
+from farm.rpc.processes import ManagedProcess
 
 DRIVER = "libcuda.so.1"
 
@@ -32,7 +32,7 @@ def driver_missing() -> str:
     return ""
 
 
-class Cuda(ThisHost):
+class Cuda(GpuHere):
     name = "cuda"
     summary = "this host's NVIDIA GPU, served by farm's native server with TVM's CUDA runtime (no Python there)"
     serve_help = ("farm's native server with the wheel's libtvm_runtime_cuda.so and PyPI's libcudart beside it; "
@@ -48,19 +48,10 @@ class Cuda(ThisHost):
         super().validate(raw, target, fail)
 
     def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
-        from farm.devices.native import SERVER, ensure_native_server, native_command
+        from farm.devices.native import ensure_native_server, start_native_server
 
-        server = ensure_native_server(cuda=True)
-        port = int(device.options.get("server_port") or free_port())
-        log_path = state_dir / f"server-{device.name}.log"
-        proc = spawn([*native_command(server, tracker, device.key, port), *thread_options(device)], log_path)
-        return [local_process("server", device.name, device.key, proc.pid, port, str(log_path), SERVER)]
-
-    def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
-        target = super().effective_target(device, target, host)
-        if device.host is None:  # this host runs the host code
-            target["host"] = {"kind": "llvm", **({"mcpu": host.cpu} if host.cpu else {})}
-        return target
+        return [start_native_server(ensure_native_server(cuda=True), tracker, device.name, device.key, state_dir,
+                                    port=device.options.get("server_port"), options=thread_options(device))]
 
     def prerequisites(self) -> str:
         return driver_missing()

@@ -174,6 +174,17 @@ class ThisHost(DeviceKind):
         return context
 
 
+
+class GpuHere(ThisHost):
+    """A base for GPU kinds of this host (OpenCL, CUDA): the host code runs on this host's CPU, llvm with its CPU
+    unless the device names its ``host``."""
+
+    def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
+        target = super().effective_target(device, target, host)
+        if device.host is None and target_kind(target) != "llvm":  # this host runs the host code
+            target["host"] = {"kind": "llvm", **({"mcpu": host.cpu} if host.cpu else {})}
+        return target
+
 # Fields every kind has, checked by their type here (the rest of the common fields are the inventory's)
 THREADS = Field("count", "threads = 4", THREADS_RULE)
 WEIGHT_PREPACK = Field("flag", "weight_prepack = false", PREPACK_RULE)

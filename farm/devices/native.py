@@ -51,10 +51,10 @@ def ensure_native_server(cuda: bool = False) -> Path:
     tag = f"{tvm_version}-{ffi_version}-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}-r{RECIPE}"
     if cuda:
         bundled = cache_root() / f"native-host-cuda-{tag}" / SERVER
-        if bundled.exists():
-            check_native_server(bundled)
-            return bundled
-        return _ensure_cuda_bundle(ensure_native_server())
+        if not bundled.exists():
+            _bundle_cuda(ensure_native_server(), bundled.parent)
+        check_native_server(bundled)
+        return bundled
     folder = cache_root() / f"native-host-{tag}"
     server = folder / SERVER
     if not server.exists():
@@ -75,18 +75,13 @@ def ensure_native_server(cuda: bool = False) -> Path:
     return server
 
 
-def _ensure_cuda_bundle(server: Path) -> Path:
-    """The host build ``server`` copied with its libraries into ``native-host-cuda-<its tag>``, with TVM's CUDA
-    runtime and the cudart it needs beside them (the runtime's RUNPATH is ``$ORIGIN``)."""
-    folder = server.parent.with_name(server.parent.name.replace("native-host-", "native-host-cuda-", 1))
-    bundled = folder / SERVER
-    if not bundled.exists():
-        cudart = library_path("cudart-13")
-        with building(folder, "native-cuda-") as work:
-            for path in (*server.parent.iterdir(), _library_dirs()[0] / CUDA_RUNTIME, cudart):
-                shutil.copy2(path, work / path.name)
-    check_native_server(bundled)
-    return bundled
+def _bundle_cuda(server: Path, folder: Path) -> None:
+    """The host build ``server`` copied with its libraries into ``folder`` (``native-host-cuda-<its tag>``), with TVM's
+    CUDA runtime and the cudart it needs beside them (the runtime's RUNPATH is ``$ORIGIN``)."""
+    cudart = library_path("cudart-13")
+    with building(folder, "native-cuda-") as work:
+        for path in (*server.parent.iterdir(), _library_dirs()[0] / CUDA_RUNTIME, cudart):
+            shutil.copy2(path, work / path.name)
 
 
 def check_native_server(server: Path) -> None:
@@ -107,10 +102,11 @@ def native_command(server: Path, tracker: TrackerAddress, key: str, port: int) -
     return [str(server), "--tracker", str(tracker), "--key", key, "--host", "127.0.0.1", "--port", str(port)]
 
 
-def start_native_server(server: Path, tracker: TrackerAddress, name: str, key: str, state_dir: Path) -> ManagedProcess:
-    """One native server on a free loopback port, in its own process group, its log in ``state_dir``; the record
-    ``stop_process`` stops it by."""
-    port = free_port()
+def start_native_server(server: Path, tracker: TrackerAddress, name: str, key: str, state_dir: Path,
+                        port: int | None = None, options: tuple[str, ...] = ()) -> ManagedProcess:
+    """One native server on loopback (``port``, else a free one) with extra ``options`` (``--threads N``), in its own
+    process group, its log in ``state_dir``; the record ``stop_process`` stops it by."""
+    port = port or free_port()
     log_path = state_dir / f"server-{name}.log"
-    proc = spawn(native_command(server, tracker, key, port), log_path)
+    proc = spawn([*native_command(server, tracker, key, port), *options], log_path)
     return local_process("server", name, key, proc.pid, port, str(log_path), SERVER)

@@ -12,9 +12,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from farm.devices.kind import Fail, Field, ThisHost, thread_options
+from farm.devices.kind import Fail, Field, GpuHere, thread_options
 from farm.devices.opencl_runtime import ensure_runtime, missing
-from farm.records import Device, HostCPU, TrackerAddress, target_kind
+from farm.records import Device, TrackerAddress, target_kind
 from farm.rpc.processes import ManagedProcess, start_server
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ tags = ["demo", "opencl", "gpu-api"]
 """
 
 
-class OpenCL(ThisHost):
+class OpenCL(GpuHere):
     name = "opencl"
     summary = "this host's OpenCL implementation (a GPU driver, or POCL on the CPU)"
     serve_help = ("farm's server with TVM's OpenCL runtime, built from TVM's sources on first use, and a kernel "
@@ -55,12 +55,6 @@ class OpenCL(ThisHost):
         return [start_server(tracker, device.name, device.key, state_dir, port=device.options.get("server_port"),
                              options=("--load-library", str(library), "--kernel-cache", str(kernel_cache),
                                       *thread_options(device)))]
-
-    def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
-        target = super().effective_target(device, target, host)
-        if device.host is None and target_kind(target) != "llvm":  # this host runs the host code
-            target["host"] = {"kind": "llvm", **({"mcpu": host.cpu} if host.cpu else {})}
-        return target
 
     def prerequisites(self) -> str:
         return missing()
