@@ -342,6 +342,9 @@ class Artifact:
     planned_host_bytes: int | None = None  # Relax memory planning's storage allocations (alloc_storage, static
     planned_device_bytes: int | None = None  # shapes) in host memory and in the target's device (GPU) memory
     planned_dynamic: int = 0  # storage allocations of dynamic size, not in the sums above
+    # each kernel (PrimFunc) of the built module by name: {"args": [...], "flops": N | None, "schedule": ...}, what a
+    # profile names beside its time (compile.kernel_facts); {} = not known (built before farm read it)
+    kernels: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,68 @@ class BenchConfig:
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
+    profile: bool = False  # then where the time goes: each kernel timed on the device, after the timed runs
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel of a run's profile: per run of ``main``; what the compile knew of it (``args``, ``flops``,
+    ``schedule``: tuned by a record | scheduled by TVM's default rules (GPUs) | untuned; "" where not known)."""
+
+    name: str
+    op_class: str
+    calls: float
+    time_s: float
+    args: tuple[str, ...] = ()  # "float32[1, 64, 56, 56]", parameters in order (inputs, then outputs)
+    flops: float | None = None  # per call, TIR's estimate
+    schedule: str = ""
+
+    @property
+    def gflops(self) -> float | None:
+        """GFLOP/s over its time (None where the FLOPs are not known or it took no time)."""
+        return None if not self.flops or not self.time_s or not self.calls else \
+            self.flops * self.calls / self.time_s / 1e9
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """A run's per-kernel profile, or why there is none (``status`` "not available": the run stands)."""
+
+    status: str  # "ok" | "not available"
+    reason: str = ""
+    clock: str = ""  # what timed each call
+    runs: int = 0
+    main_s: float = 0.0  # one run of main, instrumented (the calls and what lies between them)
+    kernels: tuple[KernelTime, ...] = ()
+
+    @property
+    def kernel_sum_s(self) -> float:
+        """The kernels' time per run; the VM's own calls (op class "vm") are not kernels."""
+        return sum(k.time_s for k in self.kernels if k.op_class != "vm")
+
+    def by_class(self) -> dict[str, float]:
+        """Seconds per run by op class, largest first."""
+        totals: dict[str, float] = {}
+        for kernel in self.kernels:
+            totals[kernel.op_class] = totals.get(kernel.op_class, 0.0) + kernel.time_s
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def top(self, n: int | None = None) -> list[KernelTime]:
+        """The kernels, most time first (the VM's calls among them)."""
+        return sorted(self.kernels, key=lambda k: -k.time_s)[:n]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "reason": self.reason, "clock": self.clock, "runs": self.runs,
+                "main_s": self.main_s, "kernel_sum_s": self.kernel_sum_s, "by_class_s": self.by_class(),
+                "kernels": [{**asdict(k), "args": list(k.args), "gflops": k.gflops} for k in self.top()]}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> "KernelProfile":
+        return KernelProfile(data["status"], data.get("reason", ""), data.get("clock", ""), int(data.get("runs", 0)),
+                             float(data.get("main_s", 0.0)),
+                             tuple(KernelTime(k["name"], k["op_class"], float(k["calls"]), float(k["time_s"]),
+                                              tuple(k.get("args", ())), k.get("flops"), k.get("schedule", ""))
+                                   for k in data.get("kernels", ())))
 
 
 @dataclass(frozen=True)
@@ -603,6 +668,7 @@ class BenchResult:
     rss_after_load_bytes: int | None = None
     rss_peak_bytes: int | None = None
     check: CheckResult = CheckResult("skipped", detail="not reached")
+    profile: KernelProfile | None = None  # where the time goes (config.profile), in runs after the timed ones
     config: BenchConfig = BenchConfig()
     context: dict[str, Any] = field(default_factory=dict)
     started_at: str = ""

@@ -13,10 +13,11 @@ from farm.records import BenchConfig
 from farm.tune.config import DEFAULT_TRIALS, TuneBudget
 
 # BenchConfig's fields, as a sweep file's [bench] writes them: a number, whole unless the field is a float
-BENCH_KEYS = {f.name: float if "float" in str(f.type) else int for f in fields(BenchConfig)}
+BENCH_KEYS = {f.name: float if "float" in str(f.type) else bool if "bool" in str(f.type) else int
+              for f in fields(BenchConfig)}
 POSITIVE_BENCH_KEYS = ("repeat", "number", "copy_repeat", "timeout_s")  # the others may be 0
 SWEEP_FILE_HINT = ('a sweep file: devices = ["cpu"], models = ["mlp"], variants = ["fp32"], reference = "mlp", '
-                   "[bench] repeat = 20, [shapes.MODEL] input = [1, 3, 224, 224]")
+                   "[bench] repeat = 20, profile = true, [shapes.MODEL] input = [1, 3, 224, 224]")
 TUNE_KEYS = tuple(f.name for f in fields(TuneBudget))
 TUNE_HINT = (f"[tune] minutes = 20 (per device key, after measuring), trials = {DEFAULT_TRIALS} (per model at most), "
              'models = 2 and devices = ["x86-local"] (both optional)')
@@ -60,6 +61,10 @@ def load_sweep_file(path: str) -> SweepFile:
         if key not in BENCH_KEYS:
             raise FarmError(f"{path}: unknown [bench] key {key!r}", f"allowed: {', '.join(BENCH_KEYS)}")
         kind = BENCH_KEYS[key]
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise bad(f"[bench] {key} = {value!r} is not true or false")
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value < 0 \
                 or (value == 0 and key in POSITIVE_BENCH_KEYS):
             raise bad(f"[bench] {key} = {value!r} is not a {'positive ' if key != 'seed' else ''}"

@@ -154,6 +154,7 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
     db.execute("ALTER TABLE copy_curves DROP COLUMN curve_key")
@@ -197,6 +198,7 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
     db.execute("ALTER TABLE copy_curves DROP COLUMN curve_key")
@@ -228,6 +230,7 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
     db.execute("ALTER TABLE copy_curves DROP COLUMN curve_key")
@@ -484,3 +487,30 @@ def test_a_cell_s_standing_tells_what_a_resume_measures_again():
     assert spec.standing([StoredAttempt(1, "failed", "load"), StoredAttempt(2, "failed", "session")]) == \
         CellStanding.FAILED  # its one retry spent
     assert [s for s in cases if spec.cell_done(cases[s])] == [CellStanding.OK, CellStanding.FAILED]
+
+
+def test_a_run_s_profile_is_stored_with_it_and_a_schema_19_database_gets_the_table(db_location):
+    """Schema 20: a run's per-kernel profile is written with the run (its kernels as one compact row) and read back
+    whole, on both backends; a run without one has none; a profile 'not available' keeps its reason. A schema-19
+    database keeps its runs and gets the table."""
+    from farm.records import KernelProfile, KernelTime
+
+    profile = KernelProfile("ok", "", "wall", 10, 0.004, (
+        KernelTime("fused_conv2d_add_relu", "conv", 1.0, 0.003, ("float32[1, 3, 32, 32]", "float32[1, 16, 32, 32]"),
+                   884736.0, "tuned"),
+        KernelTime("vm.builtin.alloc_tensor", "vm", 2.0, 0.0001)))
+    with Store(db_location) as store:
+        plain = store.record_result(_result(), DEVICE, load_model("mlp"), None)
+        written = run_rows(store)
+    db = raw_connection(db_location)
+    db.execute("DROP TABLE profiles")
+    db.execute("UPDATE meta SET value='19' WHERE key='schema_version'")
+    db.close()
+    with Store(db_location) as store:
+        assert run_rows(store) == written
+        profiled = store.record_result(dataclasses.replace(_result(), profile=profile), DEVICE, load_model("mlp"), None)
+        missing = store.record_result(dataclasses.replace(_result(), profile=KernelProfile(
+            "not available", "the device's server has no farm.KernelProfile")), DEVICE, load_model("mlp"), None)
+        assert store.profile(profiled) == profile and store.profile(plain) is None
+        assert store.profiles([plain, profiled, missing])[missing].reason == "the device's server has no farm.KernelProfile"
+        assert round(profile.kernel_sum_s, 9) == 0.003 and profile.kernels[0].gflops == 884736.0 / 0.003 / 1e9

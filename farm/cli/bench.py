@@ -33,10 +33,6 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                    "with a test_data_set_0 folder beside it: that folder")
     p.add_argument("--untuned", action="store_true", help="ignore the store's tuning records for this device")
     p.add_argument("--tvm-only", action="store_true", help="do not time the reference runtime beside TVM")
-    p.add_argument("--profile", action="store_true",
-                   help="then where the time goes: each kernel of the model timed on the device, in runs of its own "
-                        "after the timed ones (farm's servers: a stock TVM server says 'not available'), by op class, "
-                        "its sum against the steady median (not stored yet: printed, and in --json)")
     add_variant_options(p)
     add_progress(p)
     add_bench_options(p)
@@ -52,17 +48,17 @@ def run(args: argparse.Namespace) -> int:
         cell = bench_cell(inventory.tracker, device, model, store, home_dir() / "cache", bench_config(args),
                           reference_file=args.reference, progress=progress_printer(args.progress), tuned=not args.untuned,
                           reference_runtime=not args.tvm_only)
-    profile = _profile(inventory.tracker, device, model, cell, args) if args.profile else None
     if args.json:
-        emit_json({**bench_json(cell, device), **({"profile": profile.to_json()} if profile else {})})
+        emit_json(bench_json(cell, device))
     else:
         print_bench(cell)
         if cell.fallback is not None:
             print_bench(cell.fallback)
         print(versus_line(cell.fallback if cell.fallback is not None and cell.result.status != "ok" else cell,
                           cell.reference))
-        if profile is not None:
-            print_profile(profile, median(cell.result.steady_samples_s) if cell.result.steady_samples_s else None)
+        if cell.result.profile is not None:
+            print_profile(cell.result.profile,
+                          median(cell.result.steady_samples_s) if cell.result.steady_samples_s else None)
     r = cell.result
     if r.status != "ok":
         fallback = "" if cell.fallback is None else \
@@ -70,16 +66,6 @@ def run(args: argparse.Namespace) -> int:
         raise FarmError(r.reason, f"{r.hint or 'the failed run is stored; see farm results'} (stored as run {cell.run_id}"
                                   f"{fallback})")
     return 0
-
-
-def _profile(tracker, device, model, cell, args):
-    """The cell's per-kernel profile, in a session of its own after the cell (``measure.profile``)."""
-    from farm.measure.profile import KernelProfile, profile_kernels
-    from farm.models import make_inputs
-
-    if cell.artifact is None or cell.result.status != "ok":
-        return KernelProfile("not available", f"the run did not pass (run {cell.run_id}: {cell.result.status})")
-    return profile_kernels(tracker, device, cell.artifact, make_inputs(model, bench_config(args).seed), bench_config(args))
 
 
 def print_profile(profile, steady_s: float | None, top: int = 10) -> None:
@@ -94,9 +80,10 @@ def print_profile(profile, steady_s: float | None, top: int = 10) -> None:
           f"what lies between calls) {format_duration(profile.main_s - profile.kernel_sum_s)}")
     print("  by op class: " + " · ".join(f"{label} {format_duration(s)} ({s / profile.main_s:.0%})"
                                          for label, s in profile.by_class().items()))
-    for kernel in sorted(profile.kernels, key=lambda k: -k.time_s)[:top]:
-        print(f"  {kernel.name:48s} {kernel.op_class:18s} {kernel.calls:5.3g}×  {format_duration(kernel.time_s):>9s}  "
-              f"{kernel.time_s / profile.main_s:5.1%}")
+    for kernel in profile.top(top):
+        rate = f"{kernel.gflops:7.2f} GFLOP/s" if kernel.gflops is not None else " " * 15
+        print(f"  {kernel.name:44s} {kernel.op_class:18s} {kernel.calls:5.3g}×  {format_duration(kernel.time_s):>9s}  "
+              f"{kernel.time_s / profile.main_s:5.1%}  {rate}  {kernel.schedule}")
 
 
 def versus_line(cell, reference) -> str:
@@ -141,6 +128,7 @@ def bench_json(cell, device) -> dict:
                     "number": c.number, "median_s": median(c.samples_s),
                     "samples_s": list(c.samples_s)} for c in r.copies],
         "check": asdict(r.check),
+        "profile": r.profile.to_json() if r.profile is not None else None,
         "artifact": cell.artifact.path if cell.artifact else None, "emulated": device.emulated,
         "tuned_tasks": cell.artifact.tuned_tasks if cell.artifact else 0,
         "fallback_of": r.fallback_of,

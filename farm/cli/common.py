@@ -277,11 +277,17 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
         default = getattr(defaults, field)
         g.add_argument(option, type=kind, default=default,
                        help=help_text if default is None else help_text.format(f"{default:g}"))
+    g.add_argument("--profile", action="store_true",
+                   help="then where the time goes: each kernel of the model timed on the device, in runs of its own "
+                        "after the timed ones (farm's servers; a stock TVM server's run is stored with the profile "
+                        "'not available'), stored with the run: by op class, the top kernels, their sum against the "
+                        "steady median")
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
     """The measurement options as a BenchConfig (its other fields keep their defaults)."""
-    return BenchConfig(**{field: getattr(args, option[2:].replace("-", "_")) for field, option, _, _ in BENCH_OPTIONS})
+    return BenchConfig(**{field: getattr(args, option[2:].replace("-", "_")) for field, option, _, _ in BENCH_OPTIONS},
+                       profile=getattr(args, "profile", False))
 
 
 def require_db(path: str) -> None:

@@ -54,6 +54,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     from tvm import relax
 
     from farm.compile.frontends import import_model
+    from farm.compile.kernel_facts import kernel_facts
     from farm.compile.memory import BuiltModule, planned_memory
 
     start = time.perf_counter()
@@ -76,6 +77,11 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         raise BuildError(f"TVM could not compile {model.name} for {json.dumps(target)}: {message_line(exc)}",
                          "check the target; GPU targets need a schedule (see README)") from exc
     memory: dict[str, int] = {}
+    kernels: dict[str, dict] = {}
+    try:  # side figures, as memory below: never a failed build
+        kernels = kernel_facts(built.module) if built.module is not None else {}
+    except Exception as exc:
+        log.warning("kernel facts of %s not known: %s", model.name, message_line(exc))
     try:  # a side figure: an IR shape planned_memory does not know is a warning and "not known", never a failed build
         memory = planned_memory(built.module, "gpu" in tvm_target.keys) if built.module is not None else {}
     except Exception as exc:
@@ -104,7 +110,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         tuning_digest=tuning.digest if tuning else "", tuned_tasks=tuned_tasks, total_tasks=total_tasks,
         anchor_tasks=anchor_tasks, pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),
         planned_host_bytes=memory.get("planned_host_bytes"), planned_device_bytes=memory.get("planned_device_bytes"),
-        planned_dynamic=memory.get("planned_dynamic", 0),
+        planned_dynamic=memory.get("planned_dynamic", 0), kernels=kernels,
     )
     (tmp / META).write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
     return _publish(tmp, folder) or artifact

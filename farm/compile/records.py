@@ -60,6 +60,8 @@ def untuned_trace(mod: tvm.IRModule):
     no instruction as invalid.)"""
     from tvm.s_tir import Schedule
 
+    from farm.compile.kernel_facts import TUNED_ATTR
+
     sch = Schedule(mod)
     sch.get_sblock("root")  # MetaSchedule's own rules annotate this block: every task has it
     return sch.trace
@@ -111,6 +113,6 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
                 continue
             scheduled = next(iter(sch.mod.functions.values()))
             out[gv] = tvm.tirx.PrimFunc(scheduled.params, scheduled.body, scheduled.ret_type,
-                                        attrs=func.attrs).with_attr("tirx.is_scheduled", True)
+                                        attrs=func.attrs).with_attr("tirx.is_scheduled", True).with_attr(TUNED_ATTR, True)
             tuned += 1
     return out, tuned, anchored

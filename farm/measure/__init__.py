@@ -14,6 +14,9 @@
                 per-call wall time on the device (call + sync) where the server offers it
     7 copy      device→host copy of each output, timed on the device apart from compute
     8 check     outputs against the reference, with tolerance
+    9 profile   where ``config.profile`` asks: each kernel of main timed on the device by the server's helper
+                (farm.KernelProfile), in runs of its own after the timed ones; a server without it, or a failure,
+                is a profile "not available" with the reason, and the run stands (``profile.py``)
       cleanup   remove the uploaded file and drop the session (always)
 
 Each step is a function over the run (``steps.Run``) that writes what it measures into the run's typed draft
@@ -31,6 +34,7 @@ One ``load_vm`` and one steady timer (``SteadyTimer``: ``time_evaluator`` over `
     vm.py           load_vm, SteadyTimer, device_timer, calibrate_number, first run, wall timer
     copies.py       step 7's copy timer, and the copy curve (measure_copy_curve)
     check.py        step 8: check_outputs
+    profile.py      step 9: the per-kernel profile (profile_loaded), op classes by kernel name
     failures.py     a failure's reason and hint; raised_in_farm
     steps.py        the steps, STEPS, bench_artifact
     interleaved.py  interleaved_rounds

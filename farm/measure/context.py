@@ -15,7 +15,7 @@ DEVICE_TYPE = {target: "cpu" if target in CPU_TARGETS else target for target in 
 # What TVM's time_evaluator measures per device type: OpenCL sums kernel events (no launch overhead, no gaps)
 STEADY_CLOCK = {"cpu": "wall", "opencl": "kernel"}
 SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache", "farm.MemoryStats",
-                  "farm.ThreadsSet")  # farm's servers have them
+                  "farm.ThreadsSet", "farm.KernelProfile")  # farm's servers have them
 THREADS_BY_FARM = "farm's server (TVM_NUM_THREADS)"
 THREADS_BY_ENV = "farm, in the stock server's environment (TVM_NUM_THREADS)"
 THREADS_NOT_SET = "threads not set by farm: the server's own default (a stock TVM server)"

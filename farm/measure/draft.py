@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from farm.records import CheckResult, CopyTiming
+from farm.records import CheckResult, CopyTiming, KernelProfile
 
 Progress = Callable[[str, str], None]  # (step, detail)
 
@@ -32,3 +32,4 @@ class RunDraft:
     rss_peak_bytes: int | None = None  # 4 first to 6 steady (Memory)
     copies: tuple[CopyTiming, ...] = ()  # 7 copy
     check: CheckResult | None = None  # 8 check (None: not reached)
+    profile: KernelProfile | None = None  # 9 profile (None: not asked for, or not reached)

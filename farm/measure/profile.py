@@ -16,19 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import tvm
-
 from farm.errors import FarmError, message_line
-from farm.measure.context import DEVICE_TYPE
-from farm.records import Artifact, BenchConfig, Device, TrackerAddress, target_kind
-from farm.measure.vm import remote_device_type, remove_quietly
-from farm.rpc.session import request_session
+from farm.measure.vm import remote_device_type
+from farm.records import Artifact, KernelProfile, KernelTime
 
 log = logging.getLogger(__name__)
 
@@ -60,73 +53,35 @@ def op_class(name: str) -> str:
     return next((label for label, keys in OP_CLASSES if words & set(keys)), "other")
 
 
-@dataclass(frozen=True)
-class KernelTime:
-    name: str
-    op_class: str
-    calls: float  # per run of main
-    time_s: float  # per run of main
-
-
-@dataclass(frozen=True)
-class KernelProfile:
-    """A run's per-kernel profile, or why there is none (``status`` "not available")."""
-
-    status: str  # "ok" | "not available"
-    reason: str = ""
-    clock: str = ""  # what timed each call
-    runs: int = 0
-    main_s: float = 0.0  # one run of main, instrumented (the calls and what lies between them)
-    kernels: tuple[KernelTime, ...] = ()
-
-    @property
-    def kernel_sum_s(self) -> float:
-        return sum(k.time_s for k in self.kernels if k.op_class != "vm")
-
-    def by_class(self) -> dict[str, float]:
-        """Seconds per run by op class, largest first."""
-        totals: dict[str, float] = {}
-        for kernel in self.kernels:
-            totals[kernel.op_class] = totals.get(kernel.op_class, 0.0) + kernel.time_s
-        return dict(sorted(totals.items(), key=lambda item: -item[1]))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "reason": self.reason, "clock": self.clock, "runs": self.runs,
-                "main_s": self.main_s, "kernel_sum_s": self.kernel_sum_s, "by_class_s": self.by_class(),
-                "kernels": [vars(k) for k in sorted(self.kernels, key=lambda k: -k.time_s)]}
-
-
-def parse_profile(text: str) -> KernelProfile:
-    """The helper's JSON (``farm.KernelProfile``) as a KernelProfile."""
+def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> KernelProfile:
+    """The helper's JSON (``farm.KernelProfile``) as a KernelProfile, per run of ``main``; each kernel with what the
+    compile knew of it (``Artifact.kernels``: args, FLOPs, schedule) where ``facts`` names it."""
     said = json.loads(text)
     runs = int(said["runs"])
-    kernels = tuple(KernelTime(str(k["name"]), op_class(str(k["name"])), float(k["calls"]) / runs,
-                               float(k["time_s"]) / runs) for k in said["kernels"])
-    return KernelProfile("ok", "", str(said["clock"]), runs, float(said["main_s"]) / runs, kernels)
+    facts = facts or {}
+    kernels = []
+    for k in said["kernels"]:
+        name = str(k["name"])
+        known = facts.get(name, {})
+        kernels.append(KernelTime(name, op_class(name), float(k["calls"]) / runs, float(k["time_s"]) / runs,
+                                  tuple(known.get("args", ())), known.get("flops"), known.get("schedule", "")))
+    return KernelProfile("ok", "", str(said["clock"]), runs, float(said["main_s"]) / runs, tuple(kernels))
 
 
-def profile_kernels(tracker: TrackerAddress, device: Device, artifact: Artifact, inputs: dict[str, np.ndarray],
-                    config: BenchConfig, runs: int = PROFILE_RUNS) -> KernelProfile:
-    """``artifact``'s per-kernel profile on ``device``, in a session of its own (after the timed runs: it never moves
-    them). A server without farm's helper, or a failure, is a profile "not available" with the reason."""
-    session = None
-    name = f"farm-profile-{os.path.basename(artifact.path)}"
+def profile_loaded(session, helpers: dict[str, Any], remote_name: str, dev, args: list, artifact: Artifact,
+                   runs: int = PROFILE_RUNS) -> KernelProfile:
+    """``artifact``'s per-kernel profile in a bench run's session, after its timed runs (``measure.steps.profile``):
+    the server's helper loads the uploaded library anew and runs it ``runs`` times on the inputs already on the
+    device. A server without the helper, or a failure, is a profile "not available" with the reason: the profile is
+    a side figure, never the run's fate."""
+    if HELPER not in helpers:
+        return KernelProfile("not available", f"the device's server has no {HELPER} (a stock TVM server): "
+                             "farm's servers (farm serve) have it")
     try:
-        session = request_session(tracker, device.key, config.timeout_s, device.session_timeout_s)
-        try:
-            helper = session.get_function(HELPER)
-        except Exception:  # TVM raises when the remote has no such global
-            return KernelProfile("not available", f"the device's server has no {HELPER} (a stock TVM server): "
-                                 "farm's servers (farm serve) have it")
-        session.upload(artifact.path, name)
-        dev = session.device(DEVICE_TYPE[target_kind(artifact.target)], 0)
-        args = [tvm.runtime.tensor(value, dev) for value in inputs.values()]
-        return parse_profile(helper(session.load_module(name), remote_device_type(dev), dev.index, runs, *args))
+        return parse_profile(helpers[HELPER](session.load_module(remote_name), remote_device_type(dev), dev.index,
+                                             runs, *args), artifact.kernels)
     except FarmError as exc:
         return KernelProfile("not available", f"{exc.message} ({exc.hint})")
-    except Exception as exc:  # the device's or TVM's own errors: the profile is a side figure, never the run's fate
-        log.debug("profile of %s on %s failed", artifact.model_name, device.name, exc_info=True)
+    except Exception as exc:  # the device's or TVM's own errors
+        log.debug("profile of %s failed", artifact.model_name, exc_info=True)
         return KernelProfile("not available", message_line(exc))
-    finally:
-        if session is not None:
-            remove_quietly(session, name)

@@ -20,6 +20,7 @@ from farm.measure.copies import time_copy
 from farm.measure.draft import Progress, RunDraft
 from farm.measure.failures import StepFailed, device_hint, failure_reason, raised_in_farm
 from farm.measure.memory import Memory
+from farm.measure.profile import PROFILE_RUNS, profile_loaded
 from farm.measure.vm import SteadyTimer, calibrate_number, first_run, load_vm, remove_quietly, unpack, wall_timer
 from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, TrackerAddress, target_kind, utc_now
 from farm.rpc.session import request_session
@@ -150,6 +151,17 @@ def check(run: Run) -> None:
                          "the check is stored with its max error")
 
 
+def profile(run: Run) -> None:
+    """9 profile (``config.profile``): where the time goes, each kernel timed on the device by the server's helper in
+    runs of its own, after the timed ones (``measure.profile``); never fails the run."""
+    if not run.config.profile:
+        return
+    run.say("profile", f"{PROFILE_RUNS} runs, each kernel timed on the device")
+    run.draft.profile = profile_loaded(run.session, run.helpers, run.remote_name, run.dev, run.args, run.artifact)
+    if run.draft.profile.status != "ok":
+        run.say("profile", f"not available: {run.draft.profile.reason}")
+
+
 def cleanup(run: Run) -> None:
     """cleanup (always): remove the uploaded file; the session is dropped with the run."""
     if run.session is not None:
@@ -164,7 +176,8 @@ class Step:
 
 
 STEPS = (Step("session", open_session), Step("upload", upload), Step("load", load), Step("first", first),
-         Step("warm", warm), Step("steady", steady), Step("copy", copy), Step("check", check))
+         Step("warm", warm), Step("steady", steady), Step("copy", copy), Step("check", check),
+         Step("profile", profile))
 
 
 def bench_artifact(
@@ -223,5 +236,5 @@ def _result(run: Run, started_at: str, status: str, step: str = "", reason: str 
         first_run_s=draft.first_run_s, load_warm_s=draft.load_warm_s, first_run_warm_s=draft.first_run_warm_s,
         steady_number=draft.steady_number, steady_samples_s=draft.steady_samples_s,
         steady_wall_number=draft.steady_wall_number, steady_wall_samples_s=draft.steady_wall_samples_s,
-        rss_peak_bytes=draft.rss_peak_bytes, copies=draft.copies, check=checked,
+        rss_peak_bytes=draft.rss_peak_bytes, copies=draft.copies, check=checked, profile=draft.profile,
     )

@@ -12,7 +12,8 @@ import json
 from dataclasses import asdict, fields, replace
 from typing import Any, Sequence
 
-from farm.records import OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, Lease, ModelSource, RunToStore
+from farm.records import (OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, KernelProfile, KernelTime, Lease,
+                          ModelSource, RunToStore)
 from farm.stats import Summary, summarize_groups
 from farm.store.backends import Backend, now, retried
 
@@ -39,6 +40,20 @@ RUN_TABLE = (
     "r.params_bytes", "r.planned_host_bytes", "r.planned_device_bytes", "r.rss_before_load_bytes",
     "r.rss_after_load_bytes", "r.rss_peak_bytes", "r.threads",
 )
+
+
+# a stored profile's kernels: one JSON array of rows in this order (no repeated keys: a resnet50's 70 kernels in ~6 KB)
+PROFILE_FIELDS = ("name", "op_class", "calls", "time_s", "args", "flops", "schedule")
+
+
+def pack_kernels(kernels: Sequence[KernelTime]) -> str:
+    return json.dumps([[k.name, k.op_class, k.calls, k.time_s, list(k.args), k.flops, k.schedule] for k in kernels],
+                      separators=(",", ":"))
+
+
+def unpack_kernels(text: str) -> tuple[KernelTime, ...]:
+    return tuple(KernelTime(name, op_class, float(calls), float(time_s), tuple(args), flops, schedule)
+                 for name, op_class, calls, time_s, args, flops, schedule in json.loads(text))
 
 
 def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_id: int | None,
@@ -180,6 +195,10 @@ class RunsMixin:
         check = result.check
         db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
                    (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
+        if (profile := result.profile) is not None:
+            db.execute("INSERT INTO profiles VALUES (?,?,?,?,?,?,?,?)",
+                       (run_id, profile.status, profile.reason, profile.clock, profile.runs, profile.main_s,
+                        profile.kernel_sum_s, pack_kernels(profile.kernels)))
         return run_id
 
     @retried
@@ -286,6 +305,23 @@ class RunsMixin:
                                     params):
             copies.setdefault(row["run_id"], []).append(dict(row))
         return copies
+
+    def profiles(self, run_ids: Sequence[int]) -> dict[int, KernelProfile]:
+        """run id -> its stored profile, for the runs given that have one (read only when asked: its own table)."""
+        found: dict[int, KernelProfile] = {}
+        ids = sorted(set(int(i) for i in run_ids))
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            rows = self._db.tuples(f"SELECT run_id, status, reason, clock, runs, main_s, kernels FROM profiles "
+                                   f"WHERE run_id IN ({', '.join('?' * len(chunk))})", tuple(chunk))
+            for run_id, status, reason, clock, runs, main_s, kernels in rows:
+                found[int(run_id)] = KernelProfile(status, reason, clock, int(runs), float(main_s),
+                                                   unpack_kernels(kernels))
+        return found
+
+    def profile(self, run_id: int) -> KernelProfile | None:
+        """One run's stored profile, or None (not profiled)."""
+        return self.profiles([run_id]).get(run_id)
 
     def samples(self, run_id: int, metric: str = "steady", series: int = 0) -> list[float]:
         rows = self._db.execute(

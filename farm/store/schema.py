@@ -47,13 +47,16 @@ SCHEMA_VERSION history:
      redelivered curve job stores its curve once; device_leases, who holds each device for a lab's cell (holder,
      epoch, expiry in the database's own clock, released): a result is stored only by the holder of the epoch it
      measured under (``Store.record_cell``), so a frozen worker's late result is refused, not stored twice
+ 20  profiles (#52): a run's per-kernel profile (``records.KernelProfile``), written with its run in the same
+     transaction; a row of its own per run, the kernels as one compact JSON array (``store.runs.PROFILE_FIELDS``),
+     so no read of runs, summaries or samples touches it. status 'not available' keeps the reason
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -243,6 +246,11 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE device_leases (
         device TEXT PRIMARY KEY, holder TEXT NOT NULL, epoch INTEGER NOT NULL, expires_s REAL NOT NULL,
         released INTEGER NOT NULL, previous TEXT NOT NULL, taken_at TEXT NOT NULL);
+    """,
+    20: """
+    CREATE TABLE profiles (
+        run_id INTEGER PRIMARY KEY, status TEXT NOT NULL, reason TEXT NOT NULL, clock TEXT NOT NULL,
+        runs INTEGER NOT NULL, main_s REAL NOT NULL, kernel_sum_s REAL NOT NULL, kernels TEXT NOT NULL);
     """,
 }
 
