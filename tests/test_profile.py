@@ -2,6 +2,8 @@
 server's own helper (farm.KernelProfile: farm's Python server and its native one answer the same), in runs of its
 own after the stored ones; a stock TVM server says "not available" and the run stands."""
 
+import csv
+import io
 import json
 
 from farm.measure.profile import op_class, parse_profile
@@ -48,8 +50,27 @@ def _assert_mlp_profile(bench: dict) -> None:
     assert bench["status"] == "ok" and bench["steady_samples_s"]  # the stored run, untouched by the profile
 
 
-def test_farm_s_python_server_profiles_a_model_s_kernels(inventory_file, farm_env):
-    _assert_mlp_profile(_profiled(farm_env, inventory_file, "cpu-a"))
+def test_farm_s_python_server_profiles_a_model_s_kernels_and_the_run_stores_it(inventory_file, farm_env):
+    """The profile is stored with its run: `farm results` carries its sums (--json, CSV) and `--kernels` its kernels,
+    each with what the compile knew of it (args, FLOPs, schedule)."""
+    bench = _profiled(farm_env, inventory_file, "cpu-a")
+    _assert_mlp_profile(bench)
+    listed = json.loads(run_farm("results", "--json", env=farm_env).stdout)
+    stored = next(r for r in listed if r["run_id"] == bench["run_id"])["profile"]
+    assert stored["status"] == "ok" and stored["kernel_sum_s"] == bench["profile"]["kernel_sum_s"]
+    assert stored["by_class_s"] == bench["profile"]["by_class_s"]
+    table = list(csv.DictReader(io.StringIO(run_farm("results", "--csv", env=farm_env).stdout)))
+    row = next(r for r in table if r["run_id"] == str(bench["run_id"]))
+    assert row["profile_status"] == "ok" and "matmul/dense=" in row["profile_by_class_s"]
+    kernels = json.loads(run_farm("results", "--kernels", "--json", env=farm_env).stdout)
+    mine = [k for k in kernels if k["run_id"] == bench["run_id"]]
+    assert [k["kernel"] for k in mine] == [k["name"] for k in bench["profile"]["kernels"]]
+    first = next(k for k in mine if k["op_class"] == "matmul/dense" and k["args"][0] == "float32[1, 64]")
+    # mlp's first Gemm, 1×64 by 64×128, as the compile knew it: parameters in order, 2·64·128 FLOPs, not tuned
+    assert first["args"] == ["float32[1, 64]", "float32[64, 128]", "float32[1, 128]"] and first["flops"] == 16384
+    assert first["gflops"] == first["flops"] / first["time_s"] / 1e9 and first["schedule"] == "untuned"
+    listed_csv = run_farm("results", "--kernels", "--csv", env=farm_env).stdout.splitlines()
+    assert listed_csv[0].startswith("run_id,device,model,runtime,threads,kernel,op_class") and len(listed_csv) > len(mine)
 
 
 def test_farm_s_native_server_profiles_them_the_same_way(tmp_path, farm_env):

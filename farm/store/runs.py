@@ -196,9 +196,9 @@ class RunsMixin:
         db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?)",
                    (run_id, check.status, check.max_abs_err, check.rtol, check.atol, check.reference, check.detail))
         if (profile := result.profile) is not None:
-            db.execute("INSERT INTO profiles VALUES (?,?,?,?,?,?,?,?)",
+            db.execute("INSERT INTO profiles VALUES (?,?,?,?,?,?,?,?,?)",
                        (run_id, profile.status, profile.reason, profile.clock, profile.runs, profile.main_s,
-                        profile.kernel_sum_s, pack_kernels(profile.kernels)))
+                        profile.kernel_sum_s, json.dumps(profile.by_class()), pack_kernels(profile.kernels)))
         return run_id
 
     @retried
@@ -318,6 +318,17 @@ class RunsMixin:
                 found[int(run_id)] = KernelProfile(status, reason, clock, int(runs), float(main_s),
                                                    unpack_kernels(kernels))
         return found
+
+    def profile_sums(self, device: str | None = None, model: str | None = None, latest_only: bool = False,
+                     sweep_id: int | None = None, limit: int | None = None,
+                     status: str | None = None) -> dict[int, dict[str, Any]]:
+        """run id -> its profile's sums ({status, reason, clock, runs, main_s, kernel_sum_s, by_class_s}), for the
+        runs ``runs`` selects that have one: no kernel is read (``profiles`` reads them)."""
+        where, params = run_filter(device, model, latest_only, sweep_id, limit, status)
+        rows = self._db.tuples(f"SELECT run_id, status, reason, clock, runs, main_s, kernel_sum_s, by_class FROM profiles "
+                               f"WHERE run_id IN ({where})", params)
+        return {int(r[0]): {"status": r[1], "reason": r[2], "clock": r[3], "runs": r[4], "main_s": r[5],
+                            "kernel_sum_s": r[6], "by_class_s": json.loads(r[7])} for r in rows}
 
     def profile(self, run_id: int) -> KernelProfile | None:
         """One run's stored profile, or None (not profiled)."""

@@ -48,8 +48,9 @@ SCHEMA_VERSION history:
      epoch, expiry in the database's own clock, released): a result is stored only by the holder of the epoch it
      measured under (``Store.record_cell``), so a frozen worker's late result is refused, not stored twice
  20  profiles (#52): a run's per-kernel profile (``records.KernelProfile``), written with its run in the same
-     transaction; a row of its own per run, the kernels as one compact JSON array (``store.runs.PROFILE_FIELDS``),
-     so no read of runs, summaries or samples touches it. status 'not available' keeps the reason
+     transaction; a row of its own per run: its sums (kernel_sum_s, by_class: op class -> seconds, JSON) for reads
+     of many runs, the kernels as one compact JSON array (``store.runs.PROFILE_FIELDS``) read one run at a time, so
+     no read of runs, summaries or samples touches it. status 'not available' keeps the reason
 """
 
 from __future__ import annotations
@@ -250,7 +251,8 @@ MIGRATIONS: dict[int, str] = {
     20: """
     CREATE TABLE profiles (
         run_id INTEGER PRIMARY KEY, status TEXT NOT NULL, reason TEXT NOT NULL, clock TEXT NOT NULL,
-        runs INTEGER NOT NULL, main_s REAL NOT NULL, kernel_sum_s REAL NOT NULL, kernels TEXT NOT NULL);
+        runs INTEGER NOT NULL, main_s REAL NOT NULL, kernel_sum_s REAL NOT NULL, by_class TEXT NOT NULL,
+        kernels TEXT NOT NULL);
     """,
 }
 
