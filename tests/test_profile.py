@@ -84,3 +84,54 @@ def test_a_stock_tvm_server_has_no_profile_and_the_run_stands(farm_net, tmp_path
     assert bench["status"] == "ok"
     assert bench["profile"] == {**bench["profile"], "status": "not available", "kernels": []}
     assert "has no farm.KernelProfile (a stock TVM server)" in bench["profile"]["reason"]
+
+
+def _profile(*kernels) -> "KernelProfile":
+    from farm.records import KernelProfile, KernelTime
+
+    return KernelProfile("ok", "", "wall", 10, sum(t for _, t in kernels) + 0.0001,
+                         tuple(KernelTime(name, op_class(name), 1.0, t) for name, t in kernels))
+
+
+def test_a_change_is_put_on_the_kernels_that_moved_and_other_kernels_compare_by_op_class():
+    from farm.kernel_diff import kernel_diff
+
+    before = _profile(("fused_conv2d_add_relu", 0.00106), ("fused_conv2d1_add", 0.0004), ("max_pool2d", 0.0001))
+    after = _profile(("fused_conv2d_add_relu", 0.00131), ("fused_conv2d1_add", 0.00041), ("max_pool2d", 0.0001))
+    diff = kernel_diff(before, after, same_artifact=True)
+    assert diff.by == "kernel" and [m.name for m in diff.moves][:2] == ["fused_conv2d_add_relu", "fused_conv2d1_add"]
+    assert round(diff.moves[0].share, 3) == round(0.00025 / 0.00026, 3)
+    assert diff.headline() == "96% of the +260 µs is fused_conv2d_add_relu (1.06 ms → 1.31 ms)"
+    faster = kernel_diff(after, before, same_artifact=True)  # a speedup: the largest decrease first
+    assert faster.moves[0].name == "fused_conv2d_add_relu" and faster.moves[0].share > 0.9
+    # another fusion: the conv's epilogue split off, the pool gone into it: kernels appear and disappear
+    refused = _profile(("fused_conv2d_add_relu", 0.00106), ("fused_conv2d1_add", 0.0004), ("add7", 0.0002))
+    moved = kernel_diff(before, refused)
+    assert moved.appeared == ("add7",) and moved.disappeared == ("max_pool2d",) and "matched by name" in moved.note
+    # another library altogether: no kernel name in common, compared by op class, and it says so
+    other = _profile(("conv2d_nchw", 0.0012), ("conv2d_nchw1", 0.0005), ("pool_max", 0.0001))
+    by_class = kernel_diff(before, other)
+    assert by_class.by == "op class" and "compared by op class" in by_class.note
+    assert {m.name for m in by_class.moves} == {"conv", "pool"} and by_class.moves[0].name == "conv"
+
+
+def test_farm_compare_names_the_kernels_of_two_profiled_runs_and_says_when_a_run_has_none(inventory_file, farm_env):
+    first = _profiled(farm_env, inventory_file, "cpu-a")
+    second = _profiled(farm_env, inventory_file, "cpu-a")
+    plain = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "mlp", "--tvm-only", "--json", env=farm_env)
+    done = run_farm("compare", str(first["run_id"]), str(second["run_id"]), "--json", env=farm_env)
+    assert done.returncode == 0, done.stderr
+    compared = json.loads(done.stdout)["kernels"]
+    assert compared["by"] == "kernel" and compared["note"] == "" and not compared["appeared"]  # one library
+    assert {m["name"] for m in compared["moves"]} == {k["name"] for k in first["profile"]["kernels"]
+                                                      if k["op_class"] != "vm"}
+    assert round(sum(m["share"] for m in compared["moves"]) * compared["change_s"], 12) == \
+        round(sum(m["delta_s"] for m in compared["moves"]), 12)
+    text = run_farm("compare", str(first["run_id"]), str(second["run_id"]), env=farm_env).stdout
+    assert "kernels: " in text and "of the change" in text
+    unprofiled = json.loads(plain.stdout)["run_id"]
+    done = run_farm("compare", str(first["run_id"]), str(unprofiled), "--json", env=farm_env)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["kernels"] == {"status": "not available",
+                               "reason": f"run {unprofiled} has no profile (bench it with --profile)"}

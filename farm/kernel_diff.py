@@ -1,0 +1,102 @@
+"""Which kernels account for a change: two runs' profiles (``records.KernelProfile``) set side by side, kernel by
+kernel where they are the same kernels, by op class where they are not (two artifacts fused differently: the
+comparison says so).
+
+The change is ``main``'s, instrumented, from the old profile to the new; each kernel's share is its own change over
+it. Kernels are matched by name: a tuning record removed or replaced keeps a kernel's name and moves its time; a
+schedule or fusion change makes kernels appear and disappear, and those are listed. Ranked by how much of the change
+each one carries (a slowdown's largest increases first, a speedup's largest decreases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from farm.records import KernelProfile
+from farm.stats import format_duration
+
+MATCHED_NAMES = 0.5  # kernels compared by name when at least this share of them is in both profiles; else op classes
+
+
+@dataclass(frozen=True)
+class KernelMove:
+    name: str  # a kernel's name, or an op class when compared by class
+    op_class: str
+    old_s: float | None  # per run of main; None: not in the old profile (appeared)
+    new_s: float | None  # None: not in the new one (disappeared)
+    share: float  # of the change of main's time (signed: a kernel that moved against the change is negative)
+
+    @property
+    def delta_s(self) -> float:
+        return (self.new_s or 0.0) - (self.old_s or 0.0)
+
+
+@dataclass(frozen=True)
+class KernelDiff:
+    by: str  # "kernel" | "op class"
+    note: str  # why op classes, or '' (same kernels)
+    old_main_s: float
+    new_main_s: float
+    moves: tuple[KernelMove, ...]  # most of the change first
+    appeared: tuple[str, ...] = ()
+    disappeared: tuple[str, ...] = ()
+
+    @property
+    def change_s(self) -> float:
+        return self.new_main_s - self.old_main_s
+
+    def headline(self, top: int = 1) -> str:
+        """'92 % of the +1.3 ms is fused_conv2d16 (1.06 → 1.31 ms)'; the op class when compared by class."""
+        if not self.moves:
+            return "no kernel moved"
+        parts = [f"{m.share:.0%} of the {_signed(self.change_s)} is {m.name} "
+                 f"({_time(m.old_s)} → {_time(m.new_s)})" for m in self.moves[:top]]
+        return "; ".join(parts) + (f" ({self.note})" if self.note else "")
+
+    def to_json(self) -> dict:
+        return {"by": self.by, "note": self.note, "old_main_s": self.old_main_s, "new_main_s": self.new_main_s,
+                "change_s": self.change_s, "headline": self.headline(),
+                "moves": [{"name": m.name, "op_class": m.op_class, "old_s": m.old_s, "new_s": m.new_s,
+                           "delta_s": m.delta_s, "share": m.share} for m in self.moves],
+                "appeared": list(self.appeared), "disappeared": list(self.disappeared)}
+
+
+def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | None = None) -> KernelDiff:
+    """How ``new`` differs from ``old``, kernel by kernel (or by op class where the kernels are not the same ones).
+    ``same_artifact``: both runs ran one library (then kernels are compared by name whatever their overlap)."""
+    old_k = {k.name: k for k in old.kernels if k.op_class != "vm"}
+    new_k = {k.name: k for k in new.kernels if k.op_class != "vm"}
+    both = old_k.keys() & new_k.keys()
+    overlap = len(both) / max(1, len(old_k.keys() | new_k.keys()))
+    change = new.main_s - old.main_s
+    if same_artifact or overlap >= MATCHED_NAMES:
+        names = sorted(old_k.keys() | new_k.keys())
+        rows = [(n, (old_k.get(n) or new_k[n]).op_class, old_k[n].time_s if n in old_k else None,
+                 new_k[n].time_s if n in new_k else None) for n in names]
+        note = "" if same_artifact or overlap == 1 else \
+            f"different libraries: {len(both)} of {len(names)} kernels in both, matched by name"
+        by, appeared, disappeared = "kernel", tuple(sorted(new_k.keys() - old_k.keys())), \
+            tuple(sorted(old_k.keys() - new_k.keys()))
+    else:
+        old_c, new_c = _by_class(old), _by_class(new)
+        rows = [(c, c, old_c.get(c), new_c.get(c)) for c in sorted(old_c.keys() | new_c.keys())]
+        note = (f"different kernels ({len(both)} of {len(old_k.keys() | new_k.keys())} names in both: another "
+                "schedule or fusion), compared by op class")
+        by, appeared, disappeared = "op class", (), ()
+    moves = [KernelMove(name, cls, a, b, ((b or 0.0) - (a or 0.0)) / change if change else 0.0)
+             for name, cls, a, b in rows]
+    sign = 1.0 if change >= 0 else -1.0
+    moves.sort(key=lambda m: -sign * m.delta_s)
+    return KernelDiff(by, note, old.main_s, new.main_s, tuple(moves), appeared, disappeared)
+
+
+def _by_class(profile: KernelProfile) -> dict[str, float]:
+    return {c: s for c, s in profile.by_class().items() if c != "vm"}
+
+
+def _time(value: float | None) -> str:
+    return "absent" if value is None else format_duration(value)
+
+
+def _signed(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "-") + format_duration(abs(seconds))
