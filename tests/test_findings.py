@@ -24,14 +24,15 @@ COPY_S = 1.4e-6  # an output copy of a few bytes: its nightly swings are noise b
 def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "0.27.0", same_artifact=lambda d, m: False,
           reference: bool = False, tuned=lambda night, device, model: 0, nights: int = NIGHTS, seed: int = 3,
           copy_effect=lambda night, device: 1.25 if night == NIGHTS and device == "dev0" else 1.0,
-          records=lambda night: "t") -> None:
+          records=lambda night: "t", profile=None) -> None:
     """NIGHTS sweeps of DEVICES × MODELS: steady levels of 1-10 ms with 0.4 % night-to-night noise and 1 % sample
     noise, load and first run steady, one output copy of ~1.4 µs swinging by 8 % (noise); ``effect`` multiplies a
     series' level on a night; ``tvm`` names each night's TVM; a series whose effect moved it gets a new artifact
     unless ``same_artifact`` (a driver, not the code); ``reference``: onnxruntime runs beside each cell, unaffected
     by TVM; ``tuned``: tasks with a record (of 10); ``copy_effect``: a copy's swing (by default 25 % on one device
     the last night: 0.35 µs); ``records``: the night's tuning key record set, shared by every tuned model (its digest
-    is the artifacts' ``tuning_digest``)."""
+    is the artifacts' ``tuning_digest``); ``profile(night, device, model, level, value)``: a TVM run's stored
+    profile (None: not profiled)."""
     rng = np.random.default_rng(seed)
     base = {(d, m): 1e-3 * (1 + 9 * rng.random()) for d in DEVICES for m in MODELS}
     target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
@@ -64,7 +65,8 @@ def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "
                             * (1 + rng.normal(0, 0.01, 5)))),),
                         runtime=runtime, runtime_version="1.20.0" if runtime != "tvm" else "",
                         check=CheckResult("passed", 1e-6), config=config, started_at=f"2026-01-{night:02d}T02:00:00+00:00",
-                        context={"farm_version": "1.0", "tvm_version": version, "target": target, "pipeline_version": 2})
+                        context={"farm_version": "1.0", "tvm_version": version, "target": target, "pipeline_version": 2},
+                        profile=profile(night, device, model, level, value) if profile and runtime == "tvm" else None)
                     store.record_result(result, devices[device], sources[model], artifact, sweep_id=sweep_id)
             store.finish_sweep(sweep_id, "done")
 
@@ -455,3 +457,29 @@ def test_a_series_stands_alone_past_its_own_nights_prediction_bound():
     assert not _alone(small, 1000, {}) and _alone(step, 1000, {})
     persisting = alert(1.30, nights[1:] + [1.30])
     assert prediction_t(persisting)[1] == 19 and _alone(persisting, 1000, {})
+
+
+def test_a_finding_names_the_kernel_its_change_is_in(tmp_path):
+    """A series whose runs were profiled (tonight's and its baseline's): its finding says which kernel moved, with
+    its share of the change, in `farm regressions` (its sentence and --json); a finding of unprofiled runs names none."""
+    from farm.records import KernelProfile, KernelTime
+
+    def profile(night, device, model, level, value):
+        if (device, model) != SINGLE:
+            return None
+        extra = value - level  # tonight's step, all in one kernel; the others as on every night
+        return KernelProfile("ok", "", "wall", 10, value + 2e-5, (
+            KernelTime("fused_conv2d_add_relu", "conv", 1.0, 0.6 * level),
+            KernelTime("fused_conv2d1_add", "conv", 1.0, 0.3 * level + extra),
+            KernelTime("softmax", "reduction", 1.0, 0.1 * level)))
+
+    db = tmp_path / "results.db"
+    plant(db, lambda night, device, model: 1.20 if night == NIGHTS and (device, model) in (SINGLE, ("dev2", "m2"))
+          else 1.0, profile=profile)
+    findings = {tuple(f["models"]): f for f in regressions(db)["findings"]}
+    single, other = findings[(SINGLE[1],)], findings[("m2",)]
+    # the step is all in that kernel: 100 % of main's change (the other kernels as on the baseline's night)
+    assert re.fullmatch(r"m6 on dev1: 100% of the \+[\d.]+ ms is fused_conv2d1_add \([\d.]+ ms → [\d.]+ ms\)",
+                        single["kernels"]), single["kernels"]
+    assert single["sentence"].endswith(f"; kernels: {single['kernels']}")
+    assert other["kernels"] == "" and "kernels:" not in other["sentence"]

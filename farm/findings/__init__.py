@@ -68,13 +68,15 @@ from farm.findings.finding import (KINDS, SLOWER_STATUSES, UNCONFIRMABLE, Findin
                                    sentence)
 from farm.findings.group import find_findings, representatives
 from farm.findings.traits import SeriesTraits, series_traits
-from farm.records import DEFAULT_BUDGET_MIN
+from farm.records import DEFAULT_BUDGET_MIN, Alert
 from farm.regress import SeriesVerdict, detect, detect_upgrades
 from farm.series import by_sweep
 
 if TYPE_CHECKING:
     from farm.runs import Run
     from farm.store import Store
+
+KERNEL_SERIES = 2  # series of a finding whose kernels its sentence names (largest z first)
 
 __all__ = ["DEFAULT_BUDGET_MIN", "KINDS", "SLOWER_STATUSES", "UNCONFIRMABLE", "Finding", "SeriesTraits",
            "failing_findings", "find_findings", "noise_floor", "percent", "record", "representatives", "resolution", "sentence",
@@ -98,9 +100,30 @@ def sweep_findings(store: "Store", sweep_id: int, rows: list["Run"],
     runs = {r.run_id: r for r in rows if r.run_id in wanted}
     tonight = [r for r in rows if r.sweep_id == sweep_id]
     traits = series_traits(tonight, store.devices(), store.model_ops())
-    findings = find_findings(alerts, verdicts, runs, traits)
+    findings = name_kernels(store, find_findings(alerts, verdicts, runs, traits), alerts)
     states = store.finding_states([f.key for f in findings], sweep_id)
     return [with_state(f, states.get(f.key)) for f in findings]
+
+
+def name_kernels(store: "Store", findings: list[Finding], alerts: list[Alert], most: int = KERNEL_SERIES) -> list[Finding]:
+    """Each time finding whose runs have profiles (tonight's and its baseline's: `farm bench --profile`, a sweep with
+    profile = true) with the kernels that moved (``kernel_diff``), for its ``most`` largest-z series that have both:
+    "mlp on cpu: 92 % of the +1.3 ms is fused_conv2d16 (1.06 ms → 1.31 ms)". Reads the profiles of those runs only."""
+    from farm.kernel_diff import kernel_diff
+
+    by_id = {a.id: a for a in alerts}
+    wanted = {f.key: [by_id[i] for i in f.alerts if i in by_id and by_id[i].baseline_run_id is not None
+                      and by_id[i].metric == "steady"] for f in findings}
+    ids = {run_id for chosen in wanted.values() for a in chosen for run_id in (a.run_id, a.baseline_run_id)}
+    profiles = {i: p for i, p in store.profiles(sorted(ids)).items() if p.status == "ok"} if ids else {}
+    named = []
+    for finding in findings:
+        moved = [a for a in sorted(wanted[finding.key], key=lambda a: -(a.z or 0.0))
+                 if a.run_id in profiles and a.baseline_run_id in profiles][:most]
+        parts = [f"{a.model} on {a.device}: "
+                 f"{kernel_diff(profiles[a.baseline_run_id], profiles[a.run_id]).headline()}" for a in moved]
+        named.append(replace(finding, kernels="; ".join(parts)) if parts else finding)
+    return named
 
 
 def record(store: "Store", sweep_id: int, findings: list[Finding]) -> list[Finding]:

@@ -70,6 +70,7 @@ class Finding(Record):
     where: str = ""  # where it moved, in words (its devices)
     note: str = ""  # what the statistics say beside it (a scatter: no device or model explains it, p = …)
     p: float | None = None
+    kernels: str = ""  # which kernels moved, where its runs have profiles: "mlp on cpu: 92 % of the +1.3 ms is …"
 
     VIEWS = ("sentence", "rank_score")
 
@@ -150,4 +151,6 @@ def sentence(f: Finding) -> str:
     text += f"; {f.confidence}"
     if f.control:
         text += f"; control: {f.control}"
+    if f.kernels:
+        text += f"; kernels: {f.kernels}"
     return text
