@@ -30,9 +30,10 @@ import farm
 from farm.devices import kind_of
 from farm.errors import FarmError, message_line
 from farm.measure import calibrate_number, check_outputs
-from farm.models.runtimes import open_runtime, runtime_name
-from farm.records import (BenchConfig, BenchResult, CheckResult, Device, ModelSource, Threads, online_cpus, threads_setting,
-                          utc_now)
+from farm.measure.profile import PROFILE_RUNS
+from farm.models.runtimes import open_runtime, profile_onnxruntime, runtime_name
+from farm.records import (BenchConfig, BenchResult, CheckResult, Device, KernelProfile, ModelSource, Threads, online_cpus,
+                          threads_setting, utc_now)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,9 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
         if fields["check"].status == "failed":
             raise FarmError(f"{runtime}'s outputs differ from {reference_name}: {fields['check'].detail}",
                             "the reference runtime computes something else than the reference outputs")
+        if config.profile:
+            say(f"{runtime} profile", f"{PROFILE_RUNS} runs, each node timed by {runtime}'s profiler")
+            fields["profile"] = reference_profile(model, threads.count, inputs)
     except FarmError as exc:
         return _result(device, model, config, context, started_at, fields, runtime, version, step, exc.message, exc.hint)
     except Exception as exc:  # the runtime's own errors while running
@@ -113,6 +117,19 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
         return _result(device, model, config, context, started_at, fields, runtime, version, step,
                        f"{runtime} failed: {message_line(exc)}", "the TVM figure stands alone for this model")
     return _result(device, model, config, context, started_at, fields, runtime, version, "", "", "")
+
+
+def reference_profile(model: ModelSource, threads: int | None, inputs: dict[str, np.ndarray]) -> KernelProfile:
+    """The reference runtime's own per-node profile on the same threads and inputs (onnxruntime's profiler), after
+    its timed runs; a runtime farm cannot profile, or a failure, is "not available" and the run stands."""
+    runtime = runtime_name(model)
+    if runtime != "onnxruntime":
+        return KernelProfile("not available", f"farm reads no per-op profile from {runtime} (onnxruntime's only)")
+    try:
+        return profile_onnxruntime(model, threads, inputs, PROFILE_RUNS)
+    except Exception as exc:  # onnxruntime's own errors: a side figure, never the run's fate
+        log.info("onnxruntime's profile of %s failed", model.name, exc_info=True)
+        return KernelProfile("not available", f"onnxruntime's profiler failed: {message_line(exc)}")
 
 
 def _result(device: Device, model: ModelSource, config: BenchConfig, context: dict, started_at: str, fields: dict,

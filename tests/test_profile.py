@@ -135,3 +135,21 @@ def test_farm_compare_names_the_kernels_of_two_profiled_runs_and_says_when_a_run
     said = json.loads(done.stdout)
     assert said["kernels"] == {"status": "not available",
                                "reason": f"run {unprofiled} has no profile (bench it with --profile)"}
+
+
+def test_onnxruntime_s_own_profile_is_stored_beside_tvm_s_by_the_same_op_classes(inventory_file, farm_env):
+    """On a host device the reference runtime is profiled too, by its own profiler, on the same threads and inputs:
+    its nodes grouped by the op classes TVM's kernels are, and the text sets the classes side by side."""
+    done = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "convnet", "--profile",
+                    env=farm_env)
+    assert done.returncode == 0, done.stderr
+    assert "beside onnxruntime's own profile (same threads and inputs; by op class): conv: TVM " in done.stdout
+    listed = json.loads(run_farm("results", "--json", env=farm_env).stdout)
+    ours, theirs = (next(r for r in listed if r["runtime"] == runtime) for runtime in ("tvm", "onnxruntime"))
+    assert theirs["threads"] == ours["threads"]  # the reference's terms: TVM's reported threads
+    assert theirs["profile"]["status"] == "ok" and theirs["profile"]["clock"].startswith("onnxruntime's own profiler")
+    # convnet: two Conv, a MaxPool, a GlobalAveragePool and a Gemm in either runtime
+    assert {"conv", "pool", "matmul/dense"} <= set(theirs["profile"]["by_class_s"]) & set(ours["profile"]["by_class_s"])
+    nodes = json.loads(run_farm("results", "--kernels", "--json", env=farm_env).stdout)
+    convs = [k for k in nodes if k["runtime"] == "onnxruntime" and k["op_class"] == "conv"]
+    assert sorted(k["args"][1] for k in convs) == ["float32[16, 3, 3, 3]", "float32[32, 16, 3, 3]"], convs

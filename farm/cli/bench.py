@@ -59,6 +59,14 @@ def run(args: argparse.Namespace) -> int:
         if cell.result.profile is not None:
             print_profile(cell.result.profile,
                           median(cell.result.steady_samples_s) if cell.result.steady_samples_s else None)
+            ref = cell.reference.result.profile if cell.reference is not None else None
+            if ref is not None and ref.status == "ok" and cell.result.profile.status == "ok":
+                from farm.kernel_diff import class_versus_text
+
+                print(f"  beside {cell.reference.result.runtime}'s own profile (same threads and inputs; by op class): "
+                      + class_versus_text(cell.result.profile, ref, cell.reference.result.runtime))
+            elif ref is not None:
+                print(f"  {cell.reference.result.runtime}'s profile: not available: {ref.reason}")
     r = cell.result
     if r.status != "ok":
         fallback = "" if cell.fallback is None else \
@@ -108,7 +116,7 @@ def reference_json(reference) -> dict | None:
             "steady_samples_s": list(r.steady_samples_s), "steady_clock": r.steady_clock, "threads": r.threads,
             "threads_by": r.context.get("threads_by"), "how_timed": r.context.get("how_timed"),
             "settings": r.context.get("runtime_settings"),
-            "check": asdict(r.check)}
+            "check": asdict(r.check), "profile": r.profile.to_json() if r.profile is not None else None}
 
 
 def bench_json(cell, device) -> dict:

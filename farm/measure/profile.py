@@ -53,6 +53,31 @@ def op_class(name: str) -> str:
     return next((label for label, keys in OP_CLASSES if words & set(keys)), "other")
 
 
+# onnxruntime's op types (its optimised graph's: FusedConv, NchwcConv, QLinearConv …) by the same op classes; a type
+# not listed goes by the words of its name as TVM's kernels do (``op_class``)
+ONNX_OP_CLASSES = {
+    "conv": ("Conv", "FusedConv", "ConvTranspose", "QLinearConv", "ConvInteger", "NhwcFusedConv"),
+    "matmul/dense": ("MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulInteger", "QLinearMatMul",
+                     "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "Attention"),
+    "pool": ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "QLinearAveragePool",
+             "QLinearGlobalAveragePool"),
+    "layout/copy/concat": ("Concat", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split",
+                           "Gather", "Pad", "Expand", "Tile", "ReorderInput", "ReorderOutput", "Identity",
+                           "DepthToSpace", "SpaceToDepth", "Resize", "Upsample", "Shape", "Cast"),
+    "reduction": ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Softmax", "LogSoftmax",
+                  "LayerNormalization", "SkipLayerNormalization", "ArgMax", "ArgMin"),
+    "elementwise": ("Add", "Mul", "Sub", "Div", "Relu", "Sigmoid", "Tanh", "Clip", "Exp", "Sqrt", "Pow", "Erf",
+                    "Gelu", "FastGelu", "BiasGelu", "Where", "Neg", "Log", "Max", "Min", "LeakyRelu", "HardSigmoid",
+                    "HardSwish", "BatchNormalization", "QuantizeLinear", "DequantizeLinear", "Sum", "PRelu"),
+}
+_ONNX_CLASS = {op: label for label, ops in ONNX_OP_CLASSES.items() for op in ops}
+
+
+def onnx_op_class(op_type: str) -> str:
+    """An onnxruntime node's op class by its op type (``ONNX_OP_CLASSES``), else by its name's words."""
+    return _ONNX_CLASS.get(op_type) or op_class(re.sub(r"(?<!^)(?=[A-Z])", "_", op_type).lower())
+
+
 def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> KernelProfile:
     """The helper's JSON (``farm.KernelProfile``) as a KernelProfile, per run of ``main``; each kernel with what the
     compile knew of it (``Artifact.kernels``: args, FLOPs, schedule) where ``facts`` names it."""

@@ -74,6 +74,54 @@ def _onnxruntime(model: ModelSource, threads: int | None) -> RuntimeSession:
                            "execution_mode": "sequential", "provider": "CPUExecutionProvider"})
 
 
+ONNXRUNTIME_CLOCK = "onnxruntime's own profiler: each node's kernel time (whole µs), on the session's threads"
+
+
+def profile_onnxruntime(model: ModelSource, threads: int | None, inputs: dict[str, np.ndarray], runs: int) -> Any:
+    """``model``'s per-node profile in onnxruntime (a session of its own with profiling on, the reference's options
+    and threads; one run not counted, then ``runs``): a ``records.KernelProfile``, its nodes grouped by the op
+    classes TVM's kernels are (``measure.profile.onnx_op_class``). Its nodes are not TVM's kernels (each runtime fuses
+    its own way); the op classes compare."""
+    import json
+    import os
+    import tempfile
+
+    import onnxruntime
+
+    from farm.measure.profile import onnx_op_class
+    from farm.records import KernelProfile, KernelTime
+
+    with tempfile.TemporaryDirectory(prefix="farm-ort-profile-") as folder:
+        options = onnxruntime_options(threads)
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(folder, "profile")
+        session = onnxruntime.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
+        for _ in range(runs + 1):
+            session.run(None, inputs)
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    counted_from = model_runs[0]["ts"] + model_runs[0]["dur"]  # the first run's nodes are not counted
+    counted = model_runs[1:]
+    times: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    facts: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time") or e["ts"] < counted_from:
+            continue
+        name = e["name"][: -len("_kernel_time")]
+        times[name] = times.get(name, 0.0) + e["dur"] * 1e-6
+        calls[name] = calls.get(name, 0) + 1
+        args = e.get("args", {})
+        facts.setdefault(name, (str(args.get("op_name", "")), tuple(
+            f"{dtype}{list(shape)}".replace("float[", "float32[") for item in args.get("input_type_shape", ())
+            for dtype, shape in item.items())))
+    n = max(1, len(counted))
+    kernels = tuple(KernelTime(f"{name} ({facts[name][0]})", onnx_op_class(facts[name][0]), calls[name] / n,
+                               times[name] / n, facts[name][1]) for name in times)
+    return KernelProfile("ok", "", ONNXRUNTIME_CLOCK, n, sum(e["dur"] for e in counted) * 1e-6 / n, kernels)
+
+
 def _litert(model: ModelSource, threads: int | None) -> RuntimeSession:
     try:
         from ai_edge_litert.interpreter import Interpreter
