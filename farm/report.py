@@ -17,6 +17,12 @@ from farm.stats import format_bytes, format_duration, gb_per_s, memory_text, mod
 from farm.store import Store
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
+PROFILED_CELLS = 12  # cells drawn in "Where the time goes: kernels", the slowest profiled ones
+TOP_KERNELS = 10
+# each op class one colour in every kernel figure (TVM's and the reference's bars alike)
+CLASS_COLOURS = {"conv": "tab:blue", "matmul/dense": "tab:orange", "pool": "tab:green", "elementwise": "tab:red",
+                 "layout/copy/concat": "tab:purple", "reduction": "tab:brown", "other": "tab:gray",
+                 "vm": "lightgray", "rest": "whitesmoke"}
 
 
 def report_file(folder: str | Path, prefix: str = "report") -> Path:
@@ -42,7 +48,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env.filters["value"] = lambda value, metric: format_metric(metric, value)  # {{ a.value|value(a.metric) }}
     curves = _copy_curves(store)
     alerts = sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else []
-    figures = 6 + (review_figures(alerts) if sweep_id is not None else 0)
+    profiled = profiled_cells(store, ok, versus)
+    figures = 6 + len(profiled) + (review_figures(alerts) if sweep_id is not None else 0)
     with figure_pool(figures) as pool:  # drawn in worker processes where that is safe, while this goes on
         distribution = pool.submit(_distribution_png, _distribution_data(store, ok))
         phases = pool.submit(stacked_png, ok)
@@ -53,6 +60,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         trajectories_png = pool.submit(_trajectories_png, trajectories) if trajectories else None
         memory = _memory_data(ok)
         memory_png = pool.submit(_memory_png, memory) if memory else None
+        kernel_pngs = [pool.submit(kernels_png, cell) for cell in profiled]
         review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
         html = env.get_template("report.html").render(
             title=title, generated=utc_now(),
@@ -68,6 +76,8 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
             memory_png=memory_png.result() if memory_png else "",
             trajectories=trajectories, coverage_drops=coverage_drops,
             trajectories_png=trajectories_png.result() if trajectories_png else "",
+            profiled=[{**cell, "png": png.result()} for cell, png in zip(profiled, kernel_pngs)],
+            profiled_cells=PROFILED_CELLS, profiled_ids={cell["run"].run_id for cell in profiled},
         )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -291,5 +301,62 @@ def _versus_png(data: list[tuple[str, float, float, str]]) -> str:
     ax.set_xlabel("steady latency per call (ms, log scale)")
     ax.invert_yaxis()
     ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    return figure_png(fig)
+
+
+def profiled_cells(store: Store, ok: list[Run], versus: dict[int, Versus],
+                   most: int = PROFILED_CELLS) -> list[dict[str, Any]]:
+    """The latest TVM runs with a stored profile (the ``most`` slowest), each with its reference run's profile where it
+    has one: the cell's label, its steady median, both profiles' op classes and its top kernels."""
+    from farm.kernel_diff import class_versus
+
+    tvm_runs = [r for r in ok if r.runtime == "tvm"]
+    references = {r.run_id: v.reference for r in tvm_runs if (v := versus.get(r.run_id)) and v.reference is not None}
+    profiles = store.profiles([r.run_id for r in tvm_runs] + [ref.run_id for ref in references.values()])
+    cells = []
+    for run in sorted((r for r in tvm_runs if r.run_id in profiles), key=lambda r: -(r.steady_median_s or 0.0))[:most]:
+        profile = profiles[run.run_id]
+        reference = references.get(run.run_id)
+        ref_profile = profiles.get(reference.run_id) if reference is not None else None
+        cell = {"run": run, "label": f"{run.device} · {model_label(run.model, run.tuned)}", "profile": profile,
+                "reference": reference, "reference_profile": ref_profile, "classes": [], "top": []}
+        if profile.status == "ok":
+            usable = ref_profile if ref_profile is not None and ref_profile.status == "ok" else None
+            cell["classes"] = class_versus(profile, usable) if usable else \
+                [(c, t, 0.0) for c, t in profile.by_class().items() if c != "vm"]
+            cell["top"] = [k for k in profile.top() if k.op_class != "vm"][:TOP_KERNELS]
+        cells.append(cell)
+    return cells
+
+
+def kernels_png(cell: dict[str, Any]) -> str:
+    """A profiled cell's time by op class: TVM's bar and the reference runtime's, stacked in the same colours, with
+    TVM's VM calls and the rest of main (what lies between calls) at the end of its bar; '' without a profile."""
+    profile, reference = cell["profile"], cell["reference_profile"]
+    if profile.status != "ok":
+        return ""
+    bars = [("TVM", {**{c: s for c, s in profile.by_class().items()},
+                     "rest": max(0.0, profile.main_s - sum(k.time_s for k in profile.kernels))})]
+    if reference is not None and reference.status == "ok":
+        bars.append((cell["reference"].runtime, {**reference.by_class(),
+                                                 "rest": max(0.0, reference.main_s - reference.kernel_sum_s)}))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.45 * len(bars)))
+    drawn: set[str] = set()
+    for y, (_, classes) in enumerate(bars):
+        left = 0.0
+        for label in CLASS_COLOURS:
+            width = classes.get(label, 0.0) * 1000
+            if width <= 0:
+                continue
+            ax.barh(y, width, left=left, height=0.6, color=CLASS_COLOURS[label], edgecolor="white",
+                    label=None if label in drawn else label)
+            drawn.add(label)
+            left += width
+    ax.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("time per run of main (ms)")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(bars) > 1 else -0.6))
     ax.grid(True, axis="x", alpha=0.3)
     return figure_png(fig)

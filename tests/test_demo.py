@@ -89,13 +89,15 @@ def test_demo_report_shows_the_opencl_devices_figures_in_chromium(demo):
     work, lines, _, devices = demo
     if "opencl-gpu" not in devices:
         pytest.skip("this host offers no OpenCL device to the demo (bash tools/setup.sh --opencl)")
-    text, errors, images = open_in_chromium(work / said(lines, "report: "))
+    text, errors, images = open_in_chromium(work / said(lines, "report: "), open_details=True)
     assert errors == []
     assert images and all(width > 0 for width in images)
-    row = text[text.index("opencl-gpu\tconvnet"):].split("\tpassed")[0]  # the copies cell breaks the line
-    # cold and warm first run, the kernel-time steady figure and the wall-time one, copies and their share
-    assert "\tok\t" in row and " kernel\t" in row and re.search(r" wall \(\d+ × ", row) and "#1 32768 B → " in row
-    assert "%" in row
+    # the cell's row (its kernel-time steady figure), then its details folded under it: cold and warm first run, the
+    # wall-time steady figure, copies and their share
+    row, details = text[text.index("opencl-gpu\tconvnet"):].split("load, first runs, intervals", 1)
+    assert "\tok\t" in row and " kernel\t" in row
+    details = details.split("\nopencl-gpu", 1)[0].split("host-", 1)[0]
+    assert re.search(r" wall \(\d+ × ", details) and "#1 32768 B → " in details and "%" in details
     assert "first run cold" in text and "first run warm" in text
     assert "GPU copies: device ↔ host against size" in text and "64 MiB" in text and "GB/s" in text
 

@@ -153,3 +153,25 @@ def test_onnxruntime_s_own_profile_is_stored_beside_tvm_s_by_the_same_op_classes
     nodes = json.loads(run_farm("results", "--kernels", "--json", env=farm_env).stdout)
     convs = [k for k in nodes if k["runtime"] == "onnxruntime" and k["op_class"] == "conv"]
     assert sorted(k["args"][1] for k in convs) == ["float32[16, 3, 3, 3]", "float32[32, 16, 3, 3]"], convs
+
+
+def test_the_report_draws_where_a_profiled_cell_s_time_goes(inventory_file, farm_env, tmp_path):
+    """The report's "Where the time goes: kernels": a profiled cell's figure (TVM beside onnxruntime by op class),
+    its op classes and its top kernels with share, GFLOP/s and schedule, opened in a real Chromium."""
+    from tests.test_report import needs_chromium, open_in_chromium
+
+    done = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "convnet", "--profile",
+                    "--json", env=farm_env)
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    html = tmp_path / "report.html"
+    assert run_farm("report", "--out", str(html), env=farm_env).returncode == 0
+    page = html.read_text()
+    assert f'id="kernels-{run_id}"' in page and "time by op class for cpu-a · convnet" in page
+    if needs_chromium.args[0]:  # no Chromium here: the HTML's own content is checked above
+        return
+    text, errors, images = open_in_chromium(html)
+    assert errors == [] and images and all(width > 0 for width in images)
+    section = text.split("Where the time goes: kernels", 1)[1].split("Phases per cell", 1)[0]
+    assert "cpu-a · convnet" in section and "TVM / reference" in section and "GFLOP/s" in section
+    assert "conv" in section and "untuned" in section

@@ -21,9 +21,11 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not insta
 FAST = BenchConfig(repeat=5, min_repeat_ms=5, timeout_s=20)
 
 
-def open_in_chromium(where, ready: tuple[str, str] | None = None):
+def open_in_chromium(where, ready: tuple[str, str] | None = None, open_details: bool = False, width: int | None = None):
     """Return (page text, console errors, image widths) of ``where`` (a file, or an http:// URL) as headless
-    Chromium shows it; ``ready``: (a CSS selector, a text) to wait for first, on a page that fills itself in."""
+    Chromium shows it; ``ready``: (a CSS selector, a text) to wait for first, on a page that fills itself in;
+    ``open_details``: every folded part opened first, as a reader clicking each; ``width``: the window's width in px
+    (then the widest table's width comes back as a fourth value)."""
     from playwright.sync_api import sync_playwright
 
     errors = []
@@ -32,18 +34,21 @@ def open_in_chromium(where, ready: tuple[str, str] | None = None):
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run"])
         try:
-            page = browser.new_page()
+            page = browser.new_page(**({"viewport": {"width": width, "height": 900}} if width else {}))
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
             page.goto(where if isinstance(where, str) else where.resolve().as_uri())
             if ready:
                 page.locator(ready[0], has_text=ready[1]).wait_for(timeout=15000)
+            if open_details:
+                page.eval_on_selector_all("details", "els => els.forEach(e => e.open = true)")
             text = page.inner_text("body")
             images = page.eval_on_selector_all("img", "els => els.map(e => e.naturalWidth)")
+            widest = page.eval_on_selector_all("table", "els => Math.max(0, ...els.map(e => e.scrollWidth))")
         finally:
             browser.close()
-    return text, errors, images
+    return (text, errors, images, widest) if width else (text, errors, images)
 
 
 @needs_chromium
@@ -71,6 +76,9 @@ def test_report_opens_in_chromium_and_shows_failed_check(farm_net, tmp_path):
     assert "failed at check" in text and "max err 1" in text  # the wrong reference is off by exactly 1.0
     assert "<b>GPU missing</b>" in text  # shown as text, not markup
     assert images and all(width > 0 for width in images)
+    # the main table fits a 1,400-px window: a cell's details fold under it
+    *_, widest = open_in_chromium(report, width=1400)
+    assert 0 < widest <= 1400 - 2 * 16, widest  # the body's margins (2em)
 
 
 def test_figures_drawn_in_worker_processes_are_the_ones_drawn_here(tmp_path):
