@@ -21,7 +21,7 @@ from farm.queue import HOST_COLUMNS, LabQueue, host_row
 from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import key_state, query_summary
 from farm.results import run_rows
-from farm.stats import hottest
+from farm.stats import format_duration, hottest
 from farm.store import Store, exists
 from farm.store.backends import is_url
 
@@ -47,6 +47,7 @@ th { background: #f3f3f3; }
 <section id="lab" hidden><h2>Lab hosts</h2><table id="hosts"></table><p id="workers"></p></section>
 <h2>Open alerts</h2><table id="alerts"></table>
 <h2>Recent results</h2><table id="runs"></table>
+<h2>Where the time goes: latest profiles</h2><table id="profiles"></table>
 <script>
 function cell(value, cls) {
   const td = document.createElement("td");
@@ -85,7 +86,9 @@ async function refresh() {
       document.getElementById("workers").textContent = state.lab.error ? "the lab's queue: " + state.lab.error
         : `${state.lab.live_workers} live worker(s) in the lab`;
     }
-    fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change"], state.alerts, {status: 1});
+    fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change", "kernels"], state.alerts, {status: 1});
+    fill("profiles", ["run", "device", "model", "runtime", "threads", "main", "kernels", "by op class", "top kernels"],
+         state.profiles);
     fill("runs", ["id", "started_at", "device", "model", "runtime", "threads", "status", "steady", "reason"],
          state.runs.map(r => Object.assign({}, r, {steady: ms(r.steady_median_s)})), {status: 1});
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString() +
@@ -101,10 +104,34 @@ setInterval(refresh, 5000);
 """
 
 
+def alert_kernels(store: Store, alerts: list) -> dict[int, str]:
+    """alert id -> which kernels moved (``kernel_diff``'s headline), for the time alerts whose run and baseline run
+    both have a profile."""
+    from farm.kernel_diff import kernel_diff
+
+    pairs = {a.id: (a.baseline_run_id, a.run_id) for a in alerts if a.metric == "steady" and a.baseline_run_id}
+    profiles = store.profiles([i for pair in pairs.values() for i in pair]) if pairs else {}
+    return {alert: kernel_diff(profiles[old], profiles[new]).headline() for alert, (old, new) in pairs.items()
+            if old in profiles and new in profiles and profiles[old].status == profiles[new].status == "ok"}
+
+
+def profile_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A profiled run as the page's table shows it: its main and kernels' time, by op class, its top 3 kernels."""
+    profile = row["profile"]
+    shown = {"run": row["id"], "device": row["device"], "model": row["model"], "runtime": row["runtime"],
+             "threads": row["threads"]}
+    if profile.status != "ok":
+        return {**shown, "main": "not available", "kernels": profile.reason}
+    return {**shown, "main": format_duration(profile.main_s), "kernels": format_duration(profile.kernel_sum_s),
+            "by op class": " · ".join(f"{c} {format_duration(t)}" for c, t in profile.by_class().items() if c != "vm"),
+            "top kernels": " · ".join(f"{k.name} {format_duration(k.time_s)}"
+                                      for k in [k for k in profile.top() if k.op_class != "vm"][:3])}
+
+
 def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data."""
     state: dict[str, Any] = {"devices": [], "sweep": None, "alerts": [], "runs": [], "tracker_error": None,
-                             "lab": None}
+                             "lab": None, "profiles": []}
     try:
         summary = query_summary(inventory.tracker, timeout_s=2.0)
     except FarmError as exc:
@@ -123,9 +150,12 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
                     total, done = len(cells), sum(1 for attempts in cells.values() if spec.cell_done(attempts))
                     state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
                                       "cells_done": done, "cells_total": total}
+                    open_alerts = [a for a in store.alerts(sweep["id"]) if a.status in ("candidate", "confirmed", "unknown")]
+                    moved = alert_kernels(store, open_alerts)
                     state["alerts"] = [{"sweep_id": a.sweep_id, "device": a.device, "model": a.model,
-                                        "metric": a.metric, "status": a.status, "change": f"{a.change:+.1%}"}
-                                       for a in store.alerts(sweep["id"]) if a.status in ("candidate", "confirmed", "unknown")]
+                                        "metric": a.metric, "status": a.status, "change": f"{a.change:+.1%}",
+                                        "kernels": moved.get(a.id, "")} for a in open_alerts]
+                state["profiles"] = [profile_row(row) for row in store.latest_profiled()]
         except StoreError as exc:
             state["tracker_error"] = exc.message
     if is_url(str(db_path)):  # a lab's PostgreSQL: its queue beside the results (none on a file)

@@ -167,6 +167,13 @@ def test_the_report_draws_where_a_profiled_cell_s_time_goes(inventory_file, farm
     html = tmp_path / "report.html"
     assert run_farm("report", "--out", str(html), env=farm_env).returncode == 0
     page = html.read_text()
+    from farm.dashboard import collect_state
+    from farm.inventory import load_inventory
+
+    latest = collect_state(load_inventory(inventory_file), farm_env["FARM_DB"])["profiles"]  # the dashboard's
+    assert [(p["run"], p["model"], p["runtime"]) for p in latest[:2]] == [(run_id + 1, "convnet", "onnxruntime"),
+                                                                       (run_id, "convnet", "tvm")]
+    assert latest[1]["by op class"].startswith("conv ") and latest[1]["top kernels"].count(" · ") == 2
     assert f'id="kernels-{run_id}"' in page and "time by op class for cpu-a · convnet" in page
     if needs_chromium.args[0]:  # no Chromium here: the HTML's own content is checked above
         return

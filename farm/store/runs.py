@@ -330,6 +330,15 @@ class RunsMixin:
         return {int(r[0]): {"status": r[1], "reason": r[2], "clock": r[3], "runs": r[4], "main_s": r[5],
                             "kernel_sum_s": r[6], "by_class_s": json.loads(r[7])} for r in rows}
 
+    def latest_profiled(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The newest profiled run of each device × model × runtime (the ``limit`` newest): id, device, model, runtime,
+        threads and its profile."""
+        rows = self._db.dicts("SELECT r.id, r.device, r.model, r.runtime, r.threads FROM runs r WHERE r.id IN "
+                              "(SELECT MAX(p.run_id) FROM profiles p JOIN runs q ON q.id = p.run_id "
+                              "GROUP BY q.device, q.model, q.runtime) ORDER BY r.id DESC LIMIT ?", (limit,))
+        profiles = self.profiles([row["id"] for row in rows])
+        return [{**row, "profile": profiles[row["id"]]} for row in rows]
+
     def profile(self, run_id: int) -> KernelProfile | None:
         """One run's stored profile, or None (not profiled)."""
         return self.profiles([run_id]).get(run_id)
