@@ -579,6 +579,9 @@ class SweepSpec:
     # model as the spec names it -> the name its runs carry (``dyn`` for ``/models/dyn.onnx``); set by run_sweep
     stored_names: dict = field(default_factory=dict)
     reference_runtime: bool = True  # also time each cell's model in its reference runtime where the device runs one
+    # devices and models whose cells are profiled (a sweep file's profile = ["mate10", "resnet50"]); every cell when
+    # config.profile is set
+    profile_cells: tuple[str, ...] = ()
 
     def cell_models(self) -> tuple[str, ...]:
         ref = (self.reference,) if self.reference else ()
@@ -624,7 +627,8 @@ class SweepSpec:
                          variants=tuple(data.get("variants", ("fp32",))),
                          shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()},
                          stored_names=dict(data.get("stored_names", {})),
-                         reference_runtime=data.get("reference_runtime", True))
+                         reference_runtime=data.get("reference_runtime", True),
+                         profile_cells=tuple(data.get("profile_cells", ())))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ class SweepFile:
     bench: dict[str, Any] = field(default_factory=dict)  # BenchConfig fields it overrides: numbers, checked
     shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # model -> {input name: shape}
     tune: dict[str, Any] | None = None  # [tune]: the keyword arguments of TuneBudget
+    # profile = true: every cell profiled ([bench] profile); profile = ["mate10", "resnet50"]: the cells of those
+    # devices and models only
+    profile: bool | tuple[str, ...] = False
 
 
 def load_sweep_file(path: str) -> SweepFile:
@@ -43,7 +46,7 @@ def load_sweep_file(path: str) -> SweepFile:
     unknown = set(data) - set(keys)
     if unknown:
         raise FarmError(f"{path}: unknown key {sorted(unknown)[0]!r}",
-                        "allowed: devices, models, variants, reference, [bench], [shapes.MODEL], [tune]")
+                        "allowed: devices, models, variants, reference, profile, [bench], [shapes.MODEL], [tune]")
     tune = _check_tune(path, data)
 
     def bad(what: str) -> FarmError:
@@ -52,6 +55,9 @@ def load_sweep_file(path: str) -> SweepFile:
     for key in ("devices", "models", "variants"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(v, str) for v in data[key])):
             raise bad(f"{key} must be a list of names")
+    profile = data.get("profile", False)
+    if not (isinstance(profile, bool) or isinstance(profile, list) and all(isinstance(v, str) for v in profile)):
+        raise bad('profile must be true, false or a list of device and model names: profile = ["mate10", "resnet50"]')
     if "reference" in data and not isinstance(data["reference"], str):
         raise bad('reference must be a model name (or "none")')
     bench = data.get("bench", {})
@@ -77,7 +83,8 @@ def load_sweep_file(path: str) -> SweepFile:
             raise bad(f"[shapes.{model}] must map input names to lists of positive whole numbers")
     return SweepFile(devices=tuple(data.get("devices", ())), models=tuple(data.get("models", ())),
                      variants=tuple(data.get("variants", ())), reference=data.get("reference"), bench=dict(bench),
-                     shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in shapes.items()}, tune=tune)
+                     shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in shapes.items()}, tune=tune,
+                     profile=profile if isinstance(profile, bool) else tuple(profile))
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -182,3 +182,20 @@ def test_the_report_draws_where_a_profiled_cell_s_time_goes(inventory_file, farm
     section = text.split("Where the time goes: kernels", 1)[1].split("Phases per cell", 1)[0]
     assert "cpu-a · convnet" in section and "TVM / reference" in section and "GFLOP/s" in section
     assert "conv" in section and "untuned" in section
+
+
+def test_a_sweep_file_profiles_the_cells_of_the_models_it_names(inventory_file, farm_env, tmp_path):
+    """profile = ["convnet"] in a sweep file: convnet's cells are profiled, mlp's are not; each profile is stored
+    with its run; a wrong value is one error naming the key, before any work."""
+    nightly = tmp_path / "nightly.toml"
+    nightly.write_text('devices = ["cpu-a"]\nmodels = ["mlp", "convnet"]\nreference = "none"\nprofile = ["convnet"]\n'
+                       "[bench]\nrepeat = 3\n")
+    done = run_farm("--devices", str(inventory_file), "sweep", "--file", str(nightly), "--tvm-only", "--no-report",
+                    "--json", env=farm_env)
+    assert done.returncode == 0, done.stderr
+    listed = {r["model"]: r for r in json.loads(run_farm("results", "--json", env=farm_env).stdout)}
+    assert listed["convnet"]["profile"]["status"] == "ok" and listed["mlp"]["profile"] is None
+    assert "conv" in listed["convnet"]["profile"]["by_class_s"]
+    nightly.write_text('devices = ["cpu-a"]\nprofile = "yes"\n')
+    wrong = run_farm("--devices", str(inventory_file), "sweep", "--file", str(nightly), env=farm_env)
+    assert wrong.returncode != 0 and wrong.stderr.startswith(f"error: {nightly}: profile must be true, false or a list")

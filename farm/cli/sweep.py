@@ -35,10 +35,13 @@ DESCRIPTION = (
     "  farm sweep                                   # every device × the built-in models\n"
     "  farm sweep --device x86-local --model convnet --model my.onnx\n"
     "  farm sweep --file nightly.toml               # devices = [...], models = [...], [bench] repeat = 30\n"
+    "  farm sweep --profile                         # and where each cell's time goes, kernel by kernel\n"
     "  farm sweep --resume                          # the latest sweep (or --resume ID)\n"
     "  farm sweep --resume --if-incomplete          # only if it never finished (cron: after a reboot)\n\n"
     "A device with no server on the tracker when the sweep starts has its cells stored 'offline' at\n"
     "once (no wait, no retry spent); farm sweep --resume ID measures them once it is up.\n\n"
+    "A sweep file's profile = true profiles every cell (as --profile), profile = [\"mate10\", \"resnet50\"]\n"
+    "the cells of those devices and models: stored with each run (farm results --kernels, the report).\n\n"
     "Over lab hosts (devices with lab_host, a postgresql:// --db): the cells are queued for each host's\n"
     "farm worker, and the sweep follows them; --detach leaves them to run, --status ID shows where they are.")
 
@@ -50,7 +53,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                  "measure every device × model in parallel (one worker per device), resumable", DESCRIPTION)
     p.add_argument("--device", action="append", help="a device (repeatable; default: every inventory device)")
     p.add_argument("--model", action="append", help="a model (repeatable; default: the built-in zoo)")
-    p.add_argument("--file", help="sweep file (TOML: devices, models, variants, reference, [bench], [shapes.MODEL])")
+    p.add_argument("--file", help="sweep file (TOML: devices, models, variants, reference, profile, [bench], "
+                                  "[shapes.MODEL], [tune])")
     p.add_argument("--reference", default=None,
                    help=f"reference model run on every device first (default {reference}; none to skip)")
     p.add_argument("--retries", type=count, default=retries,
@@ -233,7 +237,10 @@ def _fresh_spec(args: argparse.Namespace, inventory: Inventory) -> tuple[SweepSp
                      dataclasses.replace(bench_config(args), **sweep_file.bench),
                      retries=args.retries, tuned=not args.untuned,
                      variants=tuple(args.variant or sweep_file.variants or record_default(SweepSpec, "variants")),
-                     shapes=sweep_file.shapes, reference_runtime=not args.tvm_only)
+                     shapes=sweep_file.shapes, reference_runtime=not args.tvm_only,
+                     profile_cells=() if isinstance(sweep_file.profile, bool) else sweep_file.profile)
+    if sweep_file.profile is True:
+        spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, profile=True))
     return spec, budget
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -87,6 +87,13 @@ class CellContext:
     progress: Progress | None = None
     reference_runtime: bool = True  # also time the model in its reference runtime where the device runs one
     lease: Lease | None = None  # a lab cell's hold on its device: what it stores is refused once another holds it
+    profile_cells: tuple[str, ...] = ()  # devices and models whose cells are profiled too (SweepSpec.profile_cells)
+
+    def for_cell(self, device: Device, model: ModelSource) -> "CellContext":
+        """This context for one cell: profiled where its device or model is one of ``profile_cells``."""
+        if self.config.profile or not ({device.name, model.name} & set(self.profile_cells)):
+            return self
+        return replace(self, config=replace(self.config, profile=True))
 
     def say(self, device: Device, model: ModelSource):
         return _say(self.progress, device, model)
@@ -131,6 +138,7 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
 
     Each stored TVM attempt (and the fallback) goes to ``stored``; the last one is returned, with its fallback and
     reference run. A ``StoreError`` is raised, and ``LeaseLost`` when the device passed to another holder."""
+    ctx = ctx.for_cell(device, model)
     prepared: CellInputs | None = None  # inputs and reference outputs: computed once, for TVM's run and the reference's
     stored_artifact = None if isinstance(artifact, FarmError) else artifact
     while True:

@@ -227,6 +227,7 @@ class LabWorker:
                              "the worker and the sweep must use the same --db")
         spec = SweepSpec.from_json(sweep["spec"])
         return spec, CellContext(self.tracker, self.cache_dir, spec.config, spec.tuned, retries=spec.retries,
+                                 profile_cells=spec.profile_cells,
                                  sweep_id=sweep_id, progress=self.progress, reference_runtime=spec.reference_runtime)
 
     def cell(self, sweep_id: int, device: str, model: str, first: bool) -> str:

@@ -147,6 +147,7 @@ def run_sweep(
         else:
             done = store.sweep_attempts(sweep_id)
         ctx = CellContext(tracker, cache_dir, spec.config, spec.tuned, retries=spec.retries, sweep_id=sweep_id,
+                          profile_cells=spec.profile_cells,
                           progress=progress, reference_runtime=spec.reference_runtime)
         todo = missing_cells(spec, spec.by_cell(done))
         outcome = SweepOutcome(sweep_id, "running",
