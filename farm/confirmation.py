@@ -114,5 +114,25 @@ def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str
         status, comparison = confirm(lambda n: interleaved_rounds(tracker, device, old, new, inputs, n, config))
     except FarmError as exc:
         return "unknown", {"reason": exc.message}
-    return status, {"method": "rounds: a fresh load of both artifacts per round, interleaved; Wilcoxon signed-rank "
-                              "on the per-round log ratios", **asdict(comparison)}
+    detail = {"method": "rounds: a fresh load of both artifacts per round, interleaved; Wilcoxon signed-rank "
+                        "on the per-round log ratios", **asdict(comparison)}
+    if status == "confirmed" and verdict.baseline_run_id is not None and \
+            (baseline := store.profile(verdict.baseline_run_id)) is not None and baseline.status == "ok":
+        detail["kernels"] = _rerun_kernels(tracker, device, old, new, inputs, config, progress, verdict.model)
+    return status, detail
+
+
+def _rerun_kernels(tracker: TrackerAddress, device: Device, old, new, inputs, config: BenchConfig,
+                   progress: Progress | None, model: str) -> dict[str, Any]:
+    """A confirmed change whose baseline run was profiled: both artifacts profiled again on the device, one after the
+    other, and which kernels moved (``kernel_diff``); or why not."""
+    from farm.kernel_diff import kernel_diff
+    from farm.measure.profile import profile_artifact
+
+    if progress:
+        progress(device.name, model, "confirm", "profile of the old and new artifacts")
+    profiles = [profile_artifact(tracker, device, artifact, inputs, config) for artifact in (old, new)]
+    missing = next((p for p in profiles if p.status != "ok"), None)
+    if missing is not None:
+        return {"status": "not available", "reason": missing.reason}
+    return {"status": "ok", **kernel_diff(*profiles, same_artifact=False).to_json()}

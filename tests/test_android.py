@@ -76,10 +76,12 @@ def test_standin_phone_brought_up_over_adb_benchmarked_and_restarted(phone, tmp_
         assert listed[0]["opencl"] is False  # the stand-in has no libOpenCL.so
 
         bench = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
-                         "--json", env=env)
+                         "--profile", "--json", env=env)
         assert bench.returncode == 0, bench.stderr
         data = json.loads(bench.stdout)
         assert data["status"] == "ok" and data["check"]["status"] == "passed" and data["emulated"] is True
+        # where the time goes, on the phone: farm's native server pushed over adb profiles in its own process
+        assert data["profile"]["status"] == "ok" and "matmul/dense" in data["profile"]["by_class_s"], data["profile"]
         context = json.loads(run_farm("results", "--json", env=env).stdout)[0]["context"]
         assert context["device_health"]["battery_pct"] == 87 and context["device_health"]["battery_temp_c"] == 31.2
         assert context["cooldown"]["gate"] == "passed" and context["device_health_after"]["battery_pct"] == 87
@@ -146,7 +148,7 @@ def test_standin_phone_gpu_runs_opencl_on_arm64_pocl_and_a_phone_without_libopen
         runs = {}
         for name in ("phone-gpu", "phone-nogpu"):
             bench = run_farm("bench", "--device", name, "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
-                             "--json", env=env)
+                             "--profile", "--json", env=env)
             runs[name] = (bench.returncode, json.loads(bench.stdout))
     finally:
         run_farm("down", env=env)
@@ -155,6 +157,7 @@ def test_standin_phone_gpu_runs_opencl_on_arm64_pocl_and_a_phone_without_libopen
     assert gpu["kernel_cache"] == f"cleared ({device_dir}/kernel-cache-test-phone-gpu)"
     assert gpu["steady_clock"] == "kernel" and len(gpu["steady_wall_samples_s"]) == 3 and gpu["first_run_warm_s"] > 0
     assert any((device_dir / "kernel-cache-test-phone-gpu").rglob("*.so"))  # POCL's built kernels, on the phone
+    assert gpu["profile"]["status"] == "ok" and "synced" in gpu["profile"]["clock"], gpu["profile"]  # its arm64 OpenCL
     code, nogpu = runs["phone-nogpu"]
     assert code == 1 and nogpu["status"] == "failed" and nogpu["failed_step"] == "load"
     assert "Cannot open libOpenCL" in nogpu["reason"]

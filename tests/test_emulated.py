@@ -48,9 +48,9 @@ search_population = %d
         assert run_farm("tracker", "start", env=env).returncode == 0
         serve = run_farm("serve", "--json", env=env)
         assert serve.returncode == 0, serve.stderr
-        for model in ("mlp", "convnet"):
+        for model in ("mlp", "convnet"):  # convnet with where its time goes, on the emulated board's native server
             bench = run_farm("bench", "--device", "board", "--model", model, "--repeat", "3", "--min-repeat-ms", "5",
-                             "--json", env=env)
+                             *(["--profile"] if model == "convnet" else []), "--json", env=env)
             assert bench.returncode == 0, bench.stderr
             lab[model] = json.loads(bench.stdout)
         # the builder cross-compiles candidates; the board runs them (one task is enough)
@@ -67,6 +67,9 @@ search_population = %d
 
 
 def test_emulated_board_benchmarked_through_tracker_and_reported(board_lab):
+    profile = board_lab["convnet"]["profile"]  # farm's native server profiles under qemu as on a board
+    assert profile["status"] == "ok" and {"conv", "pool"} <= set(profile["by_class_s"]), profile
+    assert board_lab["mlp"]["profile"] is None  # not asked for
     for model in ("mlp", "convnet"):
         data = board_lab[model]
         # the aarch64 result equals onnxruntime's x86 result within tolerance

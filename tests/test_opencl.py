@@ -77,9 +77,13 @@ def test_missing_sources_say_which_tvm_commit_to_check_out(monkeypatch, tmp_path
 
 @needs_runtime
 def test_builtin_convnet_on_opencl_cold_warm_kernel_wall_and_copies(gpu_farm, farm_env):
-    proc, out = bench(gpu_farm, farm_env, "--model", "convnet")
+    proc, out = bench(gpu_farm, farm_env, "--model", "convnet", "--profile")
     assert proc.returncode == 0, proc.stderr
     assert out["status"] == "ok" and out["check"]["status"] == "passed" and out["check"]["reference"] == "onnxruntime"
+    # where the time goes on the GPU, each kernel between device syncs, in farm's GPU server's own process
+    profile = out["profile"]
+    assert profile["status"] == "ok" and "synced" in profile["clock"] and 0 < profile["kernel_sum_s"] <= profile["main_s"]
+    assert {"conv", "pool"} <= set(profile["by_class_s"]), profile["by_class_s"]
     assert out["kernel_cache"].startswith("cleared (")
     # cold = kernels built by the driver after its cache was cleared; warm = a second load, kernels cached
     assert out["first_run_cold_s"] > out["first_run_warm_s"] > 0

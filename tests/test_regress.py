@@ -107,7 +107,8 @@ def slowdown(farm_net, tmp_path_factory):
     onnx.save(_mlp(512, 3), net)
     # TVM's figures only (--tvm-only): onnxruntime's beside them took a second a night and 5 s of the slow one
     sweep = ["--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", str(net), "--reference", "none",
-             "--tvm-only", "--repeat", "10", "--min-repeat-ms", "100", "--json", "--report-dir", str(tmp_path / "reports")]
+             "--tvm-only", "--repeat", "10", "--min-repeat-ms", "100", "--json", "--report-dir", str(tmp_path / "reports"),
+             "--profile"]  # every night profiled: the confirmation profiles its rerun too, and names the kernels
     stable = 0
     # nights until 6 are stable (5 make a baseline): a busy CI machine makes some unstable (one CI run needed 12).
     # A figure of 100 ms of calls averages more of the machine's noise away than one of 50 ms
@@ -146,6 +147,14 @@ def test_injected_slowdown_is_a_confirmed_regression_in_the_report(slowdown):
     alert = next(a for a in stored["alerts"] if a["metric"] == "steady" and a["runtime"] == "tvm")
     assert alert["confirmation"]["wilcoxon_p"] < 0.01 and alert["confirmation"]["rounds"] >= 8
     assert alert["baseline"]["n"] >= 5 and alert["method"]["baseline_n"] == 20
+    # the baseline was profiled, so the confirmation profiled both artifacts again: 3 layers of 512 became 4 of
+    # 1024, and the hidden layers' matmul (one kernel, called for each) carries most of the change (97 % here);
+    # the finding names it
+    kernels = alert["confirmation"]["kernels"]
+    assert kernels["status"] == "ok" and kernels["by"] == "kernel" and kernels["change_s"] > 0, kernels
+    assert kernels["moves"][0]["op_class"] == "matmul/dense" and kernels["moves"][0]["share"] > 0.8, kernels
+    finding = next(f for f in stored["findings"] if f["metric"] == "steady")
+    assert finding["kernels"].endswith("(rerun)") and "of the +" in finding["kernels"], finding["kernels"]
     html = Path(out["report"]).read_text()
     # one trend and one distribution per steady alert: TVM's, and onnxruntime's when the bigger model moved it too
     steady_alerts = [a for a in stored["alerts"] if a["metric"] == "steady"]

@@ -35,7 +35,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--tvm-only", action="store_true", help="do not time the reference runtime beside TVM")
     add_variant_options(p)
     add_progress(p)
-    add_bench_options(p)
+    add_bench_options(p, profile=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -270,13 +270,15 @@ BENCH_OPTIONS = (
 )
 
 
-def add_bench_options(p: argparse.ArgumentParser) -> None:
+def add_bench_options(p: argparse.ArgumentParser, profile: bool = False) -> None:
     defaults = BenchConfig()
     g = p.add_argument_group("measurement")
     for field, option, kind, help_text in BENCH_OPTIONS:
         default = getattr(defaults, field)
         g.add_argument(option, type=kind, default=default,
                        help=help_text if default is None else help_text.format(f"{default:g}"))
+    if not profile:  # the verbs that measure cells (bench, sweep) offer it
+        return
     g.add_argument("--profile", action="store_true",
                    help="then where the time goes: each kernel of the model timed on the device, in runs of its own "
                         "after the timed ones (farm's servers; a stock TVM server's run is stored with the profile "

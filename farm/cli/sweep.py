@@ -80,7 +80,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                         f"them stored offline, with the reason (default {HOST_WAIT_S / 60:g}; --resume measures them later)")
     add_budget_option(p)
     add_progress(p)
-    add_bench_options(p)
+    add_bench_options(p, profile=True)
 
 
 def run(args: argparse.Namespace) -> int:

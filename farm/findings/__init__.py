@@ -119,9 +119,10 @@ def name_kernels(store: "Store", findings: list[Finding], alerts: list[Alert], m
     named = []
     for finding in findings:
         moved = [a for a in sorted(wanted[finding.key], key=lambda a: -(a.z or 0.0))
-                 if a.run_id in profiles and a.baseline_run_id in profiles][:most]
-        parts = [f"{a.model} on {a.device}: "
-                 f"{kernel_diff(profiles[a.baseline_run_id], profiles[a.run_id]).headline()}" for a in moved]
+                 if _rerun_headline(a) or a.run_id in profiles and a.baseline_run_id in profiles][:most]
+        # a confirmation's rerun profiled both artifacts back to back: its word first, else the stored runs'
+        parts = [f"{a.model} on {a.device}: " + (_rerun_headline(a) or kernel_diff(
+            profiles[a.baseline_run_id], profiles[a.run_id]).headline()) for a in moved]
         named.append(replace(finding, kernels="; ".join(parts)) if parts else finding)
     return named
 
@@ -144,3 +145,8 @@ def with_state(finding: Finding, state: Mapping[str, Any] | None) -> Finding:
     if state is None:
         return finding
     return replace(finding, state=state["state"], finding_id=state["id"], first_sweep=state["first_sweep"])
+
+
+def _rerun_headline(alert: Alert) -> str:
+    kernels = alert.confirmation.get("kernels") or {}
+    return f"{kernels['headline']} (rerun)" if kernels.get("status") == "ok" else ""

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from typing import Any
 
+import numpy as np
+
 from farm.errors import FarmError, message_line
 from farm.measure.vm import remote_device_type
-from farm.records import Artifact, KernelProfile, KernelTime
+from farm.records import Artifact, BenchConfig, Device, KernelProfile, KernelTime, TrackerAddress
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +113,32 @@ def profile_loaded(session, helpers: dict[str, Any], remote_name: str, dev, args
     except Exception as exc:  # the device's or TVM's own errors
         log.debug("profile of %s failed", artifact.model_name, exc_info=True)
         return KernelProfile("not available", message_line(exc))
+
+
+def profile_artifact(tracker: TrackerAddress, device: Device, artifact: Artifact, inputs: dict[str, np.ndarray],
+                     config: BenchConfig, runs: int = PROFILE_RUNS) -> KernelProfile:
+    """``artifact``'s profile on ``device`` in a session of its own (a confirmation's rerun: ``confirmation``); "not
+    available" with the reason where the server has no helper or anything fails."""
+    import tvm
+
+    from farm.measure.context import DEVICE_TYPE, server_helpers
+    from farm.measure.vm import remove_quietly
+    from farm.records import target_kind
+    from farm.rpc.session import request_session
+
+    session = None
+    name = f"farm-profile-{os.path.basename(artifact.path)}"
+    try:
+        session = request_session(tracker, device.key, config.timeout_s, device.session_timeout_s)
+        session.upload(artifact.path, name)
+        dev = session.device(DEVICE_TYPE[target_kind(artifact.target)], 0)
+        args = [tvm.runtime.tensor(value, dev) for value in inputs.values()]
+        return profile_loaded(session, server_helpers(session), name, dev, args, artifact, runs)
+    except FarmError as exc:
+        return KernelProfile("not available", f"{exc.message} ({exc.hint})")
+    except Exception as exc:  # the device's or TVM's own errors
+        log.debug("profile of %s on %s failed", artifact.model_name, device.name, exc_info=True)
+        return KernelProfile("not available", message_line(exc))
+    finally:
+        if session is not None:
+            remove_quietly(session, name)
