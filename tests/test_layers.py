@@ -21,20 +21,22 @@ ALLOWED = {
     "artifacts": set(),
     "inventory": {"errors", "records", "devices"},  # the kinds' field schemas (importing them imports no TVM)
     "store": {"errors", "records", "stats"},
-    "models": {"errors", "records"},
+    "models": {"errors", "op_classes", "records"},  # op_classes: onnxruntime's profile by TVM's op classes
+    "op_classes": set(),  # a kernel's op class by its name, a node's by its op type
+    "kernel_diff": {"records", "stats"},  # which kernels account for a change; op classes across runtimes
     "rpc": {"errors", "records", "rpc", "tvm_private"},  # rpc/server.py: TVM's _serving
     "devices": {"errors", "records", "rpc", "devices", "stats"},
     "compile": {"errors", "records", "models", "devices", "tvm_private"},  # MetaSchedule's normalize_mod
-    "measure": {"errors", "records", "rpc", "devices", "stats", "__init__"},  # stats: a round's median
+    "measure": {"errors", "op_classes", "records", "rpc", "devices", "stats", "__init__"},  # stats: a round's median
     "results": {"records", "runs", "series", "stats", "store"},
     "reference": {"errors", "records", "devices", "measure", "models", "__init__"},  # runtimes timed beside TVM
     "queue": {"errors", "store"},  # procrastinate on the results' PostgreSQL; store: a URL's redaction
     "sweep": {"errors", "records", "compile", "devices", "measure", "models", "queue", "reference", "rpc", "store"},  # tracker
     "sweep_file": {"errors", "records", "tune"},  # the sweep file's schema; [tune] is TuneBudget's fields
     "figures": set(),
-    "findings": {"records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
+    "findings": {"kernel_diff", "records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
     "review": {"drift", "figures", "findings", "records", "regress", "results", "runs", "series", "stats", "store"},
-    "report": {"figures", "records", "results", "review", "stats", "store", "__init__"},
+    "report": {"figures", "kernel_diff", "records", "results", "review", "stats", "store", "__init__"},
     "costmodel": {"errors", "tvm_private"},  # MetaSchedule's XGBoost model as data (its state: tvm_private)
     "task_profile": {"errors", "measure", "records", "rpc"},  # each task's untuned time (measure's timer), the trials it gets
     "tvm_private": set(),  # TVM's private names farm relies on, each checked by tests/test_tvm_private.py
@@ -42,9 +44,10 @@ ALLOWED = {
              "tvm_private"},
     "nightly": {"compile", "errors", "measure", "queue", "records", "regress", "results", "runs", "stats", "store", "sweep",
                 "tune"},
-    "confirmation": {"errors", "findings", "measure", "models", "records", "regress", "results", "series", "store"},
+    "confirmation": {"errors", "findings", "kernel_diff", "measure", "models", "records", "regress", "results", "series",
+                     "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
-    "dashboard": {"errors", "records", "queue", "results", "rpc", "stats", "store"},
+    "dashboard": {"errors", "kernel_diff", "records", "queue", "results", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
 }

@@ -163,9 +163,12 @@ def test_tune_on_opencl_stores_records_and_the_tuned_artifact_passes_its_check(g
     out = json.loads(tune.stdout)
     assert out["status"] == "done" and out["new_records"] == out["trials"] >= 1
     assert [t["name"] for t in out["tasks"]] == ["fused_matmul1_add1"] and out["tasks"][0]["best_s"] > 0
-    proc, bench_out = bench(gpu_farm, farm_env, "--model", "mlp")
+    proc, bench_out = bench(gpu_farm, farm_env, "--model", "mlp", "--profile")
     assert proc.returncode == 0, proc.stderr
     assert bench_out["tuned_tasks"] == 1 and bench_out["check"]["status"] == "passed"
+    # its profile says which kernel the record scheduled; the others have TVM's default GPU schedules (DLight)
+    schedules = {k["name"]: k["schedule"] for k in bench_out["profile"]["kernels"] if k["op_class"] != "vm"}
+    assert schedules.pop("fused_matmul1_add1") == "tuned" and set(schedules.values()) == {"scheduled"}, schedules
 
 
 @pytest.mark.parametrize("entry, problem", [

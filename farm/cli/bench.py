@@ -136,7 +136,7 @@ def bench_json(cell, device) -> dict:
                     "number": c.number, "median_s": median(c.samples_s),
                     "samples_s": list(c.samples_s)} for c in r.copies],
         "check": asdict(r.check),
-        "profile": r.profile.to_json() if r.profile is not None else None,
+        "profile": r.profile.to_json() if r.profile is not None else None, "profile_s": r.context.get("profile_s"),
         "artifact": cell.artifact.path if cell.artifact else None, "emulated": device.emulated,
         "tuned_tasks": cell.artifact.tuned_tasks if cell.artifact else 0,
         "fallback_of": r.fallback_of,

@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     result = compare_samples(a, b)
     data = {"run_a": args.run_a, "run_b": args.run_b, **asdict(result)}
     diff, why = _kernels(runs, profiles, args.run_a, args.run_b)
-    data["kernels"] = diff.to_json() if diff is not None else {"status": "not available", "reason": why}
+    named = result.verdict in ("slower", "faster")  # a change the samples show: then its kernels are named
+    data["kernels"] = {**diff.to_json(), "named": named} if diff is not None else {"status": "not available",
+                                                                                     "reason": why}
     if args.json:
         emit_json(data)
     else:
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{duration(median_s)} ({n} samples)")
         print(f"change {result.change:+.2%}; Mann-Whitney U p={result.mann_whitney_p:.3g}, KS p={result.ks_p:.3g}: "
               f"{result.verdict}")
-        print_kernel_diff(diff, why)
+        print_kernel_diff(diff, why, named, result.verdict)
         print("note: the p-values take each run's samples as independent; samples of one load are not, so they "
               "overstate certainty. farm regressions --confirm reruns both in rounds of fresh loads.")
     return 0
@@ -74,11 +76,12 @@ def _kernels(runs, profiles, run_a: int, run_b: int):
     return kernel_diff(profiles[run_a], profiles[run_b], same_artifact=same), ""
 
 
-def print_kernel_diff(diff, why: str, top: int = 5) -> None:
+def print_kernel_diff(diff, why: str, named: bool, verdict: str, top: int = 5) -> None:
     if diff is None:
         print(f"kernels: {why}")
         return
-    print(f"kernels: {diff.headline()}")
+    print(f"kernels: {diff.headline()}" if named else
+          f"kernels: none named: the samples show no change ({verdict}); how each kernel moved:")
     for move in diff.moves[:top]:
         old = duration(move.old_s) if move.old_s is not None else "absent"
         new = duration(move.new_s) if move.new_s is not None else "absent"

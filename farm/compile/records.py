@@ -60,8 +60,6 @@ def untuned_trace(mod: tvm.IRModule):
     no instruction as invalid.)"""
     from tvm.s_tir import Schedule
 
-    from farm.compile.kernel_facts import TUNED_ATTR
-
     sch = Schedule(mod)
     sch.get_sblock("root")  # MetaSchedule's own rules annotate this block: every task has it
     return sch.trace
@@ -85,6 +83,8 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
 
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
+
+    from farm.compile.kernel_facts import TUNED_ATTR
 
     out = mod.clone()
     tuned = anchored = 0

@@ -157,7 +157,9 @@ def profile(run: Run) -> None:
     if not run.config.profile:
         return
     run.say("profile", f"{PROFILE_RUNS} runs, each kernel timed on the device")
+    started = time.perf_counter()
     run.draft.profile = profile_loaded(run.session, run.helpers, run.remote_name, run.dev, run.args, run.artifact)
+    run.draft.context["profile_s"] = time.perf_counter() - started  # the step's cost, load included
     if run.draft.profile.status != "ok":
         run.say("profile", f"not available: {run.draft.profile.reason}")
 

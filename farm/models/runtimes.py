@@ -88,7 +88,7 @@ def profile_onnxruntime(model: ModelSource, threads: int | None, inputs: dict[st
 
     import onnxruntime
 
-    from farm.measure.profile import onnx_op_class
+    from farm.op_classes import onnx_op_class
     from farm.records import KernelProfile, KernelTime
 
     with tempfile.TemporaryDirectory(prefix="farm-ort-profile-") as folder:

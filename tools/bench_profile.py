@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Where the time goes, measured: the per-kernel profile's sum against the steady figure, its cost per cell, and
+whether a planted regression is put on the kernel it was planted in (#52). One run; its figures.
+
+1. Sum against steady (``--part sum``): each (device, model) below benched as `farm bench --profile` benches it, on
+   the repository's own devices.toml devices, brought up here on a private tracker: this host's CPU (x86-local:
+   onnx:squeezenet and onnx:resnet50, untuned), the emulated arm64 board (arm64-qemu: mlp, convnet) and OpenCL on
+   POCL (pocl-gpu: mlp, convnet). Printed: the steady median, main's time as the profile measured it, the kernels'
+   sum and its ratio to the steady median, the profile step's cost in seconds and its share of the cell.
+2. Planted regressions (``--part planted``): each model tuned on x86-local (--trials, --minutes), compiled with all
+   its records and measured with its profile; then, for its --plants tasks holding the most time, compiled again
+   with that task's records removed (the kernel goes back to TVM's default schedule) and measured again. Which
+   kernels were planted is read from the two libraries (the kernel whose schedule went from tuned to untuned);
+   `farm compare`'s rule (``kernel_diff``) must name one of them first, with >= 80 % of the change. Last, the tuned
+   library measured a second time against the first: a night with no plant, whose samples should show no change
+   (then no kernel is named).
+
+    .venv/bin/python tools/bench_profile.py                      # both parts
+    .venv/bin/python tools/bench_profile.py --part planted --trials 200 --plants 3
+
+Threads: TVM's CPU pool as each device's server sets it (x86-local: half this host's CPUs, as TVM does), read back
+from the session and printed with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SUM_CELLS = (("x86-local", "onnx:squeezenet"), ("x86-local", "onnx:resnet50"), ("arm64-qemu", "mlp"),
+             ("arm64-qemu", "convnet"), ("pocl-gpu", "mlp"), ("pocl-gpu", "convnet"))
+SHARE = 0.80  # the planted kernel's least share of the change
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("sum", "planted", "both"), default="both")
+    parser.add_argument("--models", default="convnet,mobile-block", help="planted: the models tuned (comma-separated)")
+    parser.add_argument("--trials", type=int, default=160, help="planted: tuning trials per model (default 160)")
+    parser.add_argument("--minutes", type=float, default=6.0, help="planted: tuning minutes per model (default 6)")
+    parser.add_argument("--plants", type=int, default=3, help="planted: tasks planted per model (default 3)")
+    parser.add_argument("--repeat", type=int, default=10, help="steady repeats per run (default 10)")
+    parser.add_argument("--work", default=None, help="keep the store, cache and logs here (default: a temp dir)")
+    args = parser.parse_args()
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+
+    from farm.devices import bring_up
+    from farm.inventory import load_inventory
+    from farm.records import TrackerAddress
+    from farm.rpc.processes import free_port, start_tracker, stop_process
+    from farm.rpc.tracker import wait_for_servers
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-profile-"))
+    inventory = load_inventory(REPO / "devices.toml")
+    port = free_port()
+    tracker = TrackerAddress("127.0.0.1", port)
+    wanted = [d for d, _ in SUM_CELLS] if args.part != "planted" else []
+    wanted += ["x86-local"] if args.part != "sum" else []
+    devices = {name: replace(inventory.devices[name], key=f"{inventory.devices[name].key}-bench-{port}")
+               for name in dict.fromkeys(wanted)}
+    started, ok = [], True
+    print(f"farm {__import__('farm').__version__}, commit {_commit()}, host {os.uname().nodename}: {os.cpu_count()} CPUs; "
+          f"work {work}", flush=True)
+    try:
+        started.append(start_tracker(tracker.host, port, work))
+        for device in devices.values():
+            started.extend(bring_up(device, tracker, work))
+        wait_for_servers(tracker, {d.key: 1 for d in devices.values()}, timeout_s=300)
+        if args.part in ("sum", "both"):
+            ok &= sum_against_steady(tracker, devices, work, args.repeat)
+        if args.part in ("planted", "both"):
+            ok &= planted(tracker, devices["x86-local"], work, args)
+    finally:
+        for record in reversed(started):
+            stop_process(record)
+    return 0 if ok else 1
+
+
+def sum_against_steady(tracker, devices, work: Path, repeat: int) -> bool:
+    from farm.models import load_model
+    from farm.records import BenchConfig
+    from farm.stats import median
+    from farm.store import Store
+    from farm.sweep import bench_cell
+
+    print("\n1. the kernels' sum against the steady median (untuned; profile: 10 runs after the timed ones)")
+    print(f"{'device':12s} {'model':16s} {'threads':>7s} {'steady':>11s} {'main':>11s} {'kernels':>11s} "
+          f"{'kernels/steady':>14s} {'profile s':>9s} {'cell s':>7s} {'cost':>6s}")
+    ok = True
+    with Store(work / "results.db") as store:
+        for name, model_name in SUM_CELLS:
+            device = devices[name]
+            model = load_model(model_name)
+            config = BenchConfig(repeat=repeat if "resnet" not in model_name else 3, min_repeat_ms=50, timeout_s=120,
+                                 profile=True)
+            begun = time.perf_counter()
+            cell = bench_cell(tracker, device, model, store, work / "cache", config, tuned=False,
+                              reference_runtime=False)
+            cell_s = time.perf_counter() - begun
+            r, p = cell.result, cell.result.profile
+            if r.status != "ok" or p is None or p.status != "ok":
+                print(f"{name:12s} {model_name:16s} failed: {r.reason or (p.reason if p else 'no profile')}")
+                ok = False
+                continue
+            steady = median(r.steady_samples_s)
+            profile_s = r.context.get("profile_s") or 0.0
+            print(f"{name:12s} {model_name:16s} {r.threads!s:>7s} {ms(steady):>11s} {ms(p.main_s):>11s} "
+                  f"{ms(p.kernel_sum_s):>11s} {p.kernel_sum_s / steady:14.3f} {profile_s:9.2f} {cell_s:7.1f} "
+                  f"{profile_s / cell_s:6.1%}   ({r.steady_clock} steady; {p.clock})", flush=True)
+    return ok
+
+
+def planted(tracker, device, work: Path, args) -> bool:
+    from farm.compile import compile_model
+    from farm.kernel_diff import kernel_diff
+    from farm.measure import bench_artifact
+    from farm.models import load_model, make_inputs
+    from farm.records import BenchConfig, TuningSet
+    from farm.regress import compare_samples
+    from farm.store import Store
+    from farm.sweep import tuning_set
+    from farm.tune import TuneConfig, tune_model
+
+    config = BenchConfig(repeat=args.repeat, min_repeat_ms=100, timeout_s=120, profile=True)
+    print(f"\n2. planted regressions on {device.name} (tuned: --trials {args.trials} --minutes {args.minutes:g} per model)")
+    results, quiet = [], []
+    with Store(work / "results.db") as store:
+        for model_name in args.models.split(","):
+            model = load_model(model_name)
+            inputs = make_inputs(model)
+            begun = time.monotonic()
+            outcome = tune_model(tracker, device, model, store, work / "tune" / model_name,
+                                 TuneConfig(trials=args.trials, minutes=args.minutes))
+            print(f"{model_name}: tuned {outcome.trials_done} trials in {(time.monotonic() - begun) / 60:.1f} min "
+                  f"({outcome.status})", flush=True)
+            full = tuning_set(store, device)
+            base_artifact = compile_model(model, device, work / "cache", full)
+            base = bench_artifact(tracker, device, base_artifact, inputs, None, config)
+            if base.status != "ok" or base.profile is None or base.profile.status != "ok":
+                print(f"{model_name}: the tuned run failed: {base.reason}")
+                return False
+            tuned_kernels = {n for n, f in base_artifact.kernels.items() if f["schedule"] == "tuned"}
+            print(f"{model_name}: {len(tuned_kernels)}/{len(base_artifact.kernels)} kernels tuned; steady "
+                  f"{ms(_median(base))} on {base.threads} thread(s)")
+            time_of = {k.name: k.time_s for k in base.profile.kernels}
+            plants = []
+            for index in range(len(full.workloads)):
+                records = tuple(line for line in full.records if not line.startswith(f"[{index},"))
+                if len(records) == len(full.records):
+                    continue
+                trial = TuningSet(full.key, full.workloads, records)
+                artifact = compile_model(model, device, work / "cache", trial)
+                planted_kernels = {n for n in tuned_kernels if artifact.kernels.get(n, {}).get("schedule") != "tuned"}
+                if planted_kernels:
+                    plants.append((sum(time_of.get(n, 0.0) for n in planted_kernels), planted_kernels, artifact))
+            plants.sort(key=lambda p: -p[0])
+            for _, planted_kernels, artifact in plants[:args.plants]:
+                slow = bench_artifact(tracker, device, artifact, inputs, None, config)
+                if slow.status != "ok" or slow.profile is None or slow.profile.status != "ok":
+                    print(f"  {sorted(planted_kernels)}: the planted run failed: {slow.reason}")
+                    results.append(False)
+                    continue
+                diff = kernel_diff(base.profile, slow.profile)
+                verdict = compare_samples(base.steady_samples_s, slow.steady_samples_s).verdict
+                first = diff.moves[0]
+                hit = first.name in planted_kernels and first.share >= SHARE
+                results.append(hit)
+                print(f"  planted {', '.join(sorted(planted_kernels))}: steady {ms(_median(base))} → {ms(_median(slow))} "
+                      f"({verdict}); named first: {first.name} with {first.share:.0%} of the change "
+                      f"({'yes' if hit else 'NO'}); {diff.headline()}", flush=True)
+            again = bench_artifact(tracker, device, base_artifact, inputs, None, config)
+            verdict = compare_samples(base.steady_samples_s, again.steady_samples_s).verdict
+            named = verdict in ("slower", "faster")
+            quiet.append(not named)
+            print(f"  no plant (the tuned library again): steady {ms(_median(base))} → {ms(_median(again))}: "
+                  f"{verdict}: {'kernels named (' + kernel_diff(base.profile, again.profile).headline() + ')' if named else 'nothing named'}",
+                  flush=True)
+    hits = sum(results)
+    print(f"planted: {hits}/{len(results)} named first with >= {SHARE:.0%} of the change; "
+          f"no plant: {sum(quiet)}/{len(quiet)} named nothing")
+    return len(results) >= 5 and hits == len(results)
+
+
+def _median(result) -> float:
+    from farm.stats import median
+
+    return median(result.steady_samples_s)
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
