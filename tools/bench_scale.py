@@ -25,6 +25,7 @@ Goals (#12): each verb <= 10 s, the dashboard <= 1 s, peak memory <= 2 GiB; the 
 injected check fails.
 
     .venv/bin/python tools/bench_scale.py --mass --keep /tmp/farm-mass    # the night that matters most
+    .venv/bin/python tools/bench_scale.py --profiles   # and every run profiled (#52), 60 kernels each
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, InputSpec, ModelSource, SweepSpec
+from farm.records import (Artifact, BenchConfig, BenchResult, CheckResult, Device, InputSpec, KernelProfile,
+                          KernelTime, ModelSource, SweepSpec)
 from farm.store import Store
 
 GOALS_S = {"dashboard": 1.0}
@@ -50,8 +52,22 @@ GOAL_REPORT_MB = 5.0
 TVM_VERSION = "0.27.0.post1"
 
 
+PROFILE_KERNELS = 60  # --profiles: each run's profile, a resnet50's worth of kernels
+
+
+def profile_of(level: float, shares: np.ndarray) -> KernelProfile:
+    """A run's per-kernel profile at farm's size: PROFILE_KERNELS kernels (the series' own ``shares`` of its time),
+    each with args, FLOPs and schedule."""
+    shares = shares * level * 0.97
+    classes = ("conv", "matmul/dense", "pool", "elementwise", "layout/copy/concat", "reduction")
+    return KernelProfile("ok", "", "wall, the device synced before and after each call", 10, level, tuple(
+        KernelTime(f"fused_{classes[i % 6].split('/')[0]}2d_add_relu{i}", classes[i % 6], 1.0, float(t),
+                   ("float32[1, 64, 56, 56]", "float32[64, 64, 3, 3]", "float32[64]", "float32[1, 64, 56, 56]"),
+                   231211008.0, "tuned") for i, t in enumerate(shares)))
+
+
 def build(db: Path, nights: int, devices: int, models: int, repeats: int, steps: int, seed: int,
-          mass: bool = False) -> list[tuple[str, str]]:
+          mass: bool = False, profiles: bool = False) -> list[tuple[str, str]]:
     """Write the database; returns the (device, model) series given a 10 % step on the last night: ``steps`` of
     them at random, or with ``mass`` every series of half the models."""
     rng = np.random.default_rng(seed)
@@ -63,6 +79,7 @@ def build(db: Path, nights: int, devices: int, models: int, repeats: int, steps:
         slowed = set(model_names[: models // 2])
         stepped = [(d, m) for d, m in series if m in slowed]
     base = {s: 1e-3 * (1 + rng.random() * 9) for s in series}
+    kernel_shares = {s: rng.dirichlet(np.ones(PROFILE_KERNELS)) for s in series} if profiles else {}
     inventory = {d: Device(d, "remote", d, {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}) for d in device_names}
     sources = {m: ModelSource(m, f"builtin:{m}", f"digest-{m}", b"", (InputSpec("x", (1, 64), "float32"),))
                for m in model_names}
@@ -88,7 +105,8 @@ def build(db: Path, nights: int, devices: int, models: int, repeats: int, steps:
                     steady_samples_s=tuple(float(v) for v in samples), check=CheckResult("passed", 1e-6),
                     config=config, started_at=f"2026-{1 + night // 28:02d}-{1 + night % 28:02d}T02:00:00+00:00",
                     context={"farm_version": "bench", "tvm_version": TVM_VERSION, "target": target,
-                             "pipeline_version": 2, "device_kind": "remote", "emulated": False, "thermal": None})
+                             "pipeline_version": 2, "device_kind": "remote", "emulated": False, "thermal": None},
+                    profile=profile_of(level, kernel_shares[(device, model)]) if profiles else None)
                 store.record_result(result, inventory[device], sources[model], artifact, sweep_id=sweep_id)
             store.finish_sweep(sweep_id, "done")
             print(f"night {night}/{nights}: {len(series)} runs ({time.monotonic() - started:.0f} s)", file=sys.stderr)
@@ -121,6 +139,9 @@ def main() -> int:
     parser.add_argument("--mass", action="store_true",
                         help="instead: every series of half the models 10 %% slower on the last night (#22)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profiles", action="store_true",
+                        help=f"every run with a per-kernel profile of {PROFILE_KERNELS} kernels (#52: a year of nightly "
+                             "profiles)")
     parser.add_argument("--keep", help="folder for the database: built once, reused when it exists")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -132,7 +153,8 @@ def main() -> int:
     if not (db.exists() and injected_file.exists() and json.loads(injected_file.read_text())["shape"] == shape):
         db.unlink(missing_ok=True)
         start = time.monotonic()
-        stepped = build(db, args.nights, args.devices, args.models, args.repeats, args.step, args.seed, args.mass)
+        stepped = build(db, args.nights, args.devices, args.models, args.repeats, args.step, args.seed, args.mass,
+                        args.profiles)
         injected_file.write_text(json.dumps({"shape": shape, "series": stepped, "build_s": time.monotonic() - start}))
     injected = {tuple(s) for s in json.loads(injected_file.read_text())["series"]}
     size_mb = db.stat().st_size / 2**20
