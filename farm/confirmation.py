@@ -77,12 +77,41 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
                 spent_s += time.monotonic() - started
                 rerun += 1
                 store.save_alert(rerunnable, METHOD.to_json(), status, detail)
+        spent_s, rerun = _rerun_the_rest(store, tracker, devices or {}, verdicts, findings, config, progress,
+                                         budget_s, spent_s, rerun)
         findings = sweep_findings(store, sweep_id, rows, verdicts)  # confirmation moves their evidence and rank
     left = sum(1 for f in findings if f.direction == "slower" and f.representatives and not f.reruns)
     if confirm_candidates:  # a review without reruns keeps what an earlier one spent
         store.save_budget(sweep_id, budget_s, spent_s, rerun, left)
     budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}), "left_unconfirmed": left}
     return SweepRegressions(sweep_id, store.alerts(sweep_id), record(store, sweep_id, findings), budget)
+
+
+def _rerun_the_rest(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device],
+                    verdicts: list[SeriesVerdict], findings: list[Finding], config: BenchConfig,
+                    progress: Progress | None, budget_s: float, spent_s: float, rerun: int) -> tuple[float, int]:
+    """What the budget has left goes to the slower steady series no finding holds, largest z first: candidates left
+    alone (under a single series' bound), then the screen's second tier (``Method.rescreen``: "screened", never an
+    alert). A rerun candidate keeps its verdict in its alert; a screened series is stored only when confirmed (a
+    confirmed alert, a finding by itself), so a quiet night's reruns leave nothing but the budget they spent."""
+    held = {i for f in findings for i in f.alerts}
+    stored = {_series(a): a for a in store.alerts(verdicts[0].sweep_id)} if verdicts else {}
+    rest = [v for v in verdicts if v.metric == "steady" and v.runtime == "tvm"
+            and not (v.baseline or {}).get("context_change") and (  # an upgrade is never rerun
+        v.status == "screened" or v.status == "candidate" and (a := stored.get(_series(v))) is not None
+        and a.id not in held and "rounds" not in a.confirmation)]
+    for verdict in sorted(rest, key=lambda v: (v.status != "candidate", -(v.z or 0.0))):
+        if spent_s >= budget_s:
+            break
+        started = time.monotonic()
+        status, detail = _confirm_one(store, tracker, devices, verdict, config, progress)
+        spent_s += time.monotonic() - started
+        rerun += 1
+        if verdict.status == "candidate" or status == "confirmed":
+            store.save_alert(verdict, METHOD.to_json(), status,
+                             {**detail, "screen": f"second tier (z >= {METHOD.rescreen['steady'].z:g})"}
+                             if verdict.status == "screened" else detail)
+    return spent_s, rerun
 
 
 def _series(row: Alert | SeriesVerdict) -> tuple:

@@ -66,10 +66,17 @@ class Method:
         "copy": Thresholds(2.0, 0.05),
         "peak_rss": Thresholds(2.0, 0.05),  # the process's peak RSS over its RSS before load: time's rules
     })
+    # The second tier (#52): a steady series past this but under its threshold is "screened": no alert, no finding,
+    # but confirmation reruns it (after the findings' representatives, largest z first, while the budget lasts),
+    # and a confirmed one is stored as a confirmed alert, a finding by itself. At 3 % night-to-night noise z ≥ 2
+    # screens 87 % of 10 % steps; with z ≥ 1 screened too, 99 % are rerun and confirmed on the night the step lands,
+    # A/A confirms under 1 %, and the reruns cost what tools/bench_detect.py --costs states (device-h per 1,000 series)
+    rescreen: dict[str, Thresholds] = field(default_factory=lambda: {"steady": Thresholds(1.0, 0.02)})
     p_confirm: float = 0.01
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "thresholds": {k: asdict(v) for k, v in self.thresholds.items()}}
+        return {**asdict(self), "thresholds": {k: asdict(v) for k, v in self.thresholds.items()},
+                "rescreen": {k: asdict(v) for k, v in self.rescreen.items()}}
 
 
 METHOD = Method()
@@ -87,7 +94,7 @@ class Baseline:
 class Verdict:
     """What one night says about one series."""
 
-    status: str  # ok | candidate | improved | no-baseline | unstable
+    status: str  # ok | candidate | improved | screened (Method.rescreen: rerun, never an alert) | no-baseline | unstable
     value: float
     baseline: Baseline | None
     z: float | None
@@ -119,6 +126,9 @@ def judge(value: float, history: Sequence[float], metric: str = "steady", unstab
         return Verdict("candidate", value, base, z, change)
     if z <= -limit.z and change <= -limit.rel:
         return Verdict("improved", value, base, z, change)
+    second = method.rescreen.get(metric)
+    if second is not None and z >= second.z and change >= second.rel:
+        return Verdict("screened", value, base, z, change)  # not an alert: confirmation's second tier
     return Verdict("ok", value, base, z, change)
 
 
@@ -188,7 +198,7 @@ class SeriesVerdict(Record):
     model_digest: str
     baseline_run_id: int | None
     baseline_artifact_key: str | None
-    status: str  # ok | candidate | improved | no-baseline | unstable; planned memory: ok | changed
+    status: str  # ok | candidate | improved | screened (Method.rescreen: rerun, never an alert) | no-baseline | unstable; planned memory: ok | changed
     value: float
     z: float | None
     change: float | None

@@ -32,9 +32,12 @@ def test_judge_verdicts():
     assert judge(1.10, HISTORY, unstable=True).status == "unstable"
     # load times need a larger change than steady latency
     assert judge(1.045, HISTORY, "steady").status == "candidate"  # z 2.0, +4.5 %
-    assert judge(1.035, HISTORY, "steady").status == "ok"  # +3.5 % but z 1.6: the screen is z ≥ 2
+    # +3.5 % but z 1.6: no alert (the screen is z ≥ 2), but rerun by confirmation: the second tier (z ≥ 1)
+    assert judge(1.035, HISTORY, "steady").status == "screened"
+    assert judge(1.015, HISTORY, "steady").status == "ok"  # z 0.7: under both
+    assert judge(1.035, HISTORY, "load").status == "ok"  # the second tier is steady's alone
     assert judge(1.045, HISTORY, "load").status == "ok"
-    strict = Method(thresholds={"steady": Thresholds(5.0, 0.2)})
+    strict = Method(thresholds={"steady": Thresholds(5.0, 0.2)}, rescreen={})
     assert judge(1.10, HISTORY, method=strict).status == "ok"
 
 

@@ -15,12 +15,14 @@ Two confirmation designs are run on the same series:
 Prints, for each, the A/A rate (no change: confirmed alerts, goal ≤ 1 %) and the 10 % step rate (confirmed,
 goal ≥ 95 %). Exit 1 when farm's design misses a goal.
 
-What the screen costs (#22), with --costs: at night-to-night noise of 1, 2 and 3 % (20-night baselines), under A/A
-and under a 10 % step, for each steady screen z in SCREENS (change ≥ 2 % as METHOD): the share of series screened
-per night, the confirmed rate, and the device time confirming every screened series would take per night for
-1,000 series, at --round-s per round (one round: a fresh session and load of both artifacts and 5 repeats of
-each; 4 s for a ~10 ms model). Then the smallest z at which, at each noise level, A/A screens ≤ 5 %, A/A confirms
-≤ 1 % and the step is confirmed ≥ 95 %, or the noise level at which no z does.
+What the screen costs (#22, #52), with --costs: at night-to-night noise of 1, 2 and 3 % (20-night baselines), under
+A/A and under a 10 % step, for each lowest steady screen z in SCREENS (candidates, the alerts, stay at METHOD's z ≥ 2;
+the series between z and 2 are METHOD's second tier, "screened": rerun, never an alert; change ≥ 2 % as METHOD): the
+share of series rerun per night, the confirmed rate, and the device time confirming every rerun series would take
+per night for 1,000 series, at --round-s per round (one round: a fresh session and load of both artifacts and 5
+repeats of each; 4 s for a ~10 ms model). Then the highest z at which, at each noise level, A/A confirms ≤ 1 % and
+the step is confirmed ≥ 95 % (the cheapest screen that meets both), or the noise level at which no z does. The alert
+rate of a quiet night (what findings' scatter test expects: ≤ 5 %) is the candidates' alone, unchanged by the tier.
 
     .venv/bin/python tools/bench_detect.py [--series 2000] [--seed 1] [--load-noise 0.01] [--night-noise 0.03]
     .venv/bin/python tools/bench_detect.py --costs [--cost-series 1000] [--round-s 4]
@@ -36,9 +38,10 @@ import numpy as np
 from farm.regress import METHOD, Method, Thresholds, compare_samples, confirm, judge
 
 REPEATS_PER_ROUND = 5  # measure.interleaved_rounds' default
-SCREENS = (1.0, 1.28, 1.645, 2.0)  # steady screen z tried with --costs (one-sided 16 %, 10 %, 5 %, 2.3 % of normal noise)
+SCREENS = (1.0, 1.28, 1.645, 2.0)  # lowest steady screen z tried with --costs (one-sided 16 %, 10 %, 5 %, 2.3 % of
+# normal noise): candidates stay at z >= 2, the series between this z and 2 are "screened" (Method.rescreen)
 NOISES = (0.01, 0.02, 0.03)  # night-to-night noise levels of --costs
-GOALS = {"aa_screened": 0.05, "aa_confirmed": 0.01, "step_confirmed": 0.95}
+GOALS = {"aa_confirmed": 0.01, "step_confirmed": 0.95}  # what a screen must reach; its reruns' device time is stated
 
 
 def one_load(base: float, level: float, n: int, rng: np.random.Generator, load_noise: float,
@@ -56,7 +59,8 @@ def simulate(step: float, series: int, rng: np.random.Generator, load_noise: flo
     for _ in range(series):
         history = base * (1 + rng.normal(0, night_noise, 20))
         night = 1 + rng.normal(0, night_noise)
-        if judge(base * (1 + step) * night, history, method=method).status != "candidate":
+        # what confirmation reruns: the screen's candidates, and its second tier (Method.rescreen: "screened")
+        if judge(base * (1 + step) * night, history, method=method).status not in ("candidate", "screened"):
             continue
         candidates += 1
 
@@ -92,7 +96,8 @@ def screen_costs(series: int, rng: np.random.Generator, load_noise: float, round
     rows = []
     for noise in NOISES:
         for z in SCREENS:
-            method = Method(thresholds={**METHOD.thresholds, "steady": Thresholds(z, METHOD.thresholds["steady"].rel)})
+            # the lowest screen at z: candidates stay at METHOD's threshold, the second tier starts at z
+            method = Method(rescreen={"steady": Thresholds(z, METHOD.rescreen["steady"].rel)})
             aa = simulate(0.0, series, rng, load_noise, night_noise=noise, method=method, one_load_design=False)
             step = simulate(0.10, series, rng, load_noise, night_noise=noise, method=method, one_load_design=False)
             rows.append({"noise": noise, "z": z, "aa_screened": aa["candidates"], "aa_confirmed": aa["rounds"],
@@ -103,8 +108,7 @@ def screen_costs(series: int, rng: np.random.Generator, load_noise: float, round
 
 
 def meets(row: dict[str, float]) -> bool:
-    return (row["aa_screened"] <= GOALS["aa_screened"] and row["aa_confirmed"] <= GOALS["aa_confirmed"]
-            and row["step_confirmed"] >= GOALS["step_confirmed"])
+    return row["aa_confirmed"] <= GOALS["aa_confirmed"] and row["step_confirmed"] >= GOALS["step_confirmed"]
 
 
 def main() -> int:
@@ -145,16 +149,17 @@ def print_costs(rows: list[dict[str, float]], args: argparse.Namespace) -> int:
         print(f"{r['noise']:5.0%}  {r['z']:8.3g} | {r['aa_screened']:12.1%}  {r['aa_confirmed']:9.2%}  {r['aa_device_h']:14.2f} "
               f"| {r['step_screened']:17.1%}  {r['step_confirmed']:9.1%}  {r['step_device_h']:14.2f} | "
               f"{'met' if meets(r) else '-'}")
-    chosen = {}
     for noise in NOISES:
-        ok = [r["z"] for r in rows if r["noise"] == noise and meets(r)]
-        chosen[noise] = min(ok) if ok else None
-        print(f"at {noise:.0%} noise: " + (f"screen z >= {chosen[noise]:g} meets every goal" if ok else
-                                            "no screen z meets every goal"))
-    farm_z = METHOD.thresholds["steady"].z
-    held = [f"{r['noise']:.0%}" for r in rows if r["z"] == farm_z and meets(r)]
-    print(f"farm's screen (farm.regress.METHOD): z >= {farm_z:g}, every goal met at "
-          + (", ".join(held) + " noise" if held else "no noise level tried"))
+        ok = [r for r in rows if r["noise"] == noise and meets(r)]
+        cheapest = max(ok, key=lambda r: r["z"]) if ok else None
+        print(f"at {noise:.0%} noise: " + (f"a screen down to z >= {cheapest['z']:g} meets every goal, its reruns "
+                                            f"{cheapest['aa_device_h']:.2f} device-h per 1,000 quiet series a night"
+                                            if cheapest else "no screen z meets every goal"))
+    farm_z = METHOD.rescreen["steady"].z
+    held = [f"{r['noise']:.0%} ({r['aa_device_h']:.2f} device-h/1,000 series a quiet night)" for r in rows
+            if r["z"] == farm_z and meets(r)]
+    print(f"farm's screen (farm.regress.METHOD): candidates z >= {METHOD.thresholds['steady'].z:g}, rerun from z >= "
+          f"{farm_z:g}; every goal met at " + (", ".join(held) if held else "no noise level tried"))
     return 0
 
 

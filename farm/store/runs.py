@@ -9,6 +9,7 @@ samples when farm's rule changes (``_summarize_stored``).
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import asdict, fields, replace
 from typing import Any, Sequence
 
@@ -46,14 +47,15 @@ RUN_TABLE = (
 PROFILE_FIELDS = ("name", "op_class", "calls", "time_s", "args", "flops", "schedule")
 
 
-def pack_kernels(kernels: Sequence[KernelTime]) -> str:
-    return json.dumps([[k.name, k.op_class, k.calls, k.time_s, list(k.args), k.flops, k.schedule] for k in kernels],
-                      separators=(",", ":"))
+def pack_kernels(kernels: Sequence[KernelTime]) -> bytes:
+    """A profile's kernels as stored: rows of ``PROFILE_FIELDS`` in JSON, zlib-compressed (names and shapes repeat)."""
+    return zlib.compress(json.dumps([[k.name, k.op_class, k.calls, k.time_s, list(k.args), k.flops, k.schedule]
+                                     for k in kernels], separators=(",", ":")).encode(), 6)
 
 
-def unpack_kernels(text: str) -> tuple[KernelTime, ...]:
+def unpack_kernels(data: bytes) -> tuple[KernelTime, ...]:
     return tuple(KernelTime(name, op_class, float(calls), float(time_s), tuple(args), flops, schedule)
-                 for name, op_class, calls, time_s, args, flops, schedule in json.loads(text))
+                 for name, op_class, calls, time_s, args, flops, schedule in json.loads(zlib.decompress(bytes(data))))
 
 
 def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_id: int | None,

@@ -49,8 +49,8 @@ SCHEMA_VERSION history:
      measured under (``Store.record_cell``), so a frozen worker's late result is refused, not stored twice
  20  profiles (#52): a run's per-kernel profile (``records.KernelProfile``), written with its run in the same
      transaction; a row of its own per run: its sums (kernel_sum_s, by_class: op class -> seconds, JSON) for reads
-     of many runs, the kernels as one compact JSON array (``store.runs.PROFILE_FIELDS``) read one run at a time, so
-     no read of runs, summaries or samples touches it. status 'not available' keeps the reason
+     of many runs, the kernels as one JSON array of rows (``store.runs.PROFILE_FIELDS``), zlib-compressed (a 60-kernel
+     profile in ~1.5 KB), read only for the runs asked for, so no read of runs, summaries or samples touches it. status 'not available' keeps the reason
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE profiles (
         run_id INTEGER PRIMARY KEY, status TEXT NOT NULL, reason TEXT NOT NULL, clock TEXT NOT NULL,
         runs INTEGER NOT NULL, main_s REAL NOT NULL, kernel_sum_s REAL NOT NULL, by_class TEXT NOT NULL,
-        kernels TEXT NOT NULL);
+        kernels BLOB NOT NULL);
     """,
 }
 
