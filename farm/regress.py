@@ -69,8 +69,10 @@ class Method:
     # The second tier (#52): a steady series past this but under its threshold is "screened": no alert, no finding,
     # but confirmation reruns it (after the findings' representatives, largest z first, while the budget lasts),
     # and a confirmed one is stored as a confirmed alert, a finding by itself. At 3 % night-to-night noise z ≥ 2
-    # screens 87 % of 10 % steps; with z ≥ 1 screened too, 99 % are rerun and confirmed on the night the step lands,
-    # A/A confirms under 1 %, and the reruns cost what tools/bench_detect.py --costs states (device-h per 1,000 series)
+    # alone confirms 87 % of 10 % steps; rerunning from z ≥ 1 confirms 98 % on the night the step lands, A/A
+    # confirms 0.2 %, and the reruns cost 1.9 device-h per 1,000 quiet series a night at 4 s a round (z ≥ 1.28:
+    # 96–97 %, too close to 95 % over seeds, 1.3 device-h; z ≥ 1.645: 94 %) — tools/bench_detect.py --costs. The
+    # alert rate of a quiet night (what findings' scatter test expects) is the candidates' alone
     rescreen: dict[str, Thresholds] = field(default_factory=lambda: {"steady": Thresholds(1.0, 0.02)})
     p_confirm: float = 0.01
 

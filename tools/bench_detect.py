@@ -126,14 +126,15 @@ def main() -> int:
     if args.costs:
         return print_costs(screen_costs(args.cost_series, rng, args.load_noise, args.round_s), args)
     limits = METHOD.thresholds["steady"]
-    print(f"method: steady candidates at z >= {limits.z} and change >= {limits.rel:.1%}; baseline last "
+    print(f"method: steady candidates at z >= {limits.z} and change >= {limits.rel:.1%}, the second tier rerun from "
+          f"z >= {METHOD.rescreen['steady'].z:g}; baseline last "
           f"{METHOD.baseline_n} nights; confirmation p < {METHOD.p_confirm}; load-to-load noise {args.load_noise:.1%}; "
           f"night-to-night noise {args.night_noise:.1%}")
     aa = simulate(0.0, args.series, rng, args.load_noise, night_noise=args.night_noise)
     step = simulate(0.10, args.series, rng, args.load_noise, night_noise=args.night_noise)
-    print(f"A/A (no change), {args.series} series: candidates {aa['candidates']:.1%}; confirmed: "
+    print(f"A/A (no change), {args.series} series: rerun (candidates and the second tier) {aa['candidates']:.1%}; confirmed: "
           f"rounds {aa['rounds']:.2%} (goal <= 1%), one load {aa['one_load']:.2%}")
-    print(f"10% step, {args.series} series: candidates {step['candidates']:.1%}; confirmed: "
+    print(f"10% step, {args.series} series: rerun {step['candidates']:.1%}; confirmed: "
           f"rounds {step['rounds']:.1%} (goal >= 95%), one load {step['one_load']:.1%}; of the candidates, rounds "
           f"confirmed {step['rounds'] / step['candidates'] if step['candidates'] else 0:.1%}")
     ok = aa["rounds"] <= 0.01 and step["rounds"] >= 0.95
