@@ -3,10 +3,13 @@ a change: two runs' profiles (``records.KernelProfile``) set side by side, kerne
 kernel where they are the same kernels, by op class where they are not (two artifacts fused differently: the
 comparison says so).
 
-The change is ``main``'s, instrumented, from the old profile to the new; each kernel's share is its own change over
-it. Kernels are matched by name: a tuning record removed or replaced keeps a kernel's name and moves its time; a
-schedule or fusion change makes kernels appear and disappear, and those are listed. Ranked by how much of the change
-each one carries (a slowdown's largest increases first, a speedup's largest decreases).
+The change is the kernels' (their sum per run, the VM's own calls left out: those are not kernels, and on a small
+model their noise would blur every share), from the old profile to the new; each kernel's share is its own change
+over it. Kernels are matched by name: a tuning record removed or replaced keeps a kernel's name and moves its time,
+and a kernel whose record packed its weights (``fused_conv2d_add_relu_prepacked``) is the same kernel as its
+unpacked self (``fused_conv2d_add_relu``), the record gone; a fusion change makes kernels appear and disappear, and
+those are listed. Ranked by how much of the change each one carries (a slowdown's largest increases first, a
+speedup's largest decreases).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from farm.records import KernelProfile
 from farm.stats import format_duration
 
 MATCHED_NAMES = 0.5  # kernels compared by name when at least this share of them is in both profiles; else op classes
+PREPACKED = "_prepacked"  # a kernel whose tuning record packed its weights (compile.frontends.prepack_calls)
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,13 @@ class KernelDiff:
     appeared: tuple[str, ...] = ()
     disappeared: tuple[str, ...] = ()
 
+    old_kernels_s: float = 0.0  # the kernels' sum per run (the VM's calls left out)
+    new_kernels_s: float = 0.0
+
     @property
     def change_s(self) -> float:
-        return self.new_main_s - self.old_main_s
+        """The kernels' change per run: what the shares divide."""
+        return self.new_kernels_s - self.old_kernels_s
 
     def headline(self, top: int = 1) -> str:
         """'92 % of the +1.3 ms is fused_conv2d16 (1.06 → 1.31 ms)'; the op class when compared by class."""
@@ -56,6 +64,7 @@ class KernelDiff:
 
     def to_json(self) -> dict:
         return {"by": self.by, "note": self.note, "old_main_s": self.old_main_s, "new_main_s": self.new_main_s,
+                "old_kernels_s": self.old_kernels_s, "new_kernels_s": self.new_kernels_s,
                 "change_s": self.change_s, "headline": self.headline(),
                 "moves": [{"name": m.name, "op_class": m.op_class, "old_s": m.old_s, "new_s": m.new_s,
                            "delta_s": m.delta_s, "share": m.share} for m in self.moves],
@@ -65,19 +74,19 @@ class KernelDiff:
 def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | None = None) -> KernelDiff:
     """How ``new`` differs from ``old``, kernel by kernel (or by op class where the kernels are not the same ones).
     ``same_artifact``: both runs ran one library (then kernels are compared by name whatever their overlap)."""
-    old_k = {k.name: k for k in old.kernels if k.op_class != "vm"}
-    new_k = {k.name: k for k in new.kernels if k.op_class != "vm"}
+    old_k = _by_kernel(old)
+    new_k = _by_kernel(new)
     both = old_k.keys() & new_k.keys()
     overlap = len(both) / max(1, len(old_k.keys() | new_k.keys()))
-    change = new.main_s - old.main_s
+    change = new.kernel_sum_s - old.kernel_sum_s
     if same_artifact or overlap >= MATCHED_NAMES:
         names = sorted(old_k.keys() | new_k.keys())
-        rows = [(n, (old_k.get(n) or new_k[n]).op_class, old_k[n].time_s if n in old_k else None,
-                 new_k[n].time_s if n in new_k else None) for n in names]
+        rows = [(_shown(old_k.get(n), new_k.get(n)), (old_k.get(n) or new_k[n]).op_class,
+                 old_k[n].time_s if n in old_k else None, new_k[n].time_s if n in new_k else None) for n in names]
         note = "" if same_artifact or overlap == 1 else \
             f"different libraries: {len(both)} of {len(names)} kernels in both, matched by name"
-        by, appeared, disappeared = "kernel", tuple(sorted(new_k.keys() - old_k.keys())), \
-            tuple(sorted(old_k.keys() - new_k.keys()))
+        by, appeared, disappeared = "kernel", tuple(sorted(new_k[n].name for n in new_k.keys() - old_k.keys())), \
+            tuple(sorted(old_k[n].name for n in old_k.keys() - new_k.keys()))
     else:
         old_c, new_c = _by_class(old), _by_class(new)
         rows = [(c, c, old_c.get(c), new_c.get(c)) for c in sorted(old_c.keys() | new_c.keys())]
@@ -88,7 +97,24 @@ def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | No
              for name, cls, a, b in rows]
     sign = 1.0 if change >= 0 else -1.0
     moves.sort(key=lambda m: -sign * m.delta_s)
-    return KernelDiff(by, note, old.main_s, new.main_s, tuple(moves), appeared, disappeared)
+    return KernelDiff(by, note, old.main_s, new.main_s, tuple(moves), appeared, disappeared, old.kernel_sum_s,
+                      new.kernel_sum_s)
+
+
+def kernel_key(name: str) -> str:
+    """A kernel's name as the same kernel is named with or without its weights packed by a record."""
+    return name[: -len(PREPACKED)] if name.endswith(PREPACKED) else name
+
+
+def _by_kernel(profile: KernelProfile) -> dict:
+    return {kernel_key(k.name): k for k in profile.kernels if k.op_class != "vm"}
+
+
+def _shown(old, new) -> str:
+    """The name a move shows: one name, or 'old → new' where the record that packed its weights came or went."""
+    if old is None or new is None or old.name == new.name:
+        return (new or old).name
+    return f"{old.name} → {new.name}"
 
 
 def _by_class(profile: KernelProfile) -> dict[str, float]:

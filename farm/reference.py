@@ -30,7 +30,7 @@ import farm
 from farm.devices import kind_of
 from farm.errors import FarmError, message_line
 from farm.measure import calibrate_number, check_outputs
-from farm.measure.profile import PROFILE_RUNS
+from farm.measure.profile import PROFILE_RUNS, profile_runs
 from farm.models.runtimes import open_runtime, profile_onnxruntime, runtime_name
 from farm.records import (BenchConfig, BenchResult, CheckResult, Device, KernelProfile, ModelSource, Threads, online_cpus,
                           threads_setting, utc_now)
@@ -108,8 +108,9 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
             raise FarmError(f"{runtime}'s outputs differ from {reference_name}: {fields['check'].detail}",
                             "the reference runtime computes something else than the reference outputs")
         if config.profile:
-            say(f"{runtime} profile", f"{PROFILE_RUNS} runs, each node timed by {runtime}'s profiler")
-            fields["profile"] = reference_profile(model, threads.count, inputs)
+            runs = profile_runs(sorted(fields["steady_samples_s"])[len(fields["steady_samples_s"]) // 2])
+            say(f"{runtime} profile", f"{runs} runs, each node timed by {runtime}'s profiler")
+            fields["profile"] = reference_profile(model, threads.count, inputs, runs)
     except FarmError as exc:
         return _result(device, model, config, context, started_at, fields, runtime, version, step, exc.message, exc.hint)
     except Exception as exc:  # the runtime's own errors while running
@@ -119,14 +120,15 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
     return _result(device, model, config, context, started_at, fields, runtime, version, "", "", "")
 
 
-def reference_profile(model: ModelSource, threads: int | None, inputs: dict[str, np.ndarray]) -> KernelProfile:
+def reference_profile(model: ModelSource, threads: int | None, inputs: dict[str, np.ndarray],
+                      runs: int = PROFILE_RUNS) -> KernelProfile:
     """The reference runtime's own per-node profile on the same threads and inputs (onnxruntime's profiler), after
     its timed runs; a runtime farm cannot profile, or a failure, is "not available" and the run stands."""
     runtime = runtime_name(model)
     if runtime != "onnxruntime":
         return KernelProfile("not available", f"farm reads no per-op profile from {runtime} (onnxruntime's only)")
     try:
-        return profile_onnxruntime(model, threads, inputs, PROFILE_RUNS)
+        return profile_onnxruntime(model, threads, inputs, runs)
     except Exception as exc:  # onnxruntime's own errors: a side figure, never the run's fate
         log.info("onnxruntime's profile of %s failed", model.name, exc_info=True)
         return KernelProfile("not available", f"onnxruntime's profiler failed: {message_line(exc)}")

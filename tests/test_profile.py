@@ -105,6 +105,11 @@ def test_a_change_is_put_on_the_kernels_that_moved_and_other_kernels_compare_by_
     assert diff.headline() == "96% of the +260 µs is fused_conv2d_add_relu (1.06 ms → 1.31 ms)"
     faster = kernel_diff(after, before, same_artifact=True)  # a speedup: the largest decrease first
     assert faster.moves[0].name == "fused_conv2d_add_relu" and faster.moves[0].share > 0.9
+    # a record that packed the conv's weights removed: the same kernel, renamed, carries the change
+    packed = _profile(("fused_conv2d_add_relu_prepacked", 0.0009), ("fused_conv2d1_add", 0.0004), ("max_pool2d", 0.0001))
+    unpacked = kernel_diff(packed, before)
+    assert unpacked.moves[0].name == "fused_conv2d_add_relu_prepacked → fused_conv2d_add_relu"
+    assert round(unpacked.moves[0].share, 6) == 1.0 and not unpacked.appeared and not unpacked.disappeared
     # another fusion: the conv's epilogue split off, the pool gone into it: kernels appear and disappear
     refused = _profile(("fused_conv2d_add_relu", 0.00106), ("fused_conv2d1_add", 0.0004), ("add7", 0.0002))
     moved = kernel_diff(before, refused)

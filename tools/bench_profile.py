@@ -46,7 +46,9 @@ def ms(seconds: float | None) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("sum", "planted", "both"), default="both")
-    parser.add_argument("--models", default="convnet,mobile-block", help="planted: the models tuned (comma-separated)")
+    parser.add_argument("--models", default="convnet:x=1,3,128,128;mobile-block:x=1,16,128,128",
+                        help="planted: the models tuned, ';'-separated, each MODEL[:INPUT=d0,d1,...] (default: the "
+                             "built-in conv nets at 128×128, so each kernel takes long beside the instrument's own cost)")
     parser.add_argument("--trials", type=int, default=160, help="planted: tuning trials per model (default 160)")
     parser.add_argument("--minutes", type=float, default=6.0, help="planted: tuning minutes per model (default 6)")
     parser.add_argument("--plants", type=int, default=3, help="planted: tasks planted per model (default 3)")
@@ -113,17 +115,18 @@ def sum_against_steady(tracker, devices, work: Path, repeat: int) -> bool:
                 print(f"{name:12s} {model_name:16s} failed: {r.reason or (p.reason if p else 'no profile')}")
                 ok = False
                 continue
-            steady = median(r.steady_samples_s)
+            steady = median(r.steady_wall_samples_s or r.steady_samples_s)  # GPUs: wall per call + sync, as the profile
             profile_s = r.context.get("profile_s") or 0.0
             print(f"{name:12s} {model_name:16s} {r.threads!s:>7s} {ms(steady):>11s} {ms(p.main_s):>11s} "
                   f"{ms(p.kernel_sum_s):>11s} {p.kernel_sum_s / steady:14.3f} {profile_s:9.2f} {cell_s:7.1f} "
-                  f"{profile_s / cell_s:6.1%}   ({r.steady_clock} steady; {p.clock})", flush=True)
+                  f"{profile_s / cell_s:6.1%}   ({'wall per call + sync' if r.steady_wall_samples_s else r.steady_clock} "
+                  f"steady; {p.runs} profiled runs, {p.clock})", flush=True)
     return ok
 
 
 def planted(tracker, device, work: Path, args) -> bool:
     from farm.compile import compile_model
-    from farm.kernel_diff import kernel_diff
+    from farm.kernel_diff import kernel_diff, kernel_key
     from farm.measure import bench_artifact
     from farm.models import load_model, make_inputs
     from farm.records import BenchConfig, TuningSet
@@ -136,13 +139,15 @@ def planted(tracker, device, work: Path, args) -> bool:
     print(f"\n2. planted regressions on {device.name} (tuned: --trials {args.trials} --minutes {args.minutes:g} per model)")
     results, quiet = [], []
     with Store(work / "results.db") as store:
-        for model_name in args.models.split(","):
-            model = load_model(model_name)
+        for spec in args.models.split(";"):
+            model_name, _, shape = spec.partition(":")
+            shapes = {shape.split("=")[0]: tuple(int(d) for d in shape.split("=")[1].split(","))} if shape else None
+            model = load_model(model_name, shapes)
             inputs = make_inputs(model)
             begun = time.monotonic()
             outcome = tune_model(tracker, device, model, store, work / "tune" / model_name,
                                  TuneConfig(trials=args.trials, minutes=args.minutes))
-            print(f"{model_name}: tuned {outcome.trials_done} trials in {(time.monotonic() - begun) / 60:.1f} min "
+            print(f"{model_name} {[i.shape for i in model.inputs]}: tuned {outcome.trials_done} trials in {(time.monotonic() - begun) / 60:.1f} min "
                   f"({outcome.status})", flush=True)
             full = tuning_set(store, device)
             base_artifact = compile_model(model, device, work / "cache", full)
@@ -174,7 +179,8 @@ def planted(tracker, device, work: Path, args) -> bool:
                 diff = kernel_diff(base.profile, slow.profile)
                 verdict = compare_samples(base.steady_samples_s, slow.steady_samples_s).verdict
                 first = diff.moves[0]
-                hit = first.name in planted_kernels and first.share >= SHARE
+                planted_keys = {kernel_key(n) for n in planted_kernels}
+                hit = any(kernel_key(n) in planted_keys for n in first.name.split(" → ")) and first.share >= SHARE
                 results.append(hit)
                 print(f"  planted {', '.join(sorted(planted_kernels))}: steady {ms(_median(base))} → {ms(_median(slow))} "
                       f"({verdict}); named first: {first.name} with {first.share:.0%} of the change "

@@ -28,7 +28,17 @@ from farm.records import Artifact, BenchConfig, Device, KernelProfile, KernelTim
 
 log = logging.getLogger(__name__)
 
-PROFILE_RUNS = 10  # runs of main the profile averages (after one not counted)
+PROFILE_RUNS = 10  # runs of main the profile averages at most (after one not counted)
+MIN_PROFILE_RUNS = 3
+PROFILE_BUDGET_S = 1.0  # ... and no more than fill about this long at the steady median: a 4.7 s model runs 3
+
+
+def profile_runs(steady_s: float | None) -> int:
+    """How many runs the profile averages: ``PROFILE_RUNS``, fewer for a slow model (its runs' clock reads are
+    precise already; tools/bench_profile.py: 10 runs of an untuned resnet50 were half its cell's time)."""
+    if not steady_s:
+        return PROFILE_RUNS
+    return max(MIN_PROFILE_RUNS, min(PROFILE_RUNS, int(PROFILE_BUDGET_S / steady_s)))
 HELPER = "farm.KernelProfile"
 def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> KernelProfile:
     """The helper's JSON (``farm.KernelProfile``) as a KernelProfile, per run of ``main``; each kernel with what the

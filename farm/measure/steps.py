@@ -20,7 +20,7 @@ from farm.measure.copies import time_copy
 from farm.measure.draft import Progress, RunDraft
 from farm.measure.failures import StepFailed, device_hint, failure_reason, raised_in_farm
 from farm.measure.memory import Memory
-from farm.measure.profile import PROFILE_RUNS, profile_loaded
+from farm.measure.profile import profile_loaded, profile_runs
 from farm.measure.vm import SteadyTimer, calibrate_number, first_run, load_vm, remove_quietly, unpack, wall_timer
 from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, TrackerAddress, target_kind, utc_now
 from farm.rpc.session import request_session
@@ -156,9 +156,12 @@ def profile(run: Run) -> None:
     runs of its own, after the timed ones (``measure.profile``); never fails the run."""
     if not run.config.profile:
         return
-    run.say("profile", f"{PROFILE_RUNS} runs, each kernel timed on the device")
+    steady = sorted(run.draft.steady_wall_samples_s or run.draft.steady_samples_s)
+    runs = profile_runs(steady[len(steady) // 2] if steady else None)
+    run.say("profile", f"{runs} runs, each kernel timed on the device")
     started = time.perf_counter()
-    run.draft.profile = profile_loaded(run.session, run.helpers, run.remote_name, run.dev, run.args, run.artifact)
+    run.draft.profile = profile_loaded(run.session, run.helpers, run.remote_name, run.dev, run.args, run.artifact,
+                                       runs)
     run.draft.context["profile_s"] = time.perf_counter() - started  # the step's cost, load included
     if run.draft.profile.status != "ok":
         run.say("profile", f"not available: {run.draft.profile.reason}")
