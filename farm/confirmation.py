@@ -160,8 +160,8 @@ def _rerun_kernels(tracker: TrackerAddress, device: Device, old, new, inputs, co
 
     if progress:
         progress(device.name, model, "confirm", "profile of the old and new artifacts")
-    profiles = [profile_artifact(tracker, device, artifact, inputs, config) for artifact in (old, new)]
-    missing = next((p for p in profiles if p.status != "ok"), None)
+    before, after = (profile_artifact(tracker, device, artifact, inputs, config) for artifact in (old, new))
+    missing = next((p for p in (before, after) if p.status != "ok"), None)
     if missing is not None:
         return {"status": "not available", "reason": missing.reason}
-    return {"status": "ok", **kernel_diff(*profiles, same_artifact=False).to_json()}
+    return {"status": "ok", **kernel_diff(before, after, same_artifact=False).to_json()}

@@ -200,7 +200,9 @@ class SeriesVerdict(Record):
     model_digest: str
     baseline_run_id: int | None
     baseline_artifact_key: str | None
-    status: str  # ok | candidate | improved | screened (Method.rescreen: rerun, never an alert) | no-baseline | unstable; planned memory: ok | changed
+    # ok | candidate | improved | screened (Method.rescreen: rerun, never an alert) | no-baseline | unstable;
+    # planned memory: ok | changed
+    status: str
     value: float
     z: float | None
     change: float | None

@@ -20,6 +20,14 @@ def test_kernels_are_put_in_op_classes_by_their_names():
     assert {name: op_class(name) for name in named} == named
 
 
+def test_onnxruntime_s_nodes_go_in_the_same_op_classes_by_their_op_types():
+    named = {"FusedConv": "conv", "Conv": "conv", "FusedMatMul": "matmul/dense", "Gemm": "matmul/dense",
+             "GlobalAveragePool": "pool", "MaxPool": "pool", "ReorderOutput": "layout/copy/concat",
+             "Concat": "layout/copy/concat", "Softmax": "reduction", "ReduceMean": "reduction",
+             "BatchNormalization": "elementwise", "Relu": "elementwise", "SomeNewOp": "other"}
+    assert {op: onnx_op_class(op) for op in named} == named
+
+
 def test_the_helper_s_sums_become_per_run_figures():
     said = json.dumps({"clock": "wall", "runs": 4, "main_s": 0.008,
                        "kernels": [{"name": "fused_conv2d_add", "calls": 4, "time_s": 0.006},
@@ -87,7 +95,7 @@ def test_a_stock_tvm_server_has_no_profile_and_the_run_stands(farm_net, tmp_path
     assert "has no farm.KernelProfile (a stock TVM server)" in bench["profile"]["reason"]
 
 
-def _profile(*kernels) -> "KernelProfile":
+def _profile(*kernels):
     from farm.records import KernelProfile, KernelTime
 
     return KernelProfile("ok", "", "wall", 10, sum(t for _, t in kernels) + 0.0001,
@@ -124,7 +132,8 @@ def test_a_change_is_put_on_the_kernels_that_moved_and_other_kernels_compare_by_
 def test_farm_compare_names_the_kernels_of_two_profiled_runs_and_says_when_a_run_has_none(inventory_file, farm_env):
     first = _profiled(farm_env, inventory_file, "cpu-a")
     second = _profiled(farm_env, inventory_file, "cpu-a")
-    plain = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "mlp", "--tvm-only", "--json", env=farm_env)
+    plain = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "mlp", "--tvm-only",
+                     "--json", env=farm_env)
     done = run_farm("compare", str(first["run_id"]), str(second["run_id"]), "--json", env=farm_env)
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout)

@@ -46,12 +46,21 @@ def ms(seconds: float | None) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("sum", "planted", "both"), default="both")
-    parser.add_argument("--models", default="convnet:x=1,3,128,128;mobile-block:x=1,16,128,128",
-                        help="planted: the models tuned, ';'-separated, each MODEL[:INPUT=d0,d1,...] (default: the "
-                             "built-in conv nets at 128×128, so each kernel takes long beside the instrument's own cost)")
-    parser.add_argument("--trials", type=int, default=160, help="planted: tuning trials per model (default 160)")
-    parser.add_argument("--minutes", type=float, default=6.0, help="planted: tuning minutes per model (default 6)")
-    parser.add_argument("--plants", type=int, default=3, help="planted: tasks planted per model (default 3)")
+    parser.add_argument("--models", default="onnx:squeezenet;convnet:x=1,3,128,128",
+                        help="planted: the models tuned, ';'-separated, each MODEL[:INPUT=d0,d1,...] (default: "
+                             "squeezenet, and the built-in conv net at 128×128 so each kernel takes long beside the "
+                             "instrument's own cost)")
+    parser.add_argument("--trials", type=int, default=256, help="planted: tuning trials per model (default 256)")
+    parser.add_argument("--minutes", type=float, default=8.0, help="planted: tuning minutes per model (default 8)")
+    parser.add_argument("--plants", type=int, default=4, help="planted: tasks planted per model (default 4)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="--part planted: TVM's threads on x86-local (default 1: on a 2-core VM the tracker and "
+                             "servers share the cores, and a second thread's stalls blur single kernels); --part both "
+                             "keeps the device's own setting, for both parts")
+    parser.add_argument("--least-step", type=float, default=0.05,
+                        help="planted: a plant counts as a regression when its steady median is this much slower and "
+                             "its samples say slower (default 5 %%); a record that barely beat its untuned code plants "
+                             "nothing, and is listed apart")
     parser.add_argument("--repeat", type=int, default=10, help="steady repeats per run (default 10)")
     parser.add_argument("--work", default=None, help="keep the store, cache and logs here (default: a temp dir)")
     args = parser.parse_args()
@@ -71,6 +80,8 @@ def main() -> int:
     wanted += ["x86-local"] if args.part != "sum" else []
     devices = {name: replace(inventory.devices[name], key=f"{inventory.devices[name].key}-bench-{port}")
                for name in dict.fromkeys(wanted)}
+    if args.part == "planted":  # the servers take their threads at start
+        devices["x86-local"] = replace(devices["x86-local"], threads=args.threads)
     started, ok = [], True
     print(f"farm {__import__('farm').__version__}, commit {_commit()}, host {os.uname().nodename}: {os.cpu_count()} CPUs; "
           f"work {work}", flush=True)
@@ -136,18 +147,22 @@ def planted(tracker, device, work: Path, args) -> bool:
     from farm.tune import TuneConfig, tune_model
 
     config = BenchConfig(repeat=args.repeat, min_repeat_ms=100, timeout_s=120, profile=True)
-    print(f"\n2. planted regressions on {device.name} (tuned: --trials {args.trials} --minutes {args.minutes:g} per model)")
+    print(f"\n2. planted regressions on {device.name}, {device.threads} thread(s) (tuned: --trials {args.trials} "
+          f"--minutes {args.minutes:g} per model)")
     results, quiet = [], []
-    with Store(work / "results.db") as store:
-        for spec in args.models.split(";"):
-            model_name, _, shape = spec.partition(":")
+    for spec in args.models.split(";"):
+        # a store of its own per model: the device's tuning key would otherwise hold the other models' records too,
+        # and each of their workloads would be compiled out for nothing
+        with Store(work / f"planted-{spec.replace(':', '_').replace('/', '_')}.db") as store:
+            model_name, _, shape = spec.rpartition(":") if "=" in spec else (spec, "", "")
             shapes = {shape.split("=")[0]: tuple(int(d) for d in shape.split("=")[1].split(","))} if shape else None
             model = load_model(model_name, shapes)
             inputs = make_inputs(model)
             begun = time.monotonic()
             outcome = tune_model(tracker, device, model, store, work / "tune" / model_name,
                                  TuneConfig(trials=args.trials, minutes=args.minutes))
-            print(f"{model_name} {[i.shape for i in model.inputs]}: tuned {outcome.trials_done} trials in {(time.monotonic() - begun) / 60:.1f} min "
+            print(f"{model_name} {[i.shape for i in model.inputs]}: tuned {outcome.trials_done} trials in "
+                  f"{(time.monotonic() - begun) / 60:.1f} min "
                   f"({outcome.status})", flush=True)
             full = tuning_set(store, device)
             base_artifact = compile_model(model, device, work / "cache", full)
@@ -158,9 +173,12 @@ def planted(tracker, device, work: Path, args) -> bool:
             tuned_kernels = {n for n, f in base_artifact.kernels.items() if f["schedule"] == "tuned"}
             print(f"{model_name}: {len(tuned_kernels)}/{len(base_artifact.kernels)} kernels tuned; steady "
                   f"{ms(_median(base))} on {base.threads} thread(s)")
-            time_of = {k.name: k.time_s for k in base.profile.kernels}
             plants = []
-            for index in range(len(full.workloads)):
+            # the workloads whose best record took longest first (a compile each: squeezenet has 26): the first
+            # --plants of them that change a kernel's schedule are planted
+            for index in sorted(range(len(full.workloads)), key=lambda i: -_record_s(full.records, i)):
+                if len(plants) >= args.plants:
+                    break
                 records = tuple(line for line in full.records if not line.startswith(f"[{index},"))
                 if len(records) == len(full.records):
                     continue
@@ -168,9 +186,8 @@ def planted(tracker, device, work: Path, args) -> bool:
                 artifact = compile_model(model, device, work / "cache", trial)
                 planted_kernels = {n for n in tuned_kernels if artifact.kernels.get(n, {}).get("schedule") != "tuned"}
                 if planted_kernels:
-                    plants.append((sum(time_of.get(n, 0.0) for n in planted_kernels), planted_kernels, artifact))
-            plants.sort(key=lambda p: -p[0])
-            for _, planted_kernels, artifact in plants[:args.plants]:
+                    plants.append((planted_kernels, artifact))
+            for planted_kernels, artifact in plants:
                 slow = bench_artifact(tracker, device, artifact, inputs, None, config)
                 if slow.status != "ok" or slow.profile is None or slow.profile.status != "ok":
                     print(f"  {sorted(planted_kernels)}: the planted run failed: {slow.reason}")
@@ -181,6 +198,11 @@ def planted(tracker, device, work: Path, args) -> bool:
                 first = diff.moves[0]
                 planted_keys = {kernel_key(n) for n in planted_kernels}
                 hit = any(kernel_key(n) in planted_keys for n in first.name.split(" → ")) and first.share >= SHARE
+                if verdict != "slower" or _median(slow) < _median(base) * (1 + args.least_step):
+                    print(f"  planted {', '.join(sorted(planted_kernels))}: steady {ms(_median(base))} → "
+                          f"{ms(_median(slow))} ({verdict}): no regression planted (the untuned code is about as "
+                          f"fast); not counted. {diff.headline()}", flush=True)
+                    continue
                 results.append(hit)
                 print(f"  planted {', '.join(sorted(planted_kernels))}: steady {ms(_median(base))} → {ms(_median(slow))} "
                       f"({verdict}); named first: {first.name} with {first.share:.0%} of the change "
@@ -189,13 +211,26 @@ def planted(tracker, device, work: Path, args) -> bool:
             verdict = compare_samples(base.steady_samples_s, again.steady_samples_s).verdict
             named = verdict in ("slower", "faster")
             quiet.append(not named)
+            said = f"kernels named ({kernel_diff(base.profile, again.profile).headline()})" if named else "nothing named"
             print(f"  no plant (the tuned library again): steady {ms(_median(base))} → {ms(_median(again))}: "
-                  f"{verdict}: {'kernels named (' + kernel_diff(base.profile, again.profile).headline() + ')' if named else 'nothing named'}",
-                  flush=True)
+                  f"{verdict}: {said}", flush=True)
     hits = sum(results)
     print(f"planted: {hits}/{len(results)} named first with >= {SHARE:.0%} of the change; "
           f"no plant: {sum(quiet)}/{len(quiet)} named nothing")
     return len(results) >= 5 and hits == len(results)
+
+
+def _record_s(records, index: int) -> float:
+    """The best measured time among a workload's records (MetaSchedule's run_secs, their mean), 0 when none."""
+    import json
+
+    best = 0.0
+    for line in records:
+        if line.startswith(f"[{index},"):
+            secs = [float(v) for v in json.loads(line)[1][1] or []]
+            if secs:
+                best = max(best, sum(secs) / len(secs)) if not best else min(best, sum(secs) / len(secs))
+    return best
 
 
 def _median(result) -> float:

@@ -59,14 +59,15 @@ def run(args: argparse.Namespace) -> int:
         if cell.result.profile is not None:
             print_profile(cell.result.profile,
                           median(cell.result.steady_samples_s) if cell.result.steady_samples_s else None)
-            ref = cell.reference.result.profile if cell.reference is not None else None
-            if ref is not None and ref.status == "ok" and cell.result.profile.status == "ok":
+            reference = cell.reference.result if cell.reference is not None else None
+            ref = reference.profile if reference is not None else None
+            if reference is not None and ref is not None and ref.status == "ok" and cell.result.profile.status == "ok":
                 from farm.kernel_diff import class_versus_text
 
-                print(f"  beside {cell.reference.result.runtime}'s own profile (same threads and inputs; by op class): "
-                      + class_versus_text(cell.result.profile, ref, cell.reference.result.runtime))
-            elif ref is not None:
-                print(f"  {cell.reference.result.runtime}'s profile: not available: {ref.reason}")
+                print(f"  beside {reference.runtime}'s own profile (same threads and inputs; by op class): "
+                      + class_versus_text(cell.result.profile, ref, reference.runtime))
+            elif reference is not None and ref is not None:
+                print(f"  {reference.runtime}'s profile: not available: {ref.reason}")
     r = cell.result
     if r.status != "ok":
         fallback = "" if cell.fallback is None else \

@@ -114,7 +114,8 @@ def name_kernels(store: "Store", findings: list[Finding], alerts: list[Alert], m
     by_id = {a.id: a for a in alerts}
     wanted = {f.key: [by_id[i] for i in f.alerts if i in by_id and by_id[i].baseline_run_id is not None
                       and by_id[i].metric == "steady"] for f in findings}
-    ids = {run_id for chosen in wanted.values() for a in chosen for run_id in (a.run_id, a.baseline_run_id)}
+    ids = {run_id for chosen in wanted.values() for a in chosen for run_id in (a.run_id, a.baseline_run_id)
+           if run_id is not None}
     profiles = {i: p for i, p in store.profiles(sorted(ids)).items() if p.status == "ok"} if ids else {}
     named = []
     for finding in findings:
@@ -122,7 +123,7 @@ def name_kernels(store: "Store", findings: list[Finding], alerts: list[Alert], m
                  if _rerun_headline(a) or a.run_id in profiles and a.baseline_run_id in profiles][:most]
         # a confirmation's rerun profiled both artifacts back to back: its word first, else the stored runs'
         parts = [f"{a.model} on {a.device}: " + (_rerun_headline(a) or kernel_diff(
-            profiles[a.baseline_run_id], profiles[a.run_id]).headline()) for a in moved]
+            profiles[a.baseline_run_id or 0], profiles[a.run_id]).headline()) for a in moved]
         named.append(replace(finding, kernels="; ".join(parts)) if parts else finding)
     return named
 

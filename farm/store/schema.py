@@ -50,7 +50,8 @@ SCHEMA_VERSION history:
  20  profiles (#52): a run's per-kernel profile (``records.KernelProfile``), written with its run in the same
      transaction; a row of its own per run: its sums (kernel_sum_s, by_class: op class -> seconds, JSON) for reads
      of many runs, the kernels as one JSON array of rows (``store.runs.PROFILE_FIELDS``), zlib-compressed (a 60-kernel
-     profile in ~1.5 KB), read only for the runs asked for, so no read of runs, summaries or samples touches it. status 'not available' keeps the reason
+     profile in ~2 KB), read only for the runs asked for, so no read of runs, summaries or samples touches it;
+     status 'not available' keeps the reason
 """
 
 from __future__ import annotations
