@@ -17,6 +17,7 @@ import tornado.ioloop
 import tornado.web
 
 from farm.errors import FarmError, StoreError, message_line
+from farm.kernel_diff import alert_headlines
 from farm.queue import HOST_COLUMNS, LabQueue, host_row
 from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import key_state, query_summary
@@ -104,17 +105,6 @@ setInterval(refresh, 5000);
 """
 
 
-def alert_kernels(store: Store, alerts: list) -> dict[int, str]:
-    """alert id -> which kernels moved (``kernel_diff``'s headline), for the time alerts whose run and baseline run
-    both have a profile."""
-    from farm.kernel_diff import kernel_diff
-
-    pairs = {a.id: (a.baseline_run_id, a.run_id) for a in alerts if a.metric == "steady" and a.baseline_run_id}
-    profiles = store.profiles([i for pair in pairs.values() for i in pair]) if pairs else {}
-    return {alert: kernel_diff(profiles[old], profiles[new]).headline() for alert, (old, new) in pairs.items()
-            if old in profiles and new in profiles and profiles[old].status == profiles[new].status == "ok"}
-
-
 def profile_row(row: dict[str, Any]) -> dict[str, Any]:
     """A profiled run as the page's table shows it: its main and kernels' time, by op class, its top 3 kernels."""
     profile = row["profile"]
@@ -151,7 +141,7 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
                     state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
                                       "cells_done": done, "cells_total": total}
                     open_alerts = [a for a in store.alerts(sweep["id"]) if a.status in ("candidate", "confirmed", "unknown")]
-                    moved = alert_kernels(store, open_alerts)
+                    moved = alert_headlines(open_alerts, store.profiles)
                     state["alerts"] = [{"sweep_id": a.sweep_id, "device": a.device, "model": a.model,
                                         "metric": a.metric, "status": a.status, "change": f"{a.change:+.1%}",
                                         "kernels": moved.get(a.id, "")} for a in open_alerts]

@@ -15,8 +15,9 @@ speedup's largest decreases).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
 
-from farm.records import KernelProfile
+from farm.records import Alert, KernelProfile
 from farm.stats import format_duration
 
 MATCHED_NAMES = 0.5  # kernels compared by name when at least this share of them is in both profiles; else op classes
@@ -144,3 +145,17 @@ def class_versus_text(tvm: KernelProfile, reference: KernelProfile, runtime: str
         ratio = f" ({ours / theirs:.2g}×)" if ours and theirs else ""
         parts.append(f"{label}: TVM {_time(ours)}, {runtime} {_time(theirs)}{ratio}")
     return "; ".join(parts)
+
+
+def alert_headlines(alerts: Iterable[Alert],
+                    read_profiles: Callable[[Sequence[int]], Mapping[int, KernelProfile]]) -> dict[int, str]:
+    """alert id -> which kernels moved from its baseline run to its run (``KernelDiff.headline``), for the time alerts
+    whose two runs both have a profile "ok": what a finding's sentence and the dashboard's alerts say of kernels.
+    ``read_profiles`` (``Store.profiles``) reads those runs' profiles only, in one call."""
+    pairs = {a.id: (a.baseline_run_id, a.run_id) for a in alerts if a.metric == "steady" and a.baseline_run_id is not None}
+    if not pairs:
+        return {}
+    profiles = {i: p for i, p in read_profiles(sorted({i for pair in pairs.values() for i in pair})).items()
+                if p.status == "ok"}
+    return {alert: kernel_diff(profiles[old], profiles[new]).headline() for alert, (old, new) in pairs.items()
+            if old in profiles and new in profiles}

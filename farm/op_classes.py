@@ -55,5 +55,3 @@ _ONNX_CLASS = {op: label for label, ops in ONNX_OP_CLASSES.items() for op in ops
 def onnx_op_class(op_type: str) -> str:
     """An onnxruntime node's op class by its op type (``ONNX_OP_CLASSES``), else by its name's words."""
     return _ONNX_CLASS.get(op_type) or op_class(re.sub(r"(?<!^)(?=[A-Z])", "_", op_type).lower())
-
-

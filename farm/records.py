@@ -439,14 +439,6 @@ class KernelProfile:
                 "main_s": self.main_s, "kernel_sum_s": self.kernel_sum_s, "by_class_s": self.by_class(),
                 "kernels": [{**asdict(k), "args": list(k.args), "gflops": k.gflops} for k in self.top()]}
 
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> "KernelProfile":
-        return KernelProfile(data["status"], data.get("reason", ""), data.get("clock", ""), int(data.get("runs", 0)),
-                             float(data.get("main_s", 0.0)),
-                             tuple(KernelTime(k["name"], k["op_class"], float(k["calls"]), float(k["time_s"]),
-                                              tuple(k.get("args", ())), k.get("flops"), k.get("schedule", ""))
-                                   for k in data.get("kernels", ())))
-
 
 @dataclass(frozen=True)
 class CopyTiming:

@@ -108,7 +108,7 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
             raise FarmError(f"{runtime}'s outputs differ from {reference_name}: {fields['check'].detail}",
                             "the reference runtime computes something else than the reference outputs")
         if config.profile:
-            runs = profile_runs(sorted(fields["steady_samples_s"])[len(fields["steady_samples_s"]) // 2])
+            runs = profile_runs(fields["steady_samples_s"])
             say(f"{runtime} profile", f"{runs} runs, each node timed by {runtime}'s profiler")
             fields["profile"] = reference_profile(model, threads.count, inputs, runs)
     except FarmError as exc:

@@ -336,8 +336,7 @@ def kernels_png(cell: dict[str, Any]) -> str:
     profile, reference = cell["profile"], cell["reference_profile"]
     if profile.status != "ok":
         return ""
-    bars = [("TVM", {**{c: s for c, s in profile.by_class().items()},
-                     "rest": max(0.0, profile.main_s - sum(k.time_s for k in profile.kernels))})]
+    bars = [("TVM", {**profile.by_class(), "rest": max(0.0, profile.main_s - sum(k.time_s for k in profile.kernels))})]
     if reference is not None and reference.status == "ok":
         bars.append((cell["reference"].runtime, {**reference.by_class(),
                                                  "rest": max(0.0, reference.main_s - reference.kernel_sum_s)}))

@@ -217,3 +217,12 @@ def test_a_sweep_file_profiles_the_cells_of_the_models_it_names(inventory_file, 
     nightly.write_text('devices = ["cpu-a"]\nprofile = "yes"\n')
     wrong = run_farm("--devices", str(inventory_file), "sweep", "--file", str(nightly), env=farm_env)
     assert wrong.returncode != 0 and wrong.stderr.startswith(f"error: {nightly}: profile must be true, false or a list")
+
+
+def test_the_profile_averages_fewer_runs_for_a_slow_model():
+    """About a second's worth at the steady median (farm's median: numpy's), 3 to 10 runs."""
+    from farm.measure.profile import profile_runs
+
+    assert profile_runs(()) == 10 and profile_runs([0.001] * 5) == 10  # no samples; a fast model
+    assert profile_runs([0.2, 0.25, 0.3]) == 4 and profile_runs([0.2, 0.3]) == 4  # 1 s / 0.25 s
+    assert profile_runs([4.7]) == 3  # an untuned resnet50: the floor

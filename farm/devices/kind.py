@@ -174,7 +174,6 @@ class ThisHost(DeviceKind):
         return context
 
 
-
 class GpuHere(ThisHost):
     """A base for GPU kinds of this host (OpenCL, CUDA): the host code runs on this host's CPU, llvm with its CPU
     unless the device names its ``host``."""
@@ -184,6 +183,7 @@ class GpuHere(ThisHost):
         if device.host is None and target_kind(target) != "llvm":  # this host runs the host code
             target["host"] = {"kind": "llvm", **({"mcpu": host.cpu} if host.cpu else {})}
         return target
+
 
 # Fields every kind has, checked by their type here (the rest of the common fields are the inventory's)
 THREADS = Field("count", "threads = 4", THREADS_RULE)

@@ -108,22 +108,19 @@ def sweep_findings(store: "Store", sweep_id: int, rows: list["Run"],
 def name_kernels(store: "Store", findings: list[Finding], alerts: list[Alert], most: int = KERNEL_SERIES) -> list[Finding]:
     """Each time finding whose runs have profiles (tonight's and its baseline's: `farm bench --profile`, a sweep with
     profile = true) with the kernels that moved (``kernel_diff``), for its ``most`` largest-z series that have both:
-    "mlp on cpu: 92 % of the +1.3 ms is fused_conv2d16 (1.06 ms → 1.31 ms)". Reads the profiles of those runs only."""
-    from farm.kernel_diff import kernel_diff
+    "mlp on cpu: 92 % of the +1.3 ms is fused_conv2d16 (1.06 ms → 1.31 ms)". Reads the profiles of its alerts' runs
+    only."""
+    from farm.kernel_diff import alert_headlines
 
     by_id = {a.id: a for a in alerts}
-    wanted = {f.key: [by_id[i] for i in f.alerts if i in by_id and by_id[i].baseline_run_id is not None
-                      and by_id[i].metric == "steady"] for f in findings}
-    ids = {run_id for chosen in wanted.values() for a in chosen for run_id in (a.run_id, a.baseline_run_id)
-           if run_id is not None}
-    profiles = {i: p for i, p in store.profiles(sorted(ids)).items() if p.status == "ok"} if ids else {}
+    held = [by_id[i] for f in findings for i in f.alerts if i in by_id]
+    stored = alert_headlines(held, store.profiles)
     named = []
     for finding in findings:
-        moved = [a for a in sorted(wanted[finding.key], key=lambda a: -(a.z or 0.0))
-                 if _rerun_headline(a) or a.run_id in profiles and a.baseline_run_id in profiles][:most]
         # a confirmation's rerun profiled both artifacts back to back: its word first, else the stored runs'
-        parts = [f"{a.model} on {a.device}: " + (_rerun_headline(a) or kernel_diff(
-            profiles[a.baseline_run_id or 0], profiles[a.run_id]).headline()) for a in moved]
+        said = [(a, _rerun_headline(a) or stored.get(a.id, "")) for a in sorted(
+            (by_id[i] for i in finding.alerts if i in by_id and by_id[i].metric == "steady"), key=lambda a: -(a.z or 0.0))]
+        parts = [f"{a.model} on {a.device}: {headline}" for a, headline in said if headline][:most]
         named.append(replace(finding, kernels="; ".join(parts)) if parts else finding)
     return named
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -25,21 +25,26 @@ from farm.errors import FarmError, message_line
 from farm.measure.vm import remote_device_type
 from farm.op_classes import op_class
 from farm.records import Artifact, BenchConfig, Device, KernelProfile, KernelTime, TrackerAddress
+from farm.stats import median
 
 log = logging.getLogger(__name__)
 
 PROFILE_RUNS = 10  # runs of main the profile averages at most (after one not counted)
 MIN_PROFILE_RUNS = 3
 PROFILE_BUDGET_S = 1.0  # ... and no more than fill about this long at the steady median: a 4.7 s model runs 3
+HELPER = "farm.KernelProfile"
 
 
-def profile_runs(steady_s: float | None) -> int:
-    """How many runs the profile averages: ``PROFILE_RUNS``, fewer for a slow model (its runs' clock reads are
-    precise already; tools/bench_profile.py: 10 runs of an untuned resnet50 were half its cell's time)."""
+def profile_runs(steady_samples_s: Sequence[float]) -> int:
+    """How many runs the profile averages, by the median of the run's steady samples: ``PROFILE_RUNS``, fewer for a
+    slow model (its runs' clock reads are precise already; tools/bench_profile.py: 10 runs of an untuned resnet50
+    were half its cell's time)."""
+    steady_s = median(steady_samples_s)
     if not steady_s:
         return PROFILE_RUNS
     return max(MIN_PROFILE_RUNS, min(PROFILE_RUNS, int(PROFILE_BUDGET_S / steady_s)))
-HELPER = "farm.KernelProfile"
+
+
 def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> KernelProfile:
     """The helper's JSON (``farm.KernelProfile``) as a KernelProfile, per run of ``main``; each kernel with what the
     compile knew of it (``Artifact.kernels``: args, FLOPs, schedule) where ``facts`` names it."""

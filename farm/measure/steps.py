@@ -156,8 +156,7 @@ def profile(run: Run) -> None:
     runs of its own, after the timed ones (``measure.profile``); never fails the run."""
     if not run.config.profile:
         return
-    steady = sorted(run.draft.steady_wall_samples_s or run.draft.steady_samples_s)
-    runs = profile_runs(steady[len(steady) // 2] if steady else None)
+    runs = profile_runs(run.draft.steady_wall_samples_s or run.draft.steady_samples_s)
     run.say("profile", f"{runs} runs, each kernel timed on the device")
     started = time.perf_counter()
     run.draft.profile = profile_loaded(run.session, run.helpers, run.remote_name, run.dev, run.args, run.artifact,
