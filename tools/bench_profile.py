@@ -5,15 +5,19 @@ whether a planted regression is put on the kernel it was planted in (#52). One r
 1. Sum against steady (``--part sum``): each (device, model) below benched as `farm bench --profile` benches it, on
    the repository's own devices.toml devices, brought up here on a private tracker: this host's CPU (x86-local:
    onnx:squeezenet and onnx:resnet50, untuned), the emulated arm64 board (arm64-qemu: mlp, convnet) and OpenCL on
-   POCL (pocl-gpu: mlp, convnet). Printed: the steady median, main's time as the profile measured it, the kernels'
-   sum and its ratio to the steady median, the profile step's cost in seconds and its share of the cell.
+   POCL (pocl-gpu: mlp, convnet); then (unless --no-phone) the stand-in phone's CPU and arm64 OpenCL (phone-cpu,
+   phone-gpu: mlp, convnet), as tests/test_android.py brings it up. Printed: the steady median (on a GPU its kernel
+   clock, the OpenCL events' sum), main's time as the profile measured it, the kernels' sum (on a GPU each kernel on
+   the device's event timer) and its ratio to the steady median, the profile step's cost in seconds and its share of
+   the cell.
 2. Planted regressions (``--part planted``): each model tuned on x86-local (--trials, --minutes), compiled with all
    its records and measured with its profile; then, for its --plants tasks holding the most time, compiled again
    with that task's records removed (the kernel goes back to TVM's default schedule) and measured again. Which
    kernels were planted is read from the two libraries (the kernel whose schedule went from tuned to untuned);
-   `farm compare`'s rule (``kernel_diff``) must name one of them first, with >= 80 % of the change. Last, the tuned
-   library measured a second time against the first: a night with no plant, whose samples should show no change
-   (then no kernel is named).
+   `farm compare`'s rule (``kernel_diff``) must name one of them first, with >= 80 % of the change, and a night's
+   confirmation (interleaved rounds, as ``farm regressions --confirm``) must confirm the plant. Last, the tuned
+   library against itself: a night with no plant, which confirmation must not confirm (then no kernel is named);
+   two sessions' samples, the test `farm compare` applies to two stored runs, are printed beside it.
 
     .venv/bin/python tools/bench_profile.py                      # both parts
     .venv/bin/python tools/bench_profile.py --part planted --trials 200 --plants 3
@@ -36,6 +40,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SUM_CELLS = (("x86-local", "onnx:squeezenet"), ("x86-local", "onnx:resnet50"), ("arm64-qemu", "mlp"),
              ("arm64-qemu", "convnet"), ("pocl-gpu", "mlp"), ("pocl-gpu", "convnet"))
+PHONE_CELLS = (("phone-cpu", "mlp"), ("phone-cpu", "convnet"), ("phone-gpu", "mlp"), ("phone-gpu", "convnet"))
+PHONE_GPU = ('target = { kind = "opencl", device = "mali" }\n'
+             'host = { kind = "llvm", mtriple = "aarch64-linux-gnu", mattr = ["+neon"] }\n')
 SHARE = 0.80  # the planted kernel's least share of the change
 
 
@@ -62,6 +69,9 @@ def main() -> int:
                              "its samples say slower (default 5 %%); a record that barely beat its untuned code plants "
                              "nothing, and is listed apart")
     parser.add_argument("--repeat", type=int, default=10, help="steady repeats per run (default 10)")
+    parser.add_argument("--no-phone", action="store_true",
+                        help="sum: leave out the stand-in phone (its own network namespace and adb server, under "
+                             "qemu: needs root, adb, qemu-user and arm64 POCL, as tests/test_android.py)")
     parser.add_argument("--work", default=None, help="keep the store, cache and logs here (default: a temp dir)")
     args = parser.parse_args()
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -92,6 +102,8 @@ def main() -> int:
         wait_for_servers(tracker, {d.key: 1 for d in devices.values()}, timeout_s=300)
         if args.part in ("sum", "both"):
             ok &= sum_against_steady(tracker, devices, work, args.repeat)
+            if not args.no_phone:
+                ok &= on_the_phone(tracker, work, args.repeat)
         if args.part in ("planted", "both"):
             ok &= planted(tracker, devices["x86-local"], work, args)
     finally:
@@ -100,19 +112,20 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def sum_against_steady(tracker, devices, work: Path, repeat: int) -> bool:
+def sum_against_steady(tracker, devices, work: Path, repeat: int, cells=SUM_CELLS, title: str = "") -> bool:
     from farm.models import load_model
     from farm.records import BenchConfig
     from farm.stats import median
     from farm.store import Store
     from farm.sweep import bench_cell
 
-    print("\n1. the kernels' sum against the steady median (untuned; profile: 10 runs after the timed ones)")
+    print(f"\n1{title}. the kernels' sum against the steady median (untuned; on a GPU each kernel on its event "
+          "timer, against the steady figure's kernel clock)")
     print(f"{'device':12s} {'model':16s} {'threads':>7s} {'steady':>11s} {'main':>11s} {'kernels':>11s} "
           f"{'kernels/steady':>14s} {'profile s':>9s} {'cell s':>7s} {'cost':>6s}")
     ok = True
     with Store(work / "results.db") as store:
-        for name, model_name in SUM_CELLS:
+        for name, model_name in cells:
             device = devices[name]
             model = load_model(model_name)
             config = BenchConfig(repeat=repeat if "resnet" not in model_name else 3, min_repeat_ms=50, timeout_s=120,
@@ -126,13 +139,42 @@ def sum_against_steady(tracker, devices, work: Path, repeat: int) -> bool:
                 print(f"{name:12s} {model_name:16s} failed: {r.reason or (p.reason if p else 'no profile')}")
                 ok = False
                 continue
-            steady = median(r.steady_wall_samples_s or r.steady_samples_s)  # GPUs: wall per call + sync, as the profile
+            steady = median(r.steady_samples_s)  # GPUs: the kernel clock (event sums), as the profile's kernels
             profile_s = r.context.get("profile_s") or 0.0
             print(f"{name:12s} {model_name:16s} {r.threads!s:>7s} {ms(steady):>11s} {ms(p.main_s):>11s} "
                   f"{ms(p.kernel_sum_s):>11s} {p.kernel_sum_s / steady:14.3f} {profile_s:9.2f} {cell_s:7.1f} "
-                  f"{profile_s / cell_s:6.1%}   ({'wall per call + sync' if r.steady_wall_samples_s else r.steady_clock} "
-                  f"steady; {p.runs} profiled runs, {p.clock})", flush=True)
+                  f"{profile_s / cell_s:6.1%}   ({r.steady_clock} steady; {p.runs} profiled runs, {p.clock})",
+                  flush=True)
     return ok
+
+
+def on_the_phone(tracker, work: Path, repeat: int) -> bool:
+    """The stand-in phone's CPU and its arm64 OpenCL (POCL), farm's native server pushed over adb and run under qemu,
+    as tests/test_android.py brings it up (tests/phone_lab.py), on the bench's tracker."""
+    sys.path.insert(0, str(REPO))  # the stand-in phone lives with the tests that assert it
+    from farm.devices import bring_up
+    from farm.devices.pocl_arm64 import ensure_sysroot
+    from farm.inventory import parse_inventory
+    from farm.rpc.processes import stop_process
+    from farm.rpc.tracker import wait_for_servers
+    from tests.phone_lab import CPU_TARGET, standin_phone, standin_phone_table
+
+    sysroot = ensure_sysroot()
+    with standin_phone(work) as phone:
+        tables = "".join(standin_phone_table(name, f"{name}-bench-{tracker.port}", phone, work / "phone-data" / "farm",
+                                             root, rest)
+                         for name, root, rest in (("phone-cpu", "/usr/aarch64-linux-gnu", CPU_TARGET),
+                                                  ("phone-gpu", str(sysroot), PHONE_GPU)))
+        devices = parse_inventory(f'[tracker]\nhost = "{tracker.host}"\nport = {tracker.port}\n{tables}').devices
+        started = []
+        try:
+            for device in devices.values():
+                started.extend(bring_up(device, tracker, work))
+            wait_for_servers(tracker, {d.key: 1 for d in devices.values()}, timeout_s=300)
+            return sum_against_steady(tracker, devices, work, repeat, PHONE_CELLS, "b (the stand-in phone)")
+        finally:
+            for record in reversed(started):
+                stop_process(record)
 
 
 def planted(tracker, device, work: Path, args) -> bool:
@@ -203,21 +245,34 @@ def planted(tracker, device, work: Path, args) -> bool:
                           f"{ms(_median(slow))} ({verdict}): no regression planted (the untuned code is about as "
                           f"fast); not counted. {diff.headline()}", flush=True)
                     continue
-                results.append(hit)
+                status, _ = _night(tracker, device, base_artifact, artifact, inputs, config)
+                results.append(hit and status == "confirmed")
                 print(f"  planted {', '.join(sorted(planted_kernels))}: steady {ms(_median(base))} → {ms(_median(slow))} "
-                      f"({verdict}); named first: {first.name} with {first.share:.0%} of the change "
-                      f"({'yes' if hit else 'NO'}); {diff.headline()}", flush=True)
+                      f"({verdict}; a night's confirmation: {status}); named first: {first.name} with {first.share:.0%} "
+                      f"of the change ({'yes' if hit else 'NO'}); {diff.headline()}", flush=True)
             again = bench_artifact(tracker, device, base_artifact, inputs, None, config)
             verdict = compare_samples(base.steady_samples_s, again.steady_samples_s).verdict
-            named = verdict in ("slower", "faster")
+            status, rounds = _night(tracker, device, base_artifact, base_artifact, inputs, config)
+            named = status in ("confirmed", "improved")  # a finding (or an improvement) would name its kernels
             quiet.append(not named)
             said = f"kernels named ({kernel_diff(base.profile, again.profile).headline()})" if named else "nothing named"
-            print(f"  no plant (the tuned library again): steady {ms(_median(base))} → {ms(_median(again))}: "
-                  f"{verdict}: {said}", flush=True)
+            print(f"  no plant (the tuned library against itself): a night's confirmation: {status} "
+                  f"({rounds.rounds} rounds, {rounds.change:+.1%}): {said}; two sessions' samples (farm compare's "
+                  f"test): steady {ms(_median(base))} → {ms(_median(again))}, {verdict}", flush=True)
     hits = sum(results)
     print(f"planted: {hits}/{len(results)} named first with >= {SHARE:.0%} of the change; "
           f"no plant: {sum(quiet)}/{len(quiet)} named nothing")
     return len(results) >= 5 and hits == len(results)
+
+
+def _night(tracker, device, old, new, inputs, config):
+    """What a night's confirmation says of ``new`` against ``old`` (status, the rounds' comparison): both loaded afresh
+    each round, interleaved (``regress.confirm``: 8 rounds, 16 when inconclusive), as ``farm regressions --confirm``
+    reruns a candidate; a finding names its kernels only when confirmed."""
+    from farm.measure.interleaved import interleaved_rounds
+    from farm.regress import confirm
+
+    return confirm(lambda n: interleaved_rounds(tracker, device, old, new, inputs, n, config))
 
 
 def _record_s(records, index: int) -> float:

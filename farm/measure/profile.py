@@ -4,8 +4,9 @@ TVM 0.27 has no VM profiler (no ``profile=True``, no ``tvm.runtime.profiling``);
 calls a function around every call of ``main``. Over RPC that would be a round trip per call, so the instrument runs
 in the server's own process: farm's servers offer ``farm.KernelProfile(module, dev_type, dev_id, runs, *inputs)``
 (``farm/rpc/server.py``), which loads the module's VM there, times each call between device syncs, and returns the
-table as JSON. A stock TVM server has no such helper: the profile is then "not available", and nothing else of the run
-changes.
+table as JSON. CPUs give wall time; a GPU whose runtime has an event timer (OpenCL, CUDA) gives each kernel's own time
+on it (TVM's ``time_evaluator`` on the kernel's first call's arguments), and the profile's ``clock`` says which. A
+stock TVM server has no such helper: the profile is then "not available", and nothing else of the run changes.
 
 Each kernel is named as TVM names it and put in an op class by its name (``op_class``); ``vm.builtin.*`` calls are
 the VM's own (allocations, shape checks, tuples). The kernels' sum is set against ``main``'s time in the same runs:

@@ -32,7 +32,8 @@
 //   TVM_NUM_THREADS before any session forks, so each session's thread pool is sized by it and not by TVM's
 //   default (half the CPUs on x86). A run stores what the session reports (runtime.NumThreads);
 // - farm.KernelProfile(module, dev_type, dev_id, runs, inputs...): where the time goes, each call of the module's
-//   main timed between device syncs in this process, as JSON (farm/measure/profile.py);
+//   main timed between device syncs in this process, as JSON (farm/measure/profile.py); on a GPU with an event
+//   timer (runtime.timer.opencl, .cuda) each kernel on that timer instead;
 // - farm.DeviceRuntimes(): which device runtimes this server has, as JSON {"cuda": "loaded", "opencl": "not
 //   loaded: <why>"}, so a client can tell a server without a GPU runtime from one whose GPU is busy or broken.
 //
@@ -51,6 +52,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -286,9 +288,52 @@ tvm::ffi::Function WallTimeEvaluator(tvm::ffi::Module mod, tvm::ffi::String name
   });
 }
 
+// The name of a GPU's own timer (runtime.timer.<name>) where this process has it registered (its runtime loaded).
+std::string DeviceTimer(DLDeviceType type) {
+  const char* name = type == kDLCUDA     ? "cuda"
+                     : type == kDLOpenCL ? "opencl"
+                     : type == kDLVulkan ? "vulkan"
+                     : type == kDLMetal  ? "metal"
+                     : type == kDLROCM   ? "rocm"
+                                         : "";
+  if (!*name || !tvm::ffi::Function::GetGlobal(std::string("runtime.timer.") + name)) return "";
+  return name;
+}
+
+// Seconds per call of each kernel (symbol -> its first call's arguments) on the device's own timer: the median of
+// `runs` repeats of one call by TVM's time_evaluator (one call before, not counted), where a module the executable
+// imports holds the kernel; the VM's calls are held by none. As farm/rpc/server.py's kernel_device_times.
+std::map<std::string, double> KernelDeviceTimes(tvm::ffi::Module executable, DLDevice dev, int runs,
+                                                const std::map<std::string, std::vector<tvm::ffi::Any>>& first) {
+  namespace ffi = tvm::ffi;
+  static auto evaluator = ffi::Function::GetGlobal("runtime.RPCTimeEvaluator");
+  std::map<std::string, double> seconds;
+  for (const auto& [symbol, args] : first) {
+    for (const ffi::Any& imported : executable->imports()) {
+      ffi::Module holder = imported.cast<ffi::Module>();
+      if (!evaluator || !holder->ImplementsFunction(symbol, true)) continue;
+      int repeat = runs > 0 ? runs : 1;
+      ffi::Function timed = (*evaluator)(holder, symbol, static_cast<int>(dev.device_type), dev.device_id, 1, repeat,
+                                         0, 100, 0, 1, 0, ffi::String("")).cast<ffi::Function>();
+      std::vector<ffi::AnyView> views(args.begin(), args.end());
+      ffi::Any blob;
+      timed.CallPacked(views.data(), static_cast<int32_t>(views.size()), &blob);
+      ffi::Bytes bytes = blob.cast<ffi::Bytes>();
+      const double* values = reinterpret_cast<const double*>(bytes.data());
+      std::vector<double> sorted(values, values + bytes.size() / sizeof(double));
+      std::sort(sorted.begin(), sorted.end());
+      size_t n = sorted.size();
+      if (n) seconds[symbol] = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+      break;
+    }
+  }
+  return seconds;
+}
+
 // farm.KernelProfile(module, dev_type, dev_id, runs, inputs...) -> JSON, as farm's Python server answers it
 // (farm/rpc/server.py): the module's main run `runs` times (after one not counted) under a VM instrument that syncs
-// the device and reads the clock around each call, here in the session's process; sums over the runs.
+// the device and reads the clock around each call, here in the session's process; sums over the runs. On a GPU
+// with an event timer each kernel's time is its own on that timer (KernelDeviceTimes).
 void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
   namespace ffi = tvm::ffi;
   using Clock = std::chrono::steady_clock;
@@ -303,16 +348,23 @@ void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
   } else {  // the CPU runs the shape functions
     init(static_cast<int>(dev.device_type), dev.device_id, kPooled, static_cast<int>(kDLCPU), 0, kPooled);
   }
+  std::string timer = DeviceTimer(dev.device_type);
+  bool capture = !timer.empty();
   std::vector<std::string> order;
   std::map<std::string, double> seconds;
   std::map<std::string, int64_t> calls;
   std::map<std::string, Clock::time_point> started;
+  std::map<std::string, std::vector<ffi::Any>> first_calls;
   ffi::Function instrument = ffi::Function::FromPacked([&](ffi::PackedArgs call, ffi::Any* ret) {
     SyncDevice(dev);
     Clock::time_point now = Clock::now();
     std::string symbol = call[1].cast<ffi::String>();
     if (call[2].cast<bool>()) {
       started[symbol] = now;
+      if (capture && !first_calls.count(symbol)) {
+        std::vector<ffi::Any>& kept = first_calls[symbol];
+        for (int i = 4; i < call.size(); ++i) kept.push_back(call[i]);
+      }
     } else {
       if (!calls.count(symbol)) order.push_back(symbol);
       seconds[symbol] += std::chrono::duration<double>(now - started[symbol]).count();
@@ -324,6 +376,9 @@ void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
   ffi::Function main_func = vm->GetFunction("main").value();
   ffi::Any unused;
   main_func.CallPacked(args.data() + 4, args.size() - 4, &unused);  // not counted: the first run allocates
+  capture = false;
+  std::map<std::string, double> on_device = KernelDeviceTimes(executable, dev, runs, first_calls);
+  first_calls.clear();  // the first run's tensors go back to the VM's pool before the counted runs
   order.clear();
   seconds.clear();
   calls.clear();
@@ -333,9 +388,15 @@ void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
   SyncDevice(dev);
   double main_s = std::chrono::duration<double>(Clock::now() - begun).count();
   vm->GetFunction("set_instrument").value()(ffi::Function(nullptr));
+  for (const auto& [symbol, per_call] : on_device) seconds[symbol] = per_call * calls[symbol];
+  std::string clock = on_device.empty() ? "wall, the device synced before and after each call"
+                                        : "device: each kernel on the " + timer +
+                                              " event timer (TVM's time_evaluator, on its first call's own arguments,"
+                                              " as often as the runs); the VM's calls and main wall, the device synced"
+                                              " around each call";
   std::ostringstream json;
   json.precision(17);
-  json << "{\"clock\": \"wall, the device synced before and after each call\", \"runs\": " << runs
+  json << "{\"clock\": " << Quote(clock) << ", \"runs\": " << runs
        << ", \"main_s\": " << main_s << ", \"kernels\": [";
   for (size_t i = 0; i < order.size(); ++i) {
     json << (i ? ", " : "") << "{\"name\": " << Quote(order[i]) << ", \"calls\": " << calls[order[i]]

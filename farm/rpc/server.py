@@ -30,7 +30,10 @@ It registers, in the server's worker before any session forks from it:
 - ``farm.KernelProfile(module, dev_type, dev_id, runs, *inputs)`` → JSON: the module's ``main`` run ``runs``
   times (after one not counted) with a VM instrument that syncs the device and reads the clock around each call, in
   this process (no round trip per call): ``{"clock", "runs", "main_s", "kernels": [{"name", "calls", "time_s"}]}``,
-  sums over the runs (``farm/measure/profile.py``). farm's native server answers the same.
+  sums over the runs (``farm/measure/profile.py``). On a GPU whose runtime registers an event timer
+  (``runtime.timer.opencl``, ``.cuda``) each kernel's time is its own on that timer instead: TVM's ``time_evaluator``
+  on the arguments of its first call, so launches, syncs and the gaps between kernels are not in it; ``clock`` says
+  which. farm's native server answers the same.
 
 The library is loaded in the worker (``import tvm`` there runs in a fresh process, not a fork
 of this one), so each session's OpenCL context is created fresh in its own child.
@@ -110,22 +113,58 @@ def clear_kernel_cache() -> str:
     return folder
 
 
+# the device timers TVM registers (``runtime.timer.<name>``) by DLPack device type: a GPU's event timer
+DEVICE_TIMERS = {2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm"}
+WALL_CLOCK = "wall, the device synced before and after each call"
+
+
+def device_timer(dev_type: int) -> str:
+    """The name of ``dev_type``'s own timer where this process has one registered (a GPU's runtime loaded), else ""."""
+    import tvm
+
+    name = DEVICE_TIMERS.get(int(dev_type), "")
+    return name if name and tvm.get_global_func(f"runtime.timer.{name}", allow_missing=True) else ""
+
+
+def device_clock(timer: str) -> str:
+    return (f"device: each kernel on the {timer} event timer (TVM's time_evaluator, on its first call's own "
+            "arguments, as often as the runs); the VM's calls and main wall, the device synced around each call")
+
+
+def kernel_device_times(module, dev, runs: int, first_calls: dict) -> dict[str, float]:
+    """Seconds per call of each kernel in ``first_calls`` (symbol → its first call's arguments) on the device's own
+    timer: the median of ``runs`` repeats of one call by TVM's ``time_evaluator`` (one call before, not counted),
+    where a module the executable imports holds the kernel; the VM's calls are held by none."""
+    seconds = {}
+    for symbol, args in first_calls.items():
+        holder = next((m for m in module.imports if m.implements_function(symbol, True)), None)
+        if holder is not None:
+            timed = holder.time_evaluator(symbol, dev, number=1, repeat=max(int(runs), 1))(*args)
+            seconds[symbol] = float(timed.median)
+    return seconds
+
+
 def kernel_profile(module, dev_type: int, dev_id: int, runs: int, *inputs) -> str:
-    """``farm.KernelProfile``: each call of ``main`` timed between device syncs, summed over ``runs`` runs."""
+    """``farm.KernelProfile``: each call of ``main`` timed between device syncs, summed over ``runs`` runs; on a GPU
+    with an event timer, each kernel's time is its own on that timer (``kernel_device_times``)."""
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
     dev = tvm.runtime.device(int(dev_type), int(dev_id))
     vm = VirtualMachine(module, dev)
+    timer = device_timer(dev_type)
     times: dict[str, float] = {}
     calls: dict[str, int] = {}
     started: dict[str, float] = {}
+    first_calls: dict[str, tuple] = {}
 
     def instrument(func, symbol, before_run, ret_value, *args) -> int:  # the VM's signature; 0: go on
         dev.sync()
         now = time.perf_counter()
         if before_run:
             started[symbol] = now
+            if timer and symbol not in first_calls:
+                first_calls[symbol] = args
         else:
             times[symbol] = times.get(symbol, 0.0) + now - started.pop(symbol, now)
             calls[symbol] = calls.get(symbol, 0) + 1
@@ -133,6 +172,9 @@ def kernel_profile(module, dev_type: int, dev_id: int, runs: int, *inputs) -> st
 
     vm.set_instrument(instrument)
     vm["main"](*inputs)  # not counted: the first run allocates, and builds kernels where the driver does so lazily
+    on_device = kernel_device_times(module, dev, runs, first_calls)
+    first_calls.clear()  # the first run's tensors go back to the VM's pool before the counted runs
+    timer = ""
     times.clear()
     calls.clear()
     dev.sync()
@@ -141,9 +183,11 @@ def kernel_profile(module, dev_type: int, dev_id: int, runs: int, *inputs) -> st
         vm["main"](*inputs)
     dev.sync()
     main_s = time.perf_counter() - begun
-    return json.dumps({"clock": "wall, the device synced before and after each call", "runs": int(runs),
-                       "main_s": main_s, "kernels": [{"name": name, "calls": calls[name], "time_s": times[name]}
-                                                     for name in times]})
+    for symbol, per_call in on_device.items():
+        times[symbol] = per_call * calls.get(symbol, 0)
+    return json.dumps({"clock": device_clock(device_timer(dev_type)) if on_device else WALL_CLOCK,
+                       "runs": int(runs), "main_s": main_s,
+                       "kernels": [{"name": name, "calls": calls[name], "time_s": times[name]} for name in times]})
 
 
 def keep_serving(serving):
