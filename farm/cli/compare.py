@@ -42,9 +42,12 @@ def run(args: argparse.Namespace) -> int:
     result = compare_samples(a, b)
     data = {"run_a": args.run_a, "run_b": args.run_b, **asdict(result)}
     diff, why = _kernels(runs, profiles, args.run_a, args.run_b)
-    named = result.verdict in ("slower", "faster")  # a change the samples show: then its kernels are named
-    data["kernels"] = {**diff.to_json(), "named": named} if diff is not None else {"status": "not available",
-                                                                                     "reason": why}
+    same = _same_library(runs, args.run_a, args.run_b)
+    # a change the samples show is put on its kernels; not where both runs ran one library: no kernel's code changed,
+    # and between two sessions of one library every kernel moves with the device's state (the moves are still listed)
+    named = result.verdict in ("slower", "faster") and not same
+    data["kernels"] = {**diff.to_json(), "named": named, "same_library": same} if diff is not None else {
+        "status": "not available", "reason": why}
     if args.json:
         emit_json(data)
     else:
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{duration(median_s)} ({n} samples)")
         print(f"change {result.change:+.2%}; Mann-Whitney U p={result.mann_whitney_p:.3g}, KS p={result.ks_p:.3g}: "
               f"{result.verdict}")
-        print_kernel_diff(diff, why, named, result.verdict)
+        print_kernel_diff(diff, why, named, result.verdict, same)
         print("note: the p-values take each run's samples as independent; samples of one load are not, so they "
               "overstate certainty. farm regressions --confirm reruns both in rounds of fresh loads.")
     return 0
@@ -72,16 +75,24 @@ def _kernels(runs, profiles, run_a: int, run_b: int):
             return None, f"run {run_id} has no profile (bench it with --profile)"
         if profile.status != "ok":
             return None, f"run {run_id}'s profile is not available: {profile.reason}"
-    same = runs[run_a]["artifact_key"] == runs[run_b]["artifact_key"] != ""
-    return kernel_diff(profiles[run_a], profiles[run_b], same_artifact=same), ""
+    return kernel_diff(profiles[run_a], profiles[run_b], same_artifact=_same_library(runs, run_a, run_b)), ""
 
 
-def print_kernel_diff(diff, why: str, named: bool, verdict: str, top: int = 5) -> None:
+def _same_library(runs, run_a: int, run_b: int) -> bool:
+    return runs[run_a]["artifact_key"] == runs[run_b]["artifact_key"] != ""
+
+
+def print_kernel_diff(diff, why: str, named: bool, verdict: str, same_library: bool = False, top: int = 5) -> None:
     if diff is None:
         print(f"kernels: {why}")
         return
-    print(f"kernels: {diff.headline()}" if named else
-          f"kernels: none named: the samples show no change ({verdict}); how each kernel moved:")
+    if named:
+        print(f"kernels: {diff.headline()}")
+    elif same_library and verdict in ("slower", "faster"):
+        print(f"kernels: none named: both runs ran the same library, so the change ({verdict}) is the device's or the "
+              "session's, not a kernel's code; how each kernel moved:")
+    else:
+        print(f"kernels: none named: the samples show no change ({verdict}); how each kernel moved:")
     for move in diff.moves[:top]:
         old = duration(move.old_s) if move.old_s is not None else "absent"
         new = duration(move.new_s) if move.new_s is not None else "absent"
