@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
         raise FarmError("each run needs at least 3 steady samples to compare", f"bench with --repeat {BenchConfig().repeat}")
     result = compare_samples(a, b)
     data = {"run_a": args.run_a, "run_b": args.run_b, **asdict(result)}
-    diff, why = _kernels(runs, profiles, args.run_a, args.run_b)
     same = _same_library(runs, args.run_a, args.run_b)
+    diff, why = _kernels(profiles, args.run_a, args.run_b, same)
     # a change the samples show is put on its kernels; not where both runs ran one library: no kernel's code changed,
     # and between two sessions of one library every kernel moves with the device's state (the moves are still listed)
     named = result.verdict in ("slower", "faster") and not same
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kernels(runs, profiles, run_a: int, run_b: int):
+def _kernels(profiles, run_a: int, run_b: int, same_library: bool):
     """(the kernels' difference from run A to run B, '') or (None, why there is none)."""
     from farm.kernel_diff import kernel_diff
 
@@ -75,7 +75,7 @@ def _kernels(runs, profiles, run_a: int, run_b: int):
             return None, f"run {run_id} has no profile (bench it with --profile)"
         if profile.status != "ok":
             return None, f"run {run_id}'s profile is not available: {profile.reason}"
-    return kernel_diff(profiles[run_a], profiles[run_b], same_artifact=_same_library(runs, run_a, run_b)), ""
+    return kernel_diff(profiles[run_a], profiles[run_b], same_artifact=same_library), ""
 
 
 def _same_library(runs, run_a: int, run_b: int) -> bool:

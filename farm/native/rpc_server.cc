@@ -308,11 +308,12 @@ std::map<std::string, double> KernelDeviceTimes(tvm::ffi::Module executable, DLD
   namespace ffi = tvm::ffi;
   static auto evaluator = ffi::Function::GetGlobal("runtime.RPCTimeEvaluator");
   std::map<std::string, double> seconds;
+  if (!evaluator) return seconds;
+  int repeat = runs > 0 ? runs : 1;
   for (const auto& [symbol, args] : first) {
     for (const ffi::Any& imported : executable->imports()) {
       ffi::Module holder = imported.cast<ffi::Module>();
-      if (!evaluator || !holder->ImplementsFunction(symbol, true)) continue;
-      int repeat = runs > 0 ? runs : 1;
+      if (!holder->ImplementsFunction(symbol, true)) continue;
       ffi::Function timed = (*evaluator)(holder, symbol, static_cast<int>(dev.device_type), dev.device_id, 1, repeat,
                                          0, 100, 0, 1, 0, ffi::String("")).cast<ffi::Function>();
       std::vector<ffi::AnyView> views(args.begin(), args.end());
