@@ -14,6 +14,8 @@ farm's name                 TVM's private name (0.27)                           
 ``outer_object``            ``derived_object``'s ``_outer`` weak reference          ``tune.metaschedule``
 ``rpc_serving``             ``rpc.server._serving`` (one session of the server)    ``rpc.server``
 ``set_rpc_serving``         ... replaced: the listen loop looks it up per session  ``rpc.server``
+``serve_rpc_here``          ``rpc.server._popen_start_rpc_server`` and             ``rpc.server``
+                            ``PopenRPCServerState.current``'s listen thread
 ``unchecked``               ``RPCRunner``'s ``_sanity_check``                       ``tune.metaschedule``
 ``import_tensor_intrinsics``  ``s_tir.tensor_intrin``'s ``__init__``: imports only   ``tune.metaschedule``
 ``import_tvm_without_torch``  ``tvm_ffi``'s ``__init__``: imports torch if it can     ``cli``, ``rpc``
@@ -29,8 +31,9 @@ farm's name                 TVM's private name (0.27)                           
                             module tree's bytes (``ModuleSerializer``) and a
                             ``cuda`` module's (``CUDAModuleNode::SaveToBytes``:
                             fmt, function table, code)
-``runtime_only_env``        ``TVM_USE_RUNTIME_LIB=1`` (``tvm/base.py``): libtvm  ``tools/gpu_check.sh``
-                            without ``libtvm_compiler.so``                         (the GPU kit's hosts)
+``runtime_only_env``        ``TVM_USE_RUNTIME_LIB=1`` (``tvm/base.py``): libtvm  ``rpc.tracker_server``,
+                            without ``libtvm_compiler.so``                         ``tools/gpu_check.sh``
+                                                                                   (the GPU kit's hosts)
 ==========================  =====================================================  ===========================
 
 MetaSchedule's names load when first used (module ``__getattr__``): the RPC server imports this module too, and
@@ -80,6 +83,18 @@ def set_rpc_serving(serving: Callable) -> None:
     from tvm.rpc import server
 
     server._serving = serving  # pylint: disable=protected-access
+
+
+def serve_rpc_here(host: str, port: int, key: str, tracker: tuple[str, int], init: Callable[[], None]) -> None:
+    """TVM's RPC server, registered with ``tracker`` under ``key`` on exactly ``port``, in this process until its
+    listen loop ends: what ``rpc.Server`` runs in a ``PopenWorker`` of its own, a second interpreter that imports
+    TVM again (~1.6 s of CPU a server). ``init`` runs first, here; each session is a fork of this process, as it was
+    of that worker."""
+    from tvm.rpc import server
+
+    server._popen_start_rpc_server(host, port, port + 1, tracker_addr=tracker, key=key,  # pylint: disable=protected-access
+                                   server_init_callback=init)
+    server.PopenRPCServerState.current.thread.join()
 
 
 RUNNER_ARGS = ("_f_create_session", "_f_upload_module", "_f_alloc_argument", "_f_run_evaluator", "_f_cleanup",
@@ -427,7 +442,7 @@ def pack_imports_with_cubin(cubin_for: Callable[[str], bytes], note: bytes) -> C
 def runtime_only_env() -> dict[str, str]:
     """The environment under which ``import tvm`` loads libtvm_runtime alone, never ``libtvm_compiler.so`` (a
     host that only runs compiled artifacts: ``tools/gpu_kit.py`` carries no compiler, and ``tools/gpu_check.sh``
-    sets it, in shell)."""
+    sets it, in shell; farm's tracker, which is Python over sockets, imports TVM under it)."""
     return {"TVM_USE_RUNTIME_LIB": "1"}
 
 

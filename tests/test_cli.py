@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from farm.cli import build_parser
 from farm.rpc.processes import free_port
-from tests.conftest import REPO, run_farm, stock_remote_device, unreachable_phone, write_inventory
+from tests.conftest import REPO, farm_workspace, run_farm, stock_remote_device, unreachable_phone, write_inventory
 
 
 def _digest(path):
@@ -147,12 +148,25 @@ BAD_INVENTORIES = {
 }
 
 
-@pytest.fixture
-def populated_db(farm_net, inventory_file, farm_env, tmp_path):
-    proc = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-b", "--model", "mlp",
-                    "--repeat", "3", "--min-repeat-ms", "5", env=farm_env)
+@pytest.fixture(scope="module")
+def benched_db(farm_net, tmp_path_factory) -> Path:
+    """A results database with one run (mlp on cpu-b), benchmarked once for the module."""
+    folder = tmp_path_factory.mktemp("benched")
+    inventory, env = farm_workspace(farm_net, folder)
+    proc = run_farm("--devices", str(inventory), "bench", "--device", "cpu-b", "--model", "mlp",
+                    "--repeat", "3", "--min-repeat-ms", "5", env=env)
     assert proc.returncode == 0, proc.stderr
-    return tmp_path / "results.db"
+    return Path(env["FARM_DB"])
+
+
+@pytest.fixture
+def populated_db(benched_db, farm_env) -> Path:
+    """This test's own copy of ``benched_db``, where farm_env's FARM_DB points."""
+    source, copy = sqlite3.connect(benched_db), sqlite3.connect(farm_env["FARM_DB"])
+    source.backup(copy)
+    source.close()
+    copy.close()
+    return Path(farm_env["FARM_DB"])
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INVENTORIES))

@@ -27,7 +27,7 @@ from tests.conftest import run_farm, unreachable_phone, write_inventory
 
 DELAY_ENV = "FARM_TEST_REGISTRY_DELAY_S"  # processes.REGISTRY_DELAY_ENV, spelled out: this test also runs on code
 # from before the hook, where the delay was put into load_records by hand to show the records it lost
-ROUNDS = 20
+ROUNDS = 10  # each a serve and a down of both loops, overlapping (DELAY_S): a lost record shows in a few
 DELAY_S = 0.2  # between a command's read and its write: far longer than a write, so unlocked writers overlap
 
 
@@ -92,7 +92,7 @@ print(f"restarts {restarts}", flush=True)
 
 
 def test_watchdog_serve_and_down_at_once_lose_no_server(tracker, tmp_path, farm_env):
-    """A watchdog restarts w while two loops run `farm serve` then `farm down` 20 times each, from processes of
+    """A watchdog restarts w while two loops run `farm serve` then `farm down` ROUNDS times each, from processes of
     their own (one serves a and w, so the watchdog has a w to watch after each down; the other serves b). Every
     server still running at the end is recorded, and the last `farm down` leaves none running."""
     inventory = write_inventory(tmp_path / "devices.toml", local_devices("w", "a", "b"), tracker.port)

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from farm.errors import DeviceUnavailable, TrackerError
@@ -91,6 +92,9 @@ def test_stop_process_kills_server_group_and_tracker_forgets_it(farm_net, tmp_pa
     record = start_server(farm_net.tracker, "extra", "test-extra", tmp_path)
     try:
         wait_for_servers(farm_net.tracker, {"test-extra": 1}, timeout_s=120)
+        # TVM's listen loop runs in the server's own process (tvm_private.serve_rpc_here): no second interpreter
+        # importing TVM again, and no child at rest (a session is a fork while it lasts)
+        assert psutil.Process(record.pid).children() == []
     finally:
         assert stop_process(record) is True
     deadline = time.monotonic() + 60  # polls until forgotten; the bound only ends a failing test

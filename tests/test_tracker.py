@@ -3,6 +3,7 @@
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,16 @@ def test_the_tracker_queues_a_fleets_burst_of_requests(tmp_path):
         assert query_summary(TrackerAddress("127.0.0.1", port)).keys == {}
     finally:
         stop_process(tracker)
+
+
+def test_the_tracker_loads_tvm_s_runtime_alone_never_its_compiler(tmp_path):
+    """The tracker is Python over sockets: it imports TVM with its runtime library alone (tvm_private's
+    runtime_only_env), half the import's time, and libtvm_compiler.so is never mapped into it."""
+    tracker = start_tracker("127.0.0.1", free_port(), tmp_path)
+    try:
+        libraries = {Path(line.split()[-1]).name for line in Path(f"/proc/{tracker.pid}/maps").read_text().splitlines()
+                     if line.rstrip().endswith(".so") or ".so." in line}
+    finally:
+        stop_process(tracker)
+    assert "libtvm_runtime.so" in libraries, sorted(libraries)
+    assert "libtvm_compiler.so" not in libraries and "libtvm.so" not in libraries, sorted(libraries)

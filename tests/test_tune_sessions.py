@@ -1,6 +1,6 @@
 """farm tune's sessions on real RPC servers: what one session hands the next (cost model, packs, where the time is),
 several servers of one key, tasks taking turns, MetaSchedule's own scheduler. A file of its own beside
-tests/test_tune.py, so pytest-xdist's two workers (a file each at a time) share the tuning tests."""
+tests/test_tune.py, so pytest-xdist's workers (a file each at a time) share the tuning tests."""
 
 import json
 

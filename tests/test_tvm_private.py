@@ -27,6 +27,16 @@ def test_the_rpc_server_serves_each_session_through_one_replaceable_function():
     assert "_serving(" in inspect.getsource(tvm.rpc.server._listen_loop)  # looked up at each session: replaceable
 
 
+def test_the_rpc_server_s_worker_function_starts_its_listen_loop_in_a_thread_of_the_calling_process():
+    import tvm.rpc.server
+
+    start = tvm.rpc.server._popen_start_rpc_server
+    assert _parameters(start)[:3] == ("host", "port", "port_end")
+    assert {"tracker_addr", "key", "server_init_callback"} <= set(_parameters(start))
+    assert "PopenRPCServerState.current = state" in inspect.getsource(start)
+    assert "self.thread = threading.Thread(" in inspect.getsource(tvm.rpc.server.PopenRPCServerState.__init__)
+
+
 def test_the_builder_worker_takes_build_export_module_target_params():
     assert _parameters(build_in_worker) == ("_f_build", "_f_export", "mod", "target", "params")
 

@@ -17,10 +17,11 @@ checks=0
 .venv/bin/mypy || checks=$?
 wait $pylint || checks=$?
 [ $checks = 0 ] || exit $checks
-# Two workers, a test file each at a time (module fixtures start once), the longest files first (conftest's
-# LONGEST_FIRST, kept in that order); then, alone, the tests
-# marked quiet (a regression baseline needs a machine that is not running the other worker).
+# Three workers on CI's 2 cores (a third fills the cores while a test waits on a lab's timeouts or a server: 1245 s
+# against 1297 s with two, docs/benchmarks.md), a test file each at a time (module fixtures start once), the longest
+# files first (conftest's LONGEST_FIRST, kept in that order); then, alone, the tests
+# marked quiet (a regression baseline needs a machine that is not running the other workers).
 status=0
-.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder -m "not quiet" || status=$?
+.venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder -m "not quiet" || status=$?
 .venv/bin/python -m pytest -q -ra -m quiet || status=$?
 exit $status

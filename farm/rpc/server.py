@@ -3,12 +3,13 @@
     python -m farm.rpc.server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090]
                               [--load-library libtvm_runtime_opencl.so] [--kernel-cache DIR] [--threads N]
 
-It runs TVM's ``rpc.Server`` (same protocol, same forked session per connection). Where TVM's
+It runs TVM's RPC server (same protocol, same forked session per connection) in this process, not in the
+``PopenWorker`` of its own that ``rpc.Server`` starts (``farm.tvm_private.serve_rpc_here``). Where TVM's
 server stops serving for good when a session's child exits non-zero (a client killed in the middle
 of a transfer: the child dies on the broken socket, its ``_serving`` raises and the listen loop ends:
 ``farm.tvm_private.rpc_serving``),
 farm's logs it and keeps serving: a sweep killed mid-cell must not take the device down with it.
-It registers, in the server's worker before any session forks from it:
+It registers, before any session forks from this process:
 
 - ``farm.WallTimeEvaluator(mod, name, dev_type, dev_id, number, repeat)`` → a timer that returns
   ``repeat`` doubles (bytes): per-call wall time on the device, each call followed by a device
@@ -35,8 +36,8 @@ It registers, in the server's worker before any session forks from it:
   on the arguments of its first call, so launches, syncs and the gaps between kernels are not in it; ``clock`` says
   which. farm's native server answers the same.
 
-The library is loaded in the worker (``import tvm`` there runs in a fresh process, not a fork
-of this one), so each session's OpenCL context is created fresh in its own child.
+The device runtime's library is loaded here too, before any session; no OpenCL or CUDA context is made here, so
+each session's is created fresh in its own child.
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ def keep_serving(serving):
 
 
 def register(library: str | None, threads: int = 0) -> None:
-    """Runs in TVM's server worker: keep serving after a bad session, load the device runtime, register helpers."""
+    """Runs before the server listens: keep serving after a bad session, load the device runtime, register helpers."""
     import tvm
 
     from farm.tvm_private import rpc_serving, set_rpc_serving
@@ -247,20 +248,18 @@ def main(argv: list[str] | None = None) -> None:
     import_tvm_without_torch()
 
     threads = args.threads if args.threads > 0 else online_cpus()
-    os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM starts: the worker and each session inherit it
+    os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM starts: each session inherits it
     if args.kernel_cache:
         Path(args.kernel_cache).mkdir(parents=True, exist_ok=True)
         os.environ["FARM_KERNEL_CACHE"] = args.kernel_cache
         for name in KERNEL_CACHE_ENV:
             os.environ[name] = args.kernel_cache
-    from tvm import rpc
-
-    from farm.rpc import server as this  # by reference: cloudpickle would copy __main__'s functions by value
+    from farm.rpc import server as this  # the module's functions, not __main__'s copies
+    from farm.tvm_private import serve_rpc_here
 
     host, port = args.tracker.rsplit(":", 1)
-    server = rpc.Server(args.host, args.port, args.port + 1, key=args.key, tracker_addr=(host, int(port)),
-                        server_init_callback=functools.partial(this.register, args.load_library or None, threads))
-    server.proc.join()
+    serve_rpc_here(args.host, args.port, args.key, (host, int(port)),
+                   functools.partial(this.register, args.load_library or None, threads))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import sys
 
@@ -43,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    from farm.tvm_private import import_tvm_without_torch
+    from farm.tvm_private import import_tvm_without_torch, runtime_only_env
 
+    for name, value in runtime_only_env().items():  # the tracker is Python alone: TVM's runtime, never its compiler
+        os.environ.setdefault(name, value)
     import_tvm_without_torch()
     from tvm.rpc.base import random_key
     from tvm.rpc.tracker import TrackerServerHandler
