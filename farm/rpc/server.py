@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                              "halves them on x86)")
     args = parser.parse_args(argv)
     from farm.records import online_cpus
-    from farm.tvm_private import import_tvm_without_torch
+    from farm.tvm_private import import_tvm_without_torch, serve_rpc_here
 
     import_tvm_without_torch()
 
@@ -254,12 +254,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["FARM_KERNEL_CACHE"] = args.kernel_cache
         for name in KERNEL_CACHE_ENV:
             os.environ[name] = args.kernel_cache
-    from farm.rpc import server as this  # the module's functions, not __main__'s copies
-    from farm.tvm_private import serve_rpc_here
-
-    host, port = args.tracker.rsplit(":", 1)
+    host, port = args.tracker.rsplit(":", 1)  # register runs in this process: nothing is pickled to a worker now
     serve_rpc_here(args.host, args.port, args.key, (host, int(port)),
-                   functools.partial(this.register, args.load_library or None, threads))
+                   functools.partial(register, args.load_library or None, threads))
 
 
 if __name__ == "__main__":
