@@ -19,6 +19,8 @@ farm's name                 TVM's private name (0.27)                           
 ``unchecked``               ``RPCRunner``'s ``_sanity_check``                       ``tune.metaschedule``
 ``import_tensor_intrinsics``  ``s_tir.tensor_intrin``'s ``__init__``: imports only   ``tune.metaschedule``
 ``import_tvm_without_torch``  ``tvm_ffi``'s ``__init__``: imports torch if it can     ``cli``, ``rpc``
+``quick_registration``      ``tvm_ffi.registry``'s ``list_global_func_names``, as    ``import_tvm_without_torch``
+                            ``init_ffi_api`` calls it
 ``STARTUP_PTH``             ... in TVM's own worker processes (``popen_worker``)    ``tools/setup.sh``
 ``normalize_mod``           global ``tvm.s_tir.meta_schedule.normalize_mod``       ``compile``, ``tune``
 ``XGBState``                ``XGBModel``'s ``data``, ``data_size``,                 ``costmodel``
@@ -43,6 +45,7 @@ must not import MetaSchedule.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -331,10 +334,44 @@ class _WithoutTorch(importlib.abc.Loader):
         if absent:
             sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
         try:
-            self.loader.exec_module(module)
+            with quick_registration():
+                self.loader.exec_module(module)
         finally:
             if absent and sys.modules.get("torch", False) is None:
                 del sys.modules["torch"]
+
+
+@contextlib.contextmanager
+def quick_registration() -> Iterator[None]:
+    """TVM's import with ~0.25 s less CPU (1.42 s → 1.18 s, median of 5 here), the same modules and functions:
+
+    - ``tvm_ffi.init_ffi_api``, called 52 times (once per FFI namespace), lists every global function, one
+      FFI call per name (~2,000): 0.23 s in all. Here the list is read again only when the count of functions has
+      changed (TVM's Python modules register functions as they import).
+    - The garbage collector, run 457 times by the import's allocations (0.12 s), waits until the import is over;
+      then what the import made is frozen (``gc.freeze``), so later collections (a compile's many) skip it."""
+    from tvm_ffi import registry
+
+    list_names = registry.list_global_func_names
+    names: list[str] = []
+
+    def listed() -> list[str]:
+        functor = registry.get_global_func("ffi.FunctionListGlobalNamesFunctor")()
+        count = functor(-1)
+        if count != len(names):
+            names[:] = [functor(i) for i in range(count)]
+        return list(names)
+
+    collecting = gc.isenabled()
+    gc.disable()
+    registry.list_global_func_names = listed
+    try:
+        yield
+    finally:
+        registry.list_global_func_names = list_names
+        if collecting:
+            gc.enable()
+    gc.freeze()
 
 
 # pack_imports_with_cubin: TVM 0.27 serializes an executable's imported modules into the library as one blob

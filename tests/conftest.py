@@ -18,6 +18,7 @@ import pytest
 from farm.records import TrackerAddress
 from farm.rpc.processes import ManagedProcess, free_port, start_server, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
+from farm.tvm_private import import_tvm_without_torch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,6 +33,9 @@ USER_SETTINGS = ("FARM_DEVICES", "FARM_DB", "FARM_HOME")
 def pytest_configure(config):
     for name in USER_SETTINGS:
         os.environ.pop(name, None)
+    # as farm's own processes do (cli.main, the servers): TVM imported without PyTorch, in this process and in the
+    # worker processes TVM starts from it (MetaSchedule's, for the tests that tune in-process): ~1.5 s of CPU each
+    import_tvm_without_torch()
 
 
 # The session's own servers run TVM on one thread (devices.toml `threads = 1`, which their inventory says too): two

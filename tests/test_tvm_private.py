@@ -2,6 +2,7 @@
 upgrade that moves one, the test names it, instead of a tuning session failing in a worker process."""
 
 import importlib.util
+import json
 import inspect
 import struct
 import os
@@ -116,13 +117,52 @@ def test_tvm_imports_torch_when_installed_and_farm_s_processes_import_it_without
     import sys
 
     probe = "import sys, tvm, tvm.relax\nprint('torch' in sys.modules)\n"
-    plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}  # conftest ran farm's hook, as main does
+    plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout
     assert plain.split() == ["True"]  # what the hook is for; False after an upgrade: the hook can go
     hooked = subprocess.run([sys.executable, "-c", (
         "from farm.tvm_private import import_tvm_without_torch\nimport_tvm_without_torch()\n" + probe +
         "import torch\nimport tvm\nprint(tvm.runtime.from_dlpack(torch.arange(3.0)).numpy().tolist())\n")],
-        capture_output=True, text=True, check=True).stdout
+        capture_output=True, text=True, check=True, env=env).stdout
     assert hooked.split("\n")[:2] == ["False", "[0.0, 1.0, 2.0]"], hooked  # torch imports afterwards, and reaches TVM
+
+
+def test_farm_s_quick_import_of_tvm_registers_every_function_a_plain_import_does_and_leaves_the_collector_on():
+    """quick_registration lists TVM's global functions again only when their count changes: each ``_ffi_api``
+    module must still get every function a plain import gives it (one missed would fail in a compile, not here)."""
+    import subprocess
+    import sys
+
+    probe = ("import gc, sys, json, tvm, tvm.relax, tvm.s_tir.meta_schedule, tvm.rpc\n"
+             "names = {m: sorted(n for n in vars(mod) if not n.startswith('_')) for m, mod in list(sys.modules.items())"
+             " if m.startswith('tvm') and m.rsplit('.', 1)[-1].startswith('_ffi')}\n"
+             "print(json.dumps([names, gc.isenabled(), gc.get_freeze_count()]))\n")
+    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}
+    plain = json.loads(subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None\n" + probe],
+                                      capture_output=True, text=True, check=True, env=env).stdout)
+    quick = json.loads(subprocess.run([sys.executable, "-c", (
+        "from farm.tvm_private import import_tvm_without_torch\nimport_tvm_without_torch()\n" + probe)],
+        capture_output=True, text=True, check=True, env=env).stdout)
+    assert len(plain[0]) >= 40 and sum(map(len, plain[0].values())) >= 1500, plain[0].keys()  # what is compared
+    assert quick[0] == plain[0]
+    assert (plain[1], plain[2]) == (True, 0) and quick[1] is True and quick[2] > 100_000, (plain[1:], quick[1:])
+    # a function registered while it lists (as a module of TVM's may, between two _ffi_api modules) is listed too
+    import types
+
+    import tvm_ffi
+
+    from farm.tvm_private import quick_registration
+
+    with quick_registration():
+        first, second = types.ModuleType("farm_quick_first"), types.ModuleType("farm_quick_second")
+        sys.modules.update({"farm_quick_first": first, "farm_quick_second": second})
+        tvm_ffi.register_global_func("farm_quick_first.one", lambda: 1, override=True)
+        tvm_ffi.init_ffi_api("farm_quick_first", "farm_quick_first")
+        tvm_ffi.register_global_func("farm_quick_second.two", lambda: 2, override=True)
+        tvm_ffi.init_ffi_api("farm_quick_second", "farm_quick_second")
+    assert (first.one(), second.two()) == (1, 2)
+    for name in ("farm_quick_first", "farm_quick_second"):
+        del sys.modules[name]
 
 
 def test_tvm_s_own_worker_processes_started_by_a_farm_process_import_tvm_without_torch():
@@ -135,7 +175,7 @@ def test_tvm_s_own_worker_processes_started_by_a_farm_process_import_tvm_without
               "def probe():\n    import sys, tvm, tvm.relax\n    return 'torch' in sys.modules\n"
               "print(PopenPoolExecutor(max_workers=1).submit(probe).result())\n")
     hook = "from farm.tvm_private import import_tvm_without_torch\nimport_tvm_without_torch()\n"
-    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}  # this process may have run farm's main
+    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}  # conftest ran farm's hook, as main does
     farm_started = subprocess.run([sys.executable, "-c", script.format(hook=hook)], capture_output=True, text=True,
                                   check=True, env=env).stdout
     other = subprocess.run([sys.executable, "-c", script.format(hook="")], capture_output=True, text=True,
