@@ -20,6 +20,12 @@ def _parameters(func) -> tuple[str, ...]:
     return tuple(inspect.signature(func).parameters)
 
 
+def _env_without_farm_s_hook() -> dict[str, str]:
+    """This process's environment without WITHOUT_TORCH_ENV (conftest ran farm's hook, as farm's main does), for a
+    child that must import TVM as any other process would."""
+    return {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}
+
+
 def test_the_rpc_server_serves_each_session_through_one_replaceable_function():
     import tvm.rpc.server
 
@@ -117,7 +123,7 @@ def test_tvm_imports_torch_when_installed_and_farm_s_processes_import_it_without
     import sys
 
     probe = "import sys, tvm, tvm.relax\nprint('torch' in sys.modules)\n"
-    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}  # conftest ran farm's hook, as main does
+    env = _env_without_farm_s_hook()
     plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout
     assert plain.split() == ["True"]  # what the hook is for; False after an upgrade: the hook can go
     hooked = subprocess.run([sys.executable, "-c", (
@@ -137,7 +143,7 @@ def test_farm_s_quick_import_of_tvm_registers_every_function_a_plain_import_does
              "names = {m: sorted(n for n in vars(mod) if not n.startswith('_')) for m, mod in list(sys.modules.items())"
              " if m.startswith('tvm') and m.rsplit('.', 1)[-1].startswith('_ffi')}\n"
              "print(json.dumps([names, gc.isenabled(), gc.get_freeze_count()]))\n")
-    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}
+    env = _env_without_farm_s_hook()
     plain = json.loads(subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None\n" + probe],
                                       capture_output=True, text=True, check=True, env=env).stdout)
     quick = json.loads(subprocess.run([sys.executable, "-c", (
@@ -175,7 +181,7 @@ def test_tvm_s_own_worker_processes_started_by_a_farm_process_import_tvm_without
               "def probe():\n    import sys, tvm, tvm.relax\n    return 'torch' in sys.modules\n"
               "print(PopenPoolExecutor(max_workers=1).submit(probe).result())\n")
     hook = "from farm.tvm_private import import_tvm_without_torch\nimport_tvm_without_torch()\n"
-    env = {k: v for k, v in os.environ.items() if k != WITHOUT_TORCH_ENV}  # conftest ran farm's hook, as main does
+    env = _env_without_farm_s_hook()
     farm_started = subprocess.run([sys.executable, "-c", script.format(hook=hook)], capture_output=True, text=True,
                                   check=True, env=env).stdout
     other = subprocess.run([sys.executable, "-c", script.format(hook="")], capture_output=True, text=True,

@@ -18,8 +18,8 @@ checks=0
 wait $pylint || checks=$?
 [ $checks = 0 ] || exit $checks
 # Three workers on CI's 2 cores (a third fills the cores while a test waits on a lab's timeouts or a server: they
-# were 94 % busy with two, 99 % with three; docs/benchmarks.md), a test file each at a time (module fixtures start once), the longest
-# files first (conftest's LONGEST_FIRST, kept in that order); then, alone, the tests
+# were 94 % busy with two, 99 % with three; docs/benchmarks.md), a test file each at a time (module fixtures start
+# once), the longest files first (conftest's LONGEST_FIRST, kept in that order); then, alone, the tests
 # marked quiet (a regression baseline needs a machine that is not running the other workers).
 status=0
 .venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder -m "not quiet" || status=$?
