@@ -73,6 +73,7 @@ def test_one_median_in_the_sweep_output_results_report_and_dashboard(farm_net, i
     convnet = next(r for r in results.values() if r["model"] == "convnet" and r["runtime"] == "tvm")
     assert mlp["steady_n"] == 4 and convnet["steady_n"] == 5
     assert even_cell["steady_median_s"] == mlp["steady_median_s"]  # exactly: one rule, numpy's median
+    assert even_cell["unstable"] is mlp["unstable"]  # and one "unstable" rule (stats.summarize_rows)
     assert " ".join(printed[3:5]) == format_duration(convnet["steady_median_s"])  # what `farm sweep` printed
 
     state = collect_state(load_inventory(inventory_file), farm_env["FARM_DB"])

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from farm.errors import FarmError
 from farm.queue import HOST_WAIT_S
 from farm.records import CellStanding, Inventory, SweepSpec
-from farm.stats import median
+from farm.stats import is_unstable, median
 
 from farm.cli.common import (REPORT_DIR, VARIANTS, add_bench_options, add_budget_option, add_progress, add_verb,
                              bench_config, count, duration, emit_json, home_dir, load_inventory_of, positive_float,
@@ -310,7 +310,8 @@ def _sweep_json(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, 
             "tuning": [dataclasses.asdict(t) for t in tuning],
             "cells": [{"run_id": c.run_id, "device": c.result.device, "model": c.result.model,
                        "status": c.result.status, "failed_step": c.result.failed_step, "reason": c.result.reason,
-                       "steady_median_s": median(c.result.steady_samples_s), "threads": c.result.threads,
+                       "steady_median_s": median(c.result.steady_samples_s),
+                       "unstable": is_unstable(c.result.steady_samples_s), "threads": c.result.threads,
                        "versus_reference": reference_text(c.result, c.reference)}
                       for c in final.values()]}
 
