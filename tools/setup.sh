@@ -38,10 +38,10 @@ if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip uninstall -q -y xgboost nvidia-nccl-cu12
   fi
   # pip byte-compiles what it installs one file at a time (torch's thousands of modules: 121 s on 2 cores): never.
-  # Where imports write bytecode, each module is compiled by its first import, once (a quarter of the venv's 10,000
-  # modules are ever imported: 8 s of CPU against compileall's 45 s on 2 cores). Where PYTHONDONTWRITEBYTECODE is set
-  # (this workplace's machines), every process would compile every module it imports, every time: compileall does
-  # them all ahead, on every core
+  # Where imports write bytecode, each module is compiled by its first import, once (the whole suite imports half of
+  # the venv's 10,000 modules; what farm's commands import compiles in 8 s of CPU, the whole venv in 45 s on 2 cores
+  # with compileall). Where PYTHONDONTWRITEBYTECODE is set (this workplace's machines), every process would compile
+  # every module it imports, every time: compileall does them all ahead, on every core
   if [ "$want_test" = 1 ]; then
     .venv/bin/python -m pip install -q --no-compile -e '.[test,torch,tflite]'
   else
