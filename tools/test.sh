@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite's processes write the bytecode of what they import, once: with PYTHONDONTWRITEBYTECODE (this
-# workplace's machines) set, the set-up would compile all of the venv ahead instead (45 s), most of it never imported
+# workplace's machines) set, the set-up would compile all of the venv ahead instead (45 s), half of it never imported
 unset PYTHONDONTWRITEBYTECODE
 bash tools/setup.sh --test
 if [ $# -gt 0 ]; then
