@@ -29,7 +29,7 @@ COMMON_FIELDS = {
 FALLBACKS = ("cpu",)
 GATE_FIELDS = ("max_temp_c", "min_battery_pct", "max_cooldown_s")
 # The common fields a device keeps in its options (farm tune, the sweep's gates and fallback read them there)
-OPTION_FIELDS = ("cc", "runner_timeout_s", "search_population", "fallback", "cuda_toolkit", *GATE_FIELDS)
+OPTION_FIELDS = ("cc", "runner_timeout_s", "search_population", "fallback", "cuda_toolkit", "cuda_driver", *GATE_FIELDS)
 EXAMPLE = '''[devices.x86-local]
 kind = "local"
 key = "x86-local"
@@ -190,6 +190,13 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     if "cuda_toolkit" in raw and target_kind(target) != "cuda":
         raise fail("cuda_toolkit", f"needs a CUDA target, not {target_kind(target)!r}",
                    "leave it out: it names the nvcc that compiles a CUDA target's device code")
+    if "cuda_driver" in raw:
+        if target_kind(target) != "cuda":
+            raise fail("cuda_driver", f"needs a CUDA target, not {target_kind(target)!r}",
+                       "leave it out: it is the CUDA version of an NVIDIA device's driver")
+        if not re.fullmatch(r"\d+\.\d+", str(raw["cuda_driver"])):
+            raise fail("cuda_driver", f"{raw['cuda_driver']!r} is not a CUDA version",
+                       'write the driver\'s CUDA version as nvidia-smi prints it, e.g. cuda_driver = "12.6"')
     plugin.validate(raw, target, fail)
     if "fallback" in raw:
         if raw["fallback"] not in FALLBACKS:

@@ -3,6 +3,7 @@ its arch read back from the cubin's own ELF header, the CUDA that compiled it an
 farm's note; an arch the chosen compiler cannot target is an error at compile time, with the compiler to use."""
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -87,3 +88,52 @@ def test_cuda_toolkit_on_a_cpu_target_is_an_inventory_error(tmp_path, farm_env):
     done = run_farm("--devices", str(inventory), "devices", env=farm_env)
     assert done.returncode == 1
     assert "device 'x86': cuda_toolkit needs a CUDA target, not 'llvm'" in done.stderr.splitlines()[0]
+
+
+JETPACK_4_6 = ('[devices.tx2]\nkind = "linux"\nkey = "tx2-refused"\ntarget = { tag = "nvidia/jetson-tx2" }\n'
+               'cuda_driver = "10.2"\n')
+REFUSED = ("device 'tx2': its driver is CUDA 10.2 (cuda_driver in the inventory), and TVM 0.27's CUDA runtime as "
+           "shipped (libtvm_runtime_cuda.so, linked to libcudart.so.13) needs a driver of CUDA 13.0 or newer")
+
+
+def test_a_jetson_on_a_driver_older_than_cuda_13_is_refused_by_farm_bench_before_the_upload(farm_net, tmp_path,
+                                                                                             farm_env):
+    """No server is asked for: the refusal is stored as the run's failure at its first step, and the compile that
+    came before it stands (someone with their own runtime can use it)."""
+    import sqlite3
+
+    from tests.conftest import write_inventory
+
+    inventory = write_inventory(tmp_path / "devices.toml", JETPACK_4_6, farm_net.tracker.port)
+    bench = run_farm("--devices", str(inventory), "bench", "--device", "tx2", "--model", "mlp", env=farm_env)
+    assert bench.returncode == 1 and f"error: {REFUSED}" in bench.stderr, bench.stderr
+    assert "hint: farm compile still works for it" in bench.stderr
+    with sqlite3.connect(farm_env["FARM_DB"]) as db:
+        (row,) = db.execute("SELECT status, failed_step, reason FROM runs").fetchall()
+    assert row == ("failed", "session", REFUSED)
+    assert list(Path(farm_env["FARM_HOME"]).glob("cache/*/mlp.so"))  # compiled all the same
+    devices = run_farm("--devices", str(inventory), "devices", "--json", env=farm_env)
+    assert devices.returncode == 0, devices.stderr
+    assert json.loads(devices.stdout)["devices"][0]["cannot_run"] == REFUSED
+    table = run_farm("--devices", str(inventory), "devices", env=farm_env)
+    assert f"cannot run: {REFUSED}" in table.stdout.splitlines()
+
+
+@pytest.mark.parametrize("line, error", [
+    ('cuda_driver = "12.6"', None),
+    ('cuda_driver = "13"', "'13' is not a CUDA version"),
+    ("cuda_driver = 12.6", "cuda_driver 12.6 must be a string"),
+])
+def test_cuda_driver_is_a_cuda_version_on_a_cuda_target(tmp_path, line, error):
+    from farm.errors import InventoryError
+    from farm.inventory import load_inventory
+
+    path = tmp_path / "devices.toml"
+    path.write_text(f'[devices.orin]\nkind = "linux"\nkey = "orin"\ntarget = {{ kind = "cuda", arch = "sm_87" }}\n{line}\n'
+                    '[devices.cpu]\nkind = "local"\nkey = "cpu"\ntarget = { kind = "llvm" }\n')
+    if error is None:
+        assert load_inventory(path).devices["orin"].options["cuda_driver"] == "12.6"
+        path.write_text(path.read_text() + 'cuda_driver = "13.0"\n')  # on the CPU device
+        error = "needs a CUDA target, not 'llvm'"
+    with pytest.raises(InventoryError, match=re.escape(error)):
+        load_inventory(path)

@@ -13,6 +13,8 @@ What it holds (``--list`` prints it with sizes; it must stay within ``LIMIT_BYTE
   under the name ``native.ensure_native_server(cuda=True)`` looks for: the host needs no g++.
 - ``home/cache/``: the models compiled here for ``ARCH`` (cubins: ``compile/cuda.py``), under the keys the host
   computes for the kit's device, so ``farm bench`` finds them and compiles nothing.
+- ``kit.json`` (first in the tar): the wheels' Python, the bundled runtime's CUDA and each artifact's arch and CUDA,
+  which ``tools/gpu_preflight.py`` checks the machine against in the check's first seconds.
 - ``devices.toml``: that device (kind ``cuda``, key ``gpu``, host ``{ kind = "llvm" }``: a generic x86-64 host,
   so the key does not depend on this host's CPU).
 """
@@ -20,6 +22,7 @@ What it holds (``--list`` prints it with sizes; it must stay within ``LIMIT_BYTE
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +39,8 @@ ARCH = "sm_90"  # H100 and H200
 LIMIT_BYTES = 64 * 2**20  # what one call to the lent GPU machine carries
 MODELS = ("mlp", "convnet", "onnx:squeezenet", "onnx:resnet50")
 PYTHON = "3.12"
+# What tools/gpu_check.sh leaves in OUT: a device call brings back at most 8 files, so these, and nothing else
+FILES_BACK = ("gpu-check.log", "summary.json", "report.html", "results.db", "extras.tar.gz")
 # farm's imports on a measuring host, beyond numpy and onnxruntime (the host's): checked by tests/test_gpu_kit.py,
 # which installs the kit into a fresh venv and runs farm from it
 PACKAGES = ("onnx", "protobuf", "psutil", "jinja2", "markupsafe", "ml_dtypes", "cloudpickle", "tornado",
@@ -121,18 +126,38 @@ def _farm_wheel(folder: Path, say) -> None:
             if (REPO / name).is_file():
                 (Path(source) / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / name, Path(source) / name)
-        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                               str(folder), source], capture_output=True, text=True)
+        # with build isolation: pyproject's build backend from the index, whatever setuptools this venv has (a plain
+        # set-up's venv keeps Python 3.11's bundled setuptools 65.5, which cannot build a wheel without `wheel`)
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(folder), source],
+                              capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: could not build farm's wheel: {done.stderr.strip()[-400:]}")
 
 
-def _native_bundle(cache: Path, say) -> None:
+def _native_bundle(cache: Path, say) -> str:
+    """The native CUDA server's bundle copied into ``cache``; returns the CUDA its cudart is ("13.0")."""
     from farm.devices.native import ensure_native_server
 
     server = ensure_native_server(cuda=True)
     say(f"native CUDA server: {server.parent.name}")
     shutil.copytree(server.parent, cache / server.parent.name)
+    (cudart,) = server.parent.glob("libcudart.so.*")
+    return f"{cudart.name.rsplit('.', 1)[1]}.0"
+
+
+def kit_manifest(bundle_cuda: str, home: Path) -> dict:
+    """``kit.json``: what tools/gpu_preflight.py checks the machine against, before the kit is unpacked: the Python
+    of the wheels, the CUDA of the bundled runtime, and each carried artifact's cubin arch and CUDA (its note)."""
+    from farm.artifacts import inspect_artifact
+
+    artifacts = []
+    for library in sorted(home.rglob("*.so")):
+        cuda = inspect_artifact(library).cuda
+        if cuda is None or cuda.format != "cubin":
+            raise SystemExit(f"error: {library.name} carries no cubin ({cuda}): the check would compile on the GPU host")
+        artifacts.extend({"model": library.stem, "arch": arch, "cuda_version": cuda.cuda_version,
+                          "min_driver": cuda.min_driver} for arch in cuda.archs)
+    return {"python": PYTHON, "bundle_cuda": bundle_cuda, "arch": ARCH, "artifacts": artifacts}
 
 
 def _artifacts(home: Path, devices: Path, models: list[str], say) -> None:
@@ -162,13 +187,16 @@ def build_kit(out: Path, models: list[str], say=print) -> Path:
                 shutil.move(str(wheel), wheels / wheel.name)
         _farm_wheel(wheels, say)
         (work / "devices.toml").write_text(DEVICES)
-        _native_bundle(_mkdir(work / "cache"), say)
+        bundle_cuda = _native_bundle(_mkdir(work / "cache"), say)
         _artifacts(_mkdir(work / "home"), work / "devices.toml", models, say)
+        (work / "kit.json").write_text(json.dumps(kit_manifest(bundle_cuda, work / "home"), indent=1))
         shutil.rmtree(downloads)
         out.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(out, "w:gz") as tar:
+            tar.add(work / "kit.json", arcname="kit.json")  # first: the preflight reads it without unpacking the rest
             for path in sorted(work.iterdir()):
-                tar.add(path, arcname=path.name)
+                if path.name != "kit.json":
+                    tar.add(path, arcname=path.name)
     size = out.stat().st_size
     say(f"{out}: {size / 2**20:.1f} MiB (limit {LIMIT_BYTES / 2**20:.0f} MiB)")
     if size > LIMIT_BYTES:

@@ -29,6 +29,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from farm.devices.cuda import runtime_refusal
     from farm.records import describe_target
     from farm.rpc.tracker import KeyStatus, key_state, query_summary
 
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         status = summary.keys.get(device.key, KeyStatus(device.key, 0, 0, 0))
         rows.append({"device": name, "kind": device.kind, "key": device.key, "target": describe_target(device.target),
                      "export": device.export, "emulated": device.emulated, "state": key_state(status),
-                     "servers": status.servers, "free": status.free, "pending": status.pending})
+                     "servers": status.servers, "free": status.free, "pending": status.pending,
+                     "cannot_run": (refused := runtime_refusal(device)) and refused[0]})
     known = {d.key for d in inventory.devices.values()}
     extra = sorted(k for k in summary.keys if k not in known and summary.keys[k].servers)
     columns = ["device", "kind", "key", "target", "state", "servers", "free", "pending"]
@@ -55,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
         print_table(rows, columns)
         if extra:
             print(f"keys registered but not in {inventory.path}: {', '.join(extra)}")
+        for row in rows:
+            if row["cannot_run"]:
+                print(f"cannot run: {row['cannot_run']}")
     return 0
 
 

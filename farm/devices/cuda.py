@@ -21,6 +21,30 @@ from farm.records import Device, TrackerAddress, target_kind
 from farm.rpc.processes import ManagedProcess
 
 DRIVER = "libcuda.so.1"
+# TVM 0.27's CUDA runtime as the apache-tvm wheels ship it, x86-64 and aarch64 alike (read from both 0.27.0.post1
+# wheels, 2026-11-29): libtvm_runtime_cuda.so NEEDS libcudart.so.13 and calls cuLaunchKernelEx, so it runs only where
+# the driver is CUDA 13's or newer (Linux >= 580.65.06), whatever CUDA compiled the cubin. A TX2 (JetPack 4.6: CUDA
+# 10.2) or an Orin on JetPack 6 (CUDA 12.x) needs that runtime built from TVM's sources against its own CUDA
+# (docs/devices.md, "Which NVIDIA devices can run").
+RUNTIME_CUDA = "13.0"
+
+
+def runtime_refusal(device: Device) -> tuple[str, str] | None:
+    """Why ``device`` cannot run TVM's CUDA runtime as shipped, and what to do (None where it can, or where its
+    inventory does not say its driver's CUDA: ``cuda_driver``)."""
+    driver = device.options.get("cuda_driver")
+    if driver is None or target_kind(device.target) != "cuda" or _version(driver) >= _version(RUNTIME_CUDA):
+        return None
+    return (f"device {device.name!r}: its driver is CUDA {driver} (cuda_driver in the inventory), and TVM 0.27's CUDA "
+            f"runtime as shipped (libtvm_runtime_cuda.so, linked to libcudart.so.13) needs a driver of CUDA "
+            f"{RUNTIME_CUDA} or newer",
+            f"farm compile still works for it (its cubins load on CUDA {driver}'s driver); to run them, build TVM's "
+            f"CUDA runtime from source against CUDA {driver}, or move the device to a driver of CUDA "
+            f"{RUNTIME_CUDA} (docs/devices.md, 'Which NVIDIA devices can run')")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in str(text).split("."))
 
 
 def driver_missing() -> str:

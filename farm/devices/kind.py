@@ -196,8 +196,12 @@ CUDA_TOOLKIT = Field("text", 'cuda_toolkit = "/usr/local/cuda-10.2"',
                      "a CUDA target's device code compiled by this toolkit's bin/nvcc (default: NVRTC from PyPI, CUDA "
                      "12.9 for sm_50-sm_72, 13.0 from sm_75; a cubin loads only on a driver of its CUDA or newer, so "
                      "a Jetson names its JetPack's toolkit)")
+CUDA_DRIVER = Field("text", 'cuda_driver = "10.2"',
+                    "the CUDA version of the device's NVIDIA driver (nvidia-smi's 'CUDA Version'; a Jetson's JetPack: "
+                    "4.6 is 10.2, 6.x is 12.x): farm bench refuses, before the upload, a device whose driver cannot run "
+                    "TVM 0.27's CUDA runtime (it needs CUDA 13: devices.cuda.RUNTIME_CUDA); compiling still works")
 COMMON = {"threads": THREADS, "weight_prepack": WEIGHT_PREPACK, "layout": LAYOUT, "search_population": SEARCH_POPULATION,
-          "cuda_toolkit": CUDA_TOOLKIT}
+          "cuda_toolkit": CUDA_TOOLKIT, "cuda_driver": CUDA_DRIVER}
 
 
 def thread_options(device: Device) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import tvm
 
+from farm.devices.cuda import runtime_refusal
 from farm.errors import FarmError
 from farm.measure.check import check_outputs
 from farm.measure.context import DEVICE_TYPE, STEADY_CLOCK, measurement_context, server_helpers, session_threads
@@ -60,6 +61,8 @@ class Run:
 def open_session(run: Run) -> None:
     """1 session: a server for the device's key, within the config's timeout."""
     device = run.device
+    if (refused := runtime_refusal(device)) is not None:  # before the upload: nothing it could load would run
+        raise StepFailed("session", *refused)
     run.say("session", f"requesting {device.key!r}")
     try:
         run.session = request_session(run.tracker, device.key, run.config.timeout_s, device.session_timeout_s)
