@@ -2,7 +2,7 @@
 # The GPU check: farm on a real NVIDIA GPU, from the kit tools/gpu_kit.py built (nothing else is reached).
 #
 #   bash tools/gpu_check.sh [KIT] [OUT]     # KIT: build/gpu-kit.tar.gz; OUT: $OUT, else ./gpu-check
-#   MODELS="mlp" bash tools/gpu_check.sh     # fewer models (the rerun: mlp alone, ~60 s)
+#   MODELS=mlp BUDGET_S=150 bash tools/gpu_check.sh   # the rerun: mlp alone (docs/benchmarks.md, the budget)
 #   VENV=/path/to/venv bash tools/gpu_check.sh   # install into that venv (it has numpy and onnxruntime) instead
 #   PYTHON=/path/to/python3.12 bash tools/gpu_check.sh   # the Python whose numpy and onnxruntime farm uses
 #   WITHOUT_GPU=1 bash tools/gpu_check.sh    # a host with no NVIDIA driver (the tests): go on past its absence
@@ -11,7 +11,7 @@
 #    prefixes, numpy and onnxruntime, libcuda.so.1, the driver's CUDA against the bundle's (13) and each artifact's
 #    note, the GPU's compute capability against the artifacts' arch, free disk and GPU memory. The first thing
 #    missing is one `error:` line and a hint, before a second of the machine's time is spent on anything slow.
-# 2. A venv of its own made from PYTHON (default python3.12: on the lent machine that is itself a venv holding numpy,
+# 2. A venv of its own made from PYTHON (default python3: on the lent machine that is itself a venv holding numpy,
 #    onnxruntime and torch), made --without-pip, with a .pth naming that interpreter's site-packages: the kit's
 #    packages come first, the image's numpy, onnxruntime and torch are seen (a --system-site-packages venv made from
 #    a venv would see the base interpreter's packages instead). The kit's wheels go in with the image's pip, no index
@@ -48,7 +48,7 @@ log="$out/gpu-check.log"
 exec > >(tee -a "$log") 2>&1
 step() { printf '== %s (%s, %s s in)\n' "$1" "$(date -u +%H:%M:%S)" "$SECONDS"; }
 
-python="${PYTHON:-python3.12}"
+python="${PYTHON:-python3}"  # the lent machine's python3: Python 3.12.3, /opt/torch/.venv (the device tool's KINDS.md)
 [ -z "${VENV:-}" ] || python="$VENV/bin/python"
 command -v "$python" >/dev/null || { echo "error: $python not found"; echo "hint: PYTHON=/path/to/python3.12 bash tools/gpu_check.sh"; exit 1; }
 [ -f "$kit" ] || { echo "error: no kit at $kit"; echo "hint: build it where farm is set up: .venv/bin/python tools/gpu_kit.py"; exit 1; }

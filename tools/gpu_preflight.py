@@ -13,7 +13,7 @@ check              read from                                               requi
 =================  ======================================================  ==========================================
 interpreter        ``sys.executable``, ``sys.prefix``/``base_prefix``      the Python the kit's wheels are for
                                                                            (``kit.json``'s ``python``)
-imports            ``import numpy, onnxruntime`` (torch where installed)   numpy and onnxruntime
+imports            ``import numpy, onnxruntime`` (torch's metadata)       numpy and onnxruntime
 driver             ``libcuda.so.1`` (ctypes), ``cuDriverGetVersion``       found; its CUDA >= ``BUNDLE_CUDA`` (TVM
                                                                            0.27's libtvm_runtime_cuda.so links
                                                                            libcudart.so.13) and >= every artifact's
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -105,12 +106,16 @@ def read_kit(path: str) -> dict:
 def gather(work_dir: str) -> Facts:
     facts = Facts(sys.executable, f"{sys.version_info.major}.{sys.version_info.minor}", sys.prefix, sys.base_prefix,
                   {})
-    for module in ("numpy", "onnxruntime", "torch"):
+    for module in ("numpy", "onnxruntime"):
         try:
             facts.imports[module] = str(getattr(importlib.import_module(module), "__version__", "?"))
         except Exception as exc:  # noqa: BLE001  # any failure to import is a fact to print, never a traceback
             facts.imports[module] = None
             facts.import_errors[module] = f"{type(exc).__name__}: {exc}"
+    try:  # torch's version from its metadata: importing it (with CUDA) would cost seconds, and no kit model needs it
+        facts.imports["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        facts.imports["torch"] = None
     _read_driver(facts)
     _read_nvidia_smi(facts)
     os.makedirs(work_dir, exist_ok=True)
