@@ -322,3 +322,42 @@ fallback = "cpu"
     assert "no Android NDK compiler is configured" in cell.result.reason
     assert "no CPU fallback: the CPU build needs the same toolchain" in cell.result.reason
     assert [(r.device, r.failed_step) for r in rows] == [("phone-gpu", "compile")]  # nothing stored for phone-gpu@cpu
+
+
+def test_a_crash_in_the_reference_run_keeps_the_measured_tvm_run(farm_net, tmp_path, monkeypatch):
+    """#61: an exception farm does not expect after TVM's run (here planted in farm's own reference step) is the
+    reference's stored failure; the TVM run measured before it is stored ok."""
+    from farm.sweep import cell as cell_module
+
+    def crash(*_args, **_kwargs):
+        raise RuntimeError("planted: the reference step blew up")
+
+    monkeypatch.setattr(cell_module, "reference_run", crash)
+    inv = parse_inventory(farm_net.inventory_text())
+    with Store(tmp_path / "r.db") as store:
+        cell = bench_cell(inv.tracker, inv.devices["cpu-a"], load_model("mlp"), store, tmp_path / "cache", FAST)
+        rows = {(r.runtime, r.status) for r in run_rows(store)}
+    assert cell.result.status == "ok" and len(cell.result.steady_samples_s) == 5
+    assert cell.reference is not None and cell.reference.result.status == "failed"
+    assert cell.reference.result.reason == "unexpected RuntimeError: planted: the reference step blew up"
+    assert rows == {("tvm", "ok"), ("onnxruntime", "failed")}
+
+
+def test_a_crash_in_the_cpu_fallback_keeps_the_gpu_s_failed_run(farm_net, tmp_path, monkeypatch):
+    """#61: the GPU's run (failed at load: no OpenCL on this server) and the fallback's crash are both stored."""
+    from farm.sweep import cell as cell_module
+
+    def crash(*_args, **_kwargs):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(cell_module, "fallback_run", crash)
+    inv = parse_inventory(f'[tracker]\nhost = "127.0.0.1"\nport = {farm_net.tracker.port}\n\n[devices.gpu]\n'
+                          'kind = "remote"\nkey = "test-a"\ntarget = { kind = "opencl" }\nhost = { kind = "llvm" }\n'
+                          'fallback = "cpu"\n')
+    with Store(tmp_path / "r.db") as store:
+        cell = bench_cell(inv.tracker, inv.devices["gpu"], load_model("mlp"), store, tmp_path / "cache", FAST,
+                          reference_runtime=False)
+        rows = sorted((r.device, r.status, r.failed_step) for r in run_rows(store))
+    assert cell.result.status == "failed" and cell.result.failed_step != "farm"
+    assert cell.fallback is not None and cell.fallback.result.reason == "unexpected KeyError: 'planted'"
+    assert rows == sorted([("gpu", "failed", cell.result.failed_step), ("gpu@cpu", "failed", "farm")])

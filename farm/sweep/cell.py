@@ -14,7 +14,7 @@ from typing import Callable
 
 from farm.compile import effective_target, fallback_device, toolchain_for
 from farm.devices.health import cool_down, health_after
-from farm.errors import FarmError
+from farm.errors import FarmError, LeaseLost, StoreError
 from farm.measure import bench_artifact
 from farm.models.runtimes import runtime_name
 from farm.records import (RETRYABLE_STEPS, Artifact, BenchConfig, BenchResult, Device, Lease, ModelSource, RunToStore,
@@ -169,8 +169,9 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
         attempt += 1
         if ctx.progress:
             ctx.progress(device.name, model.name, "retry", result.reason)
-    fallback = fallback_run(ctx, store, device, model, attempt) if needs_fallback(device, result) and not no_fallback else None
-    reference = reference_run(ctx, device, model, prepared, result.threads, attempt) if ctx.reference_runtime else None
+    fallback = guarded_fallback(ctx, store, device, model, attempt) \
+        if needs_fallback(device, result) and not no_fallback else None
+    reference = guarded_reference(ctx, device, model, prepared, result.threads, attempt) if ctx.reference_runtime else None
     run_id, fallback_id, reference_id = store.record_cell(run, fallback, reference, ctx.sweep_id, ctx.lease)
     cell = CellResult(run_id, result, stored_artifact)
     if stored:
@@ -183,6 +184,33 @@ def run_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource,
     if reference is not None and reference_id is not None:
         cell = dataclasses.replace(cell, reference=CellResult(reference_id, reference.result, None))
     return cell
+
+
+def guarded_fallback(ctx: CellContext, store: Store, device: Device, model: ModelSource, attempt: int) -> RunToStore:
+    """``fallback_run``, whose unexpected exception is the fallback's stored failure (step "farm"): the TVM attempt
+    measured before it is stored with it, never lost (#61). A store's errors and a lost lease still end the cell."""
+    try:
+        return fallback_run(ctx, store, device, model, attempt)
+    except (StoreError, LeaseLost):
+        raise
+    except Exception as exc:  # noqa: BLE001  # what the GPU's run measured must be stored all the same
+        log.exception("%s × %s: unexpected error in the CPU fallback", device.name, model.name)
+        cpu = fallback_device(device)
+        return RunToStore(crashed_cell(cpu, model, ctx.config, exc), cpu, model, None, attempt)
+
+
+def guarded_reference(ctx: CellContext, device: Device, model: ModelSource, prepared: CellInputs | None,
+                      tvm_threads: int | None, attempt: int) -> RunToStore | None:
+    """``reference_run``, whose unexpected exception is the reference runtime's stored failure: the TVM attempt is
+    stored with it, never lost (#61)."""
+    try:
+        return reference_run(ctx, device, model, prepared, tvm_threads, attempt)
+    except (StoreError, LeaseLost):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        log.exception("%s × %s: unexpected error in the reference runtime's run", device.name, model.name)
+        crashed = crashed_cell(device, model, ctx.config, exc)
+        return RunToStore(dataclasses.replace(crashed, runtime=runtime_name(model)), device, model, None, attempt)
 
 
 def fallback_blocked(device: Device, result: BenchResult) -> str:
