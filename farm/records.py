@@ -314,6 +314,15 @@ class ModelSource:
     base_onnx: bytes = field(default=b"", repr=False)  # the fp32 model a variant is checked against
     frontend: str = "onnx"  # onnx | torch
     ops: tuple[str, ...] = ()  # the operator types of its graph (models.sources.graph_ops; () = not known)
+    # what the model is for a sweep (``identity_digest``), where not its bytes' digest: a ``module:factory`` model's
+    # exported bytes change with torch's version and unseeded initializers, so its module file's digest, the factory's
+    # name and its shapes (``models.frameworks.factory_identity``); a variant's, its base's identity and the variant
+    identity: str = ""
+
+    @property
+    def identity_digest(self) -> str:
+        """What a sweep's spec records and a worker checks (#61): the same identity, the same model."""
+        return self.identity or self.digest
 
 
 @dataclass(frozen=True)
@@ -574,6 +583,9 @@ class SweepSpec:
     # devices and models whose cells are profiled (a sweep file's profile = ["mate10", "resnet50"]); every cell when
     # config.profile is set
     profile_cells: tuple[str, ...] = ()
+    # model as the spec names it -> its ``ModelSource.identity_digest`` when the sweep started (set by run_sweep): a
+    # cell measures that model or is stored failed "model changed since the sweep started" ({}: a sweep from before)
+    model_digests: dict = field(default_factory=dict)
 
     def cell_models(self) -> tuple[str, ...]:
         ref = (self.reference,) if self.reference else ()
@@ -619,6 +631,7 @@ class SweepSpec:
                          variants=tuple(data.get("variants", ("fp32",))),
                          shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in data.get("shapes", {}).items()},
                          stored_names=dict(data.get("stored_names", {})),
+                         model_digests=dict(data.get("model_digests", {})),
                          reference_runtime=data.get("reference_runtime", True),
                          profile_cells=tuple(data.get("profile_cells", ())))
 

@@ -118,8 +118,8 @@ def test_a_busy_device_keeps_the_bounded_wait_and_its_retry(farm_net, tmp_path):
         del held
     rows = run_rows(Store(tmp_path / "r.db"))
     tvm = [r for r in rows if not r.is_reference]
-    # its retry spent, the cell failed for good: the sweep is incomplete, and a resume leaves the cell as stored
-    assert outcome.status == "incomplete" and outcome.not_ok == {CellStanding.FAILED: [("cpu-b", "mlp")]}
+    # its retry spent, the cell failed for good: the sweep has settled (#61), and a resume leaves the cell as stored
+    assert outcome.status == "finished with failures" and outcome.not_ok == {CellStanding.FAILED: [("cpu-b", "mlp")]}
     assert outcome.missing == []
     assert sorted((r.attempt, r.failed_step) for r in tvm) == [(1, "session"), (2, "session")]  # waited, retried once
     assert tvm[0].reason == "no free device for key 'test-b' after 1 s"
@@ -152,7 +152,7 @@ max_cooldown_s = 600
                                      tmp_path / "r.db", tmp_path / "cache")
     benched, swept = sorted(run_rows(Store(tmp_path / "r.db")), key=lambda r: r.run_id)
     assert cell.result.failed_step == "compile" and "/nonexistent/g++" in cell.result.hint
-    assert outcome.status == "incomplete" and swept.sweep_id == outcome.sweep_id and benched.sweep_id is None
+    assert outcome.status == "finished with failures" and swept.sweep_id == outcome.sweep_id and benched.sweep_id is None
     assert outcome.not_ok == {CellStanding.FAILED: [(swept.device, swept.model)]}  # a compile failure: not redone
     assert (benched.status, benched.failed_step, benched.reason) == (swept.status, swept.failed_step, swept.reason)
     assert (swept.status, swept.failed_step, swept.attempt) == ("failed", "compile", 1)
@@ -244,8 +244,8 @@ def test_a_cell_that_raises_unexpectedly_is_stored_failed_and_the_sweep_goes_on(
     inv = parse_inventory(farm_net.inventory_text())
     spec = SweepSpec(("cpu-a", "cpu-b"), ("mlp", "convnet"), None, FAST)
     outcome = sweep_module.run_sweep(inv.tracker, inv.devices, spec, tmp_path / "r.db", tmp_path / "cache")
-    # the crashed cell is failed for good (step "farm": no retry helps): incomplete, and nothing to resume
-    assert outcome.status == "incomplete" and outcome.missing == []
+    # the crashed cell is failed for good (step "farm": no retry helps): settled, and nothing to resume
+    assert outcome.status == "finished with failures" and outcome.missing == []
     cells = {(r.device, r.model): r for r in run_rows(Store(tmp_path / "r.db")) if not r.is_reference}
     broken = cells.pop(("cpu-a", "convnet"))
     assert (broken.status, broken.failed_step) == ("failed", "farm") and "KeyError" in broken.reason
@@ -361,3 +361,107 @@ def test_a_crash_in_the_cpu_fallback_keeps_the_gpu_s_failed_run(farm_net, tmp_pa
     assert cell.result.status == "failed" and cell.result.failed_step != "farm"
     assert cell.fallback is not None and cell.fallback.result.reason == "unexpected KeyError: 'planted'"
     assert rows == sorted([("gpu", "failed", cell.result.failed_step), ("gpu@cpu", "failed", "farm")])
+
+
+def _save(proto, path):
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(proto, str(path))
+    return str(path)
+
+
+def test_two_different_models_stored_under_one_name_are_refused_before_any_work(inventory_file, farm_env, tmp_path):
+    """#61: a/model.onnx and b/model.onnx shared a cell: one was never measured and the sweep said done."""
+    from farm.models import build_convnet, build_mlp
+
+    a, b = _save(build_mlp(), tmp_path / "a" / "model.onnx"), _save(build_convnet(), tmp_path / "b" / "model.onnx")
+    proc = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", a, "--model", b,
+                    "--reference", "none", "--no-report", env=farm_env)
+    assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: models {a!r} and {b!r} are different models, both stored as 'model': one of them would never be "
+        "measured"]
+    assert not os.path.exists(farm_env["FARM_DB"]) or Store(farm_env["FARM_DB"]).sweep(None) is None  # nothing began
+
+
+def test_a_model_changed_since_the_sweep_started_is_stored_failed_and_the_sweep_settles(inventory_file, farm_env,
+                                                                                       tmp_path):
+    """#61: the spec records each model's identity; a resume finds the file re-exported and stores the cell failed
+    for good with the reason, so the sweep settles ("finished with failures", exit 1) and cron's --resume
+    --if-incomplete leaves it."""
+    from farm.models import build_convnet, build_mlp
+
+    model = _save(build_mlp(), tmp_path / "m.onnx")
+    args = ("--devices", str(inventory_file), "sweep", "--no-report", "--reference", "none")
+    first = run_farm(*args, "--device", "ghost", "--model", model, "--json", env=farm_env)  # offline: stored, resumable
+    sweep_id = json.loads(first.stdout)["sweep_id"]
+    assert first.returncode == 1 and json.loads(first.stdout)["status"] == "incomplete"
+    with Store(farm_env["FARM_DB"]) as store:
+        recorded = SweepSpec.from_json(store.sweep(sweep_id)["spec"]).model_digests
+    assert recorded == {model: load_model(model).identity_digest}
+    _save(build_convnet(), tmp_path / "m.onnx")  # re-exported between the night and its resume
+    resumed = run_farm(*args, "--resume", str(sweep_id), "--json", env=farm_env)
+    out = json.loads(resumed.stdout)
+    assert resumed.returncode == 1 and out["status"] == "finished with failures"
+    assert out["not_ok"] == {"failed": [["ghost", model]]}
+    assert resumed.stderr.splitlines()[-2].startswith(f"error: sweep {sweep_id} is finished with failures: 1 cell(s)")
+    (cell,) = [c for c in out["cells"] if c["status"] != "ok"]
+    assert cell["failed_step"] == "model" and cell["reason"].startswith(
+        f"model changed since the sweep started: {model} is ")
+    again = run_farm(*args, "--resume", "--if-incomplete", env=farm_env)
+    assert again.returncode == 0 and f"sweep {sweep_id} is finished with failures: nothing to resume" in again.stderr
+
+
+def test_a_lab_worker_measures_the_model_the_sweep_names_never_yesterday_s(tmp_path):
+    """#61: a worker kept every model it loaded, by name, for its life. Now it loads a model again when the sweep
+    names another identity, and refuses (with the reason) one that is not the sweep's, or does not load."""
+    from farm.models import build_convnet, build_mlp
+    from farm.records import TrackerAddress
+    from farm.sweep.lab import LabWorker
+
+    path = _save(build_mlp(), tmp_path / "m.onnx")
+    worker = LabWorker(str(tmp_path / "r.db"), {}, TrackerAddress("127.0.0.1", 1), tmp_path / "cache")
+    yesterday = SweepSpec(("d",), (path,), None, model_digests={path: load_model(path).identity_digest})
+    source, problem = worker.model_or_problem(yesterday, path)
+    assert problem == "" and source.identity_digest == yesterday.model_digests[path]
+    _save(build_convnet(), tmp_path / "m.onnx")
+    tonight = SweepSpec(("d",), (path,), None, model_digests={path: load_model(path).identity_digest})
+    source, problem = worker.model_or_problem(tonight, path)
+    assert problem == "" and source.identity_digest == tonight.model_digests[path]  # loaded again, not yesterday's
+    _, problem = worker.model_or_problem(yesterday, path)  # a resume of yesterday's sweep: not its model any more
+    assert problem.startswith(f"model changed since the sweep started: {path} is {tonight.model_digests[path][:12]}")
+    os.remove(path)
+    fresh = LabWorker(str(tmp_path / "r.db"), {}, TrackerAddress("127.0.0.1", 1), tmp_path / "cache")
+    stand_in, problem = fresh.model_or_problem(SweepSpec(("d",), (path,), None, stored_names={path: "m"}), path)
+    assert stand_in.name == "m" and problem == f"the model does not load on this host: model file {path} does not exist"
+
+
+def test_a_factory_model_is_identified_by_its_module_file_factory_and_shapes(tmp_path, monkeypatch):
+    """Its exported bytes change with torch's version and unseeded initializers; its identity does not."""
+    from farm.models.frameworks import factory_identity
+
+    module = tmp_path / "my_models.py"
+    module.write_text("def build():\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    imported = importlib.import_module("my_models")
+    one = factory_identity(imported, "build", {"x": (1, 3)})
+    assert one == factory_identity(imported, "build", {"x": (1, 3)})
+    assert len({one, factory_identity(imported, "build", {"x": (1, 4)}), factory_identity(imported, "other", {"x": (1, 3)})}) == 3
+    module.write_text("def build():\n    return 1\n")
+    assert factory_identity(imported, "build", {"x": (1, 3)}) != one
+
+
+def test_two_sweeps_on_one_sqlite_database_cannot_overlap(inventory_file, farm_env):
+    """#61: a night that overran and the next one measured the same devices at once."""
+    from farm.sweep.run import one_sweep_at_a_time
+
+    with one_sweep_at_a_time(farm_env["FARM_DB"]):
+        proc = run_farm("--devices", str(inventory_file), "sweep", "--device", "cpu-a", "--model", "mlp",
+                        "--reference", "none", "--no-report", env=farm_env)
+    assert proc.returncode == 1
+    error, hint = proc.stderr.splitlines()[-2:]
+    assert error.startswith(f"error: another farm sweep is running on {farm_env['FARM_DB']} (pid {os.getpid()}, since ")
+    assert hint.startswith("hint: wait for it to end")

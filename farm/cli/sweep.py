@@ -25,7 +25,9 @@ if TYPE_CHECKING:  # the sweep's and the nightly's modules are imported where th
     from farm.tune.config import TuneBudget
     from farm.sweep import SweepOutcome
 
-UNFINISHED = ("running", "incomplete")  # a sweep's status when it was killed, or a worker ended early
+# a sweep's status when it was killed, or a worker ended early, or a cell is left that a resume measures; a sweep
+# "finished with failures" (each failure for good) has nothing to resume (farm.sweep.run.sweep_status)
+UNFINISHED = ("running", "incomplete")
 
 DESCRIPTION = (
     "Compiles each artifact once (cached, with tuning records) while the devices measure, one\n"
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if outcome.not_ok:
         count = sum(len(cells) for cells in outcome.not_ok.values())
         redo = len(outcome.missing)
-        raise FarmError(f"sweep {outcome.sweep_id} is incomplete: {count} cell(s) not ok ({standing_text(outcome.not_ok)})",
+        raise FarmError(f"sweep {outcome.sweep_id} is {outcome.status}: {count} cell(s) not ok "
+                        f"({standing_text(outcome.not_ok)})",
                         (f"farm sweep --resume {outcome.sweep_id} measures the {redo} never measured, offline or with "
                          "retries left again" if redo else "no cell is left to measure again")
                         + ("; the failed ones stay as stored (farm results --json says why each failed)"

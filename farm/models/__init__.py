@@ -10,6 +10,8 @@ meaningful to check, unlike the constant-weight architectures the onnx package s
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +78,10 @@ def load_model_variant(spec: str, shapes: dict[str, tuple[int, ...]] | None = No
     """``NAME`` or ``NAME@VARIANT`` (int8 calibrated with min-max on generated inputs)."""
     base, variant = split_variant(spec)
     if base != spec:
-        return make_variant(load_model(base, shapes), variant)
+        model = load_model(base, shapes)
+        made = make_variant(model, variant)
+        identity = hashlib.sha256(f"{model.identity_digest}@{variant}".encode()).hexdigest()
+        return dataclasses.replace(made, identity=identity)  # its base's identity: the variant is made from it
     return load_model(spec, shapes)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,7 @@ def load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
         buffer = io.BytesIO()
         torch.export.save(program, buffer)
         data, name = buffer.getvalue(), factory_name
+        identity = factory_identity(importlib.import_module(module_name), factory_name, shapes)
     inputs = []
     user_inputs = set(program.graph_signature.user_inputs)
     for node in program.graph.nodes:
@@ -71,7 +73,18 @@ def load_torch(spec: str, shapes: dict[str, tuple[int, ...]]) -> ModelSource:
             value = node.meta["val"]
             inputs.append(InputSpec(node.name, tuple(int(d) for d in value.shape), str(value.dtype).removeprefix("torch.")))
     return ModelSource(name=name, origin=spec, digest=hashlib.sha256(data).hexdigest(), data=data,
-                       inputs=tuple(inputs), frontend="torch")
+                       inputs=tuple(inputs), frontend="torch", identity=identity if not spec.endswith(".pt2") else "")
+
+
+def factory_identity(module, factory_name: str, shapes: dict[str, tuple[int, ...]]) -> str:
+    """A ``module:factory`` model's identity (``ModelSource.identity``): the digest of its module's file, the
+    factory's name and its shapes. Its exported bytes are no identity: they change with torch's version and with
+    initializers that are not seeded, though the model is the same."""
+    source = getattr(module, "__file__", None)
+    code = Path(source).read_bytes() if source else module.__name__.encode()
+    blob = json.dumps({"module": hashlib.sha256(code).hexdigest(), "factory": factory_name,
+                       "shapes": {k: list(v) for k, v in sorted(shapes.items())}}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 TFLITE_HINT = "TFLite models need the tflite parser and LiteRT: pip install 'farm[tflite]'"

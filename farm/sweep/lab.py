@@ -33,7 +33,7 @@ from typing import Callable
 
 from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, compile_model, effective_target,
                           install_artifact, planned_key)
-from farm.errors import BuildError, FarmError, LeaseLost, StoreError
+from farm.errors import BuildError, FarmError, LeaseLost, ModelError, StoreError
 from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
                         build_queue, cell_lock, queue_of)
@@ -44,8 +44,8 @@ from farm.store.backends import RECONNECT_S, is_url, require_server
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
 from farm.sweep.leases import LeaseKeeper
 from farm.sweep.tuning import tuning_set
-from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, offline_cell, offline_keys, prepare,
-                            record_copy_curve, store_offline)
+from farm.sweep.run import (SweepOutcome, changed_models, finish, is_gpu, missing_cells, offline_cell, offline_keys,
+                            prepare, record_copy_curve, store_changed, store_offline)
 
 log = logging.getLogger(__name__)
 
@@ -207,12 +207,27 @@ class LabWorker:
         return contextlib.nullcontext(shared_store(self.db_url))
 
     def model(self, spec: SweepSpec, name: str) -> ModelSource:
+        """The cell model ``name``, loaded once per process while it is the model the sweep names
+        (``SweepSpec.model_digests``): one loaded for an earlier sweep is loaded again when the sweep names another
+        identity (#61: a model re-exported between nights was measured as the night before's)."""
         shapes = spec.shapes.get(split_variant(name)[0])
+        wanted = spec.model_digests.get(name)
         with self._lock:
             key = (name, repr(shapes))
-            if key not in self._models:
-                self._models[key] = load_model_variant(name, shapes)
-            return self._models[key]
+            cached = self._models.get(key)
+            if cached is None or (wanted is not None and cached.identity_digest != wanted):
+                cached = self._models[key] = load_model_variant(name, shapes)
+            return cached
+
+    def model_or_problem(self, spec: SweepSpec, name: str) -> tuple[ModelSource, str]:
+        """The cell model and why it cannot be measured ('' when it can): it does not load here, or it is not the
+        model the sweep started with. A stand-in carries its stored name where it does not load."""
+        try:
+            source = self.model(spec, name)
+        except ModelError as exc:
+            stand_in = ModelSource(spec.stored_names.get(name, name), name, spec.model_digests.get(name, ""), b"", ())
+            return stand_in, f"the model does not load on this host: {exc.message}"
+        return source, changed_models(spec, {name: source}).get(name, "")
 
     def device(self, name: str) -> Device:
         if name not in self.devices:
@@ -240,12 +255,22 @@ class LabWorker:
             spec, ctx = self.context(store, sweep_id)
             if self._attempts_unless_done(store, spec, sweep_id, device, model) is None:
                 return "done before"
-            target, source = self.device(device), self.model(spec, model)
+            target, (source, problem) = self.device(device), self.model_or_problem(spec, model)
             with self.leases.hold(store, target.name, self._holder(sweep_id, device, model), self._say(device, model)) \
                     as lease:
                 attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
                 if attempts is None:  # its earlier holder stored it meanwhile
                     return "done before"
+                if problem:  # stored failed for good: a resume does not repeat it, and the sweep settles
+                    if self.progress:
+                        self.progress(device, model, "model", problem)
+                    try:
+                        store_changed(store, target, source, ctx.config, sweep_id, problem,
+                                      spec.attempts_spent(attempts) + 1, lease)
+                    except LeaseLost as exc:
+                        log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
+                        return "lease lost"
+                    return "model refused"
                 if offline_keys(self.tracker, {target.key}):
                     if self.progress:
                         self.progress(device, model, "offline", f"no server for key {target.key!r}")

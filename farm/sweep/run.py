@@ -10,26 +10,32 @@ cells stored "offline" at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import logging
+import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from farm.compile import effective_target
 from farm.errors import FarmError, StoreError, TrackerError, message_line
 from farm.measure import measure_copy_curve
 from farm.models import load_model_variant
 from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, CellStanding, Device, Lease, ModelSource,
-                          StoredAttempt, SweepSpec, TrackerAddress, split_variant, target_kind)
+                          RunToStore, StoredAttempt, SweepSpec, TrackerAddress, split_variant, target_kind)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
+from farm.store.backends import is_url
 from farm.sweep.cell import CellContext, CellResult, Progress, bench_cell, compile_or_error, run_cell
 from farm.sweep.failures import unmeasured_result
 
 log = logging.getLogger(__name__)
+SWEEP_LOCK = ".sweep-lock"  # beside a SQLite database: one_sweep_at_a_time
 
 
 def is_gpu(device: Device) -> bool:
@@ -123,13 +129,50 @@ def store_offline(store: Store, device: Device, model: ModelSource, config: Benc
 
 
 def prepare(devices: dict[str, Device], spec: SweepSpec) -> tuple[SweepSpec, dict[str, ModelSource]]:
-    """The spec with each cell model's stored name (``SweepSpec.stored_names``), and the models by cell name; an
-    unknown device or model fails here, before any work (a sweep on one host or over lab hosts alike)."""
+    """The spec with each cell model's stored name (``SweepSpec.stored_names``) and, for a new sweep, its identity
+    (``SweepSpec.model_digests``), and the models by cell name; an unknown device or model, or two models that
+    would be stored under one name, fail here, before any work (a sweep on one host or over lab hosts alike)."""
     unknown = [d for d in spec.devices if d not in devices]
     if unknown:
         raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
     models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0])) for name in spec.cell_models()}
-    return dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()}), models
+    refuse_shared_names(models)
+    digests = spec.model_digests or {name: model.identity_digest for name, model in models.items()}
+    return dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()},
+                               model_digests=digests), models
+
+
+def refuse_shared_names(models: dict[str, ModelSource]) -> None:
+    """Two different models the store would keep under one name (``a/model.onnx`` and ``b/model.onnx``; ``x:build``
+    and ``y:build``) share a cell: one would never be measured, and the sweep would say done (#61)."""
+    named: dict[str, list[str]] = {}
+    for cell_name, model in models.items():
+        named.setdefault(model.name, []).append(cell_name)
+    for stored, cell_names in named.items():
+        if len({models[n].identity_digest for n in cell_names}) > 1:
+            raise FarmError(f"models {' and '.join(repr(n) for n in cell_names)} are different models, both stored as "
+                            f"{stored!r}: one of them would never be measured",
+                            "give the files (or factories) distinct names, or sweep them apart")
+
+
+def changed_models(spec: SweepSpec, models: dict[str, ModelSource]) -> dict[str, str]:
+    """The cell models whose identity is not the one the sweep started with, and why, in words ({} for a sweep
+    stored before identities were: nothing to compare)."""
+    return {name: f"model changed since the sweep started: {model.origin} is {model.identity_digest[:12]} now, "
+                  f"{spec.model_digests[name][:12]} when the sweep started"
+            for name, model in models.items()
+            if name in spec.model_digests and spec.model_digests[name] != model.identity_digest}
+
+
+def store_changed(store: Store, device: Device, model: ModelSource, config: BenchConfig, sweep_id: int,
+                  reason: str, attempt: int, lease: Lease | None = None) -> CellResult:
+    """A cell whose model is not the one its sweep started with, or does not load: stored failed for good at step
+    "model" (measuring again cannot help), so a resume does not repeat it and the sweep settles."""
+    result = unmeasured_result(device, model, config, "model", reason,
+                               "restore the model the sweep started with and resume, or start a new sweep",
+                               "not reached: the model")
+    run_id = store.record_cell(RunToStore(result, device, model, None, attempt), sweep_id=sweep_id, lease=lease)[0]
+    return CellResult(run_id, result, None)
 
 
 def run_sweep(
@@ -140,7 +183,7 @@ def run_sweep(
     A device with no server on the tracker when the sweep starts has its cells stored "offline" at once."""
     start = time.monotonic()
     spec, models = prepare(devices, spec)
-    with Store(db_path) as store:
+    with one_sweep_at_a_time(db_path), Store(db_path) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())
             done: dict = {}
@@ -152,6 +195,12 @@ def run_sweep(
         todo = missing_cells(spec, spec.by_cell(done))
         outcome = SweepOutcome(sweep_id, "running",
                                skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
+        changed = changed_models(spec, models)
+        for device_name, model_name in [cell for cell in todo if cell[1] in changed]:
+            attempt = spec.attempts_spent(done.get((device_name, spec.stored_names.get(model_name, model_name)), [])) + 1
+            outcome.cells.append(store_changed(store, devices[device_name], models[model_name], spec.config, sweep_id,
+                                               changed[model_name], attempt))
+        todo = [cell for cell in todo if cell[1] not in changed]
         offline = offline_keys(tracker, {devices[d].key for d, _ in todo})
         for device_name, model_name in [cell for cell in todo if devices[cell[0]].key in offline]:
             if progress:
@@ -182,12 +231,54 @@ def run_sweep(
     return outcome
 
 
+# A sweep's stored status once it ends (``sweep_status``): every cell ok; every cell ok or failed for good (nothing
+# left that a resume would measure: it has settled); or cells a resume measures again. The CLI exits 0 for DONE only.
+DONE, FINISHED_WITH_FAILURES, INCOMPLETE = "done", "finished with failures", "incomplete"
+
+
+def sweep_status(not_ok: dict[CellStanding, list[tuple[str, str]]]) -> str:
+    """The status of a sweep whose cells that are not ok stand as ``not_ok`` (#61: a sweep whose only failures were
+    for good stayed "incomplete", and cron's --resume --if-incomplete resumed it every night, measuring nothing)."""
+    if not not_ok:
+        return DONE
+    return INCOMPLETE if any(standing.redone for standing in not_ok) else FINISHED_WITH_FAILURES
+
+
+@contextlib.contextmanager
+def one_sweep_at_a_time(db_path: str | Path) -> Iterator[None]:
+    """Hold the sweep lock of a SQLite database (a file beside it, ``SWEEP_LOCK``) while a sweep on one host runs:
+    a night that overran and the next one would measure the same devices at once, each timing the other's load
+    (#61). The kernel drops the lock with its process, so a killed sweep leaves none behind. A lab's sweeps
+    (PostgreSQL) hold each device's lease instead."""
+    if is_url(str(db_path)):
+        yield
+        return
+    path = Path(f"{db_path}{SWEEP_LOCK}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            held.seek(0)
+            raise FarmError(f"another farm sweep is running on {db_path} ({held.read().strip() or 'its process'}): "
+                            "two sweeps at once would time each other's load",
+                            "wait for it to end (cron: run the next night after it), or give this one its own "
+                            "--db") from exc
+        held.truncate(0)
+        held.write(f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        held.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 def finish(store: Store, spec: SweepSpec, outcome: SweepOutcome) -> None:
-    """Store the sweep's status: "done" when every cell is ok, else "incomplete" (#50: a sweep with a cell stored
-    offline or failed said "done" and exited 0), with each cell that is not ok in ``outcome.not_ok`` by where it
-    stands (never measured, offline, failed with retries left: --resume measures them; failed for good)."""
+    """Store the sweep's status (``sweep_status``; #50: a sweep with a cell stored offline or failed said "done" and
+    exited 0), with each cell that is not ok in ``outcome.not_ok`` by where it stands (never measured, offline,
+    failed with retries left: --resume measures them; failed for good)."""
     outcome.not_ok = cells_not_ok(store, spec, outcome.sweep_id)
-    outcome.status = "incomplete" if outcome.not_ok else "done"
+    outcome.status = sweep_status(outcome.not_ok)
     store.finish_sweep(outcome.sweep_id, outcome.status)
 
 
