@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(PYTHON_312 is None, reason="needs Python 3.12 (t
 sys.path.insert(0, str(REPO / "tools"))
 try:
     import gpu_preflight
-    from gpu_kit import COMPILER, FILES_BACK, LIMIT_BYTES, _farm_wheel
+    from gpu_kit import COMPILER, FILES_BACK, LIMIT_BYTES
 finally:
     sys.path.remove(str(REPO / "tools"))
 

@@ -154,6 +154,8 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP INDEX sweeps_start_key")  # schema 21
+    db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
@@ -198,6 +200,8 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX sweeps_start_key")  # schema 21
+    db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
@@ -230,6 +234,8 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX sweeps_start_key")  # schema 21
+    db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
@@ -503,6 +509,8 @@ def test_a_run_s_profile_is_stored_with_it_and_a_schema_19_database_gets_the_tab
         plain = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX sweeps_start_key")  # schema 21
+    db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")
     db.execute("UPDATE meta SET value='19' WHERE key='schema_version'")
     db.close()
@@ -514,3 +522,29 @@ def test_a_run_s_profile_is_stored_with_it_and_a_schema_19_database_gets_the_tab
         assert store.profile(profiled) == profile and store.profile(plain) is None
         assert store.profiles([plain, profiled, missing])[missing].reason == "the device's server has no farm.KernelProfile"
         assert round(profile.kernel_sum_s, 9) == 0.003 and profile.kernels[0].gflops == 884736.0 / 0.003 / 1e9
+
+
+def test_a_write_run_again_after_its_commit_landed_stores_nothing_twice(db_location):
+    """#61: a write whose commit's acknowledgement was lost is run again by ``backends.retried`` (a reconnect): with
+    the token it made once, the retry finds what the first try stored. farm bench stored a second run, and a
+    retried start_sweep left an orphan sweep "running". Here the retry is played by the write's own inner call with
+    the same token, as ``retried`` makes it; two writes with their own tokens remain two."""
+    from farm.records import CopyCurve, CopyPoint, RunToStore
+
+    mlp = load_model("mlp")
+    run = RunToStore(_result(), DEVICE, mlp, None, 1)
+    reference = RunToStore(dataclasses.replace(_result(), runtime="onnxruntime"), DEVICE, mlp, None, 1)
+    curve = CopyCurve("cpu", "cpu", "cuda", "2026-11-28T00:00:00+00:00", (CopyPoint("d2h", 4096, 10, (1e-6, 2e-6)),))
+    with Store(db_location) as store:
+        first = store._record_cell(run, None, reference, None, None, "token-1")
+        stored = [store.count(table) for table in ("runs", "samples", "checks")]
+        assert store._record_cell(run, None, reference, None, None, "token-1") == first  # the retry
+        assert [store.count(table) for table in ("runs", "samples", "checks")] == stored and stored[0] == 2
+        sweep = store._start_sweep({"devices": ["cpu"]}, "token-2")
+        assert store._start_sweep({"devices": ["cpu"]}, "token-2") == sweep
+        assert store.count("sweeps") == 1
+        key = "write/token-3/cpu"
+        assert store._record_copy_curve(curve, None, None, key) == store._record_copy_curve(curve, None, None, key)
+        assert store.count("copy_curves") == 1
+        assert store.record_cell(run)[0] != store.record_cell(run)[0]  # two farm bench runs: two rows
+        assert store.start_sweep({}) != store.start_sweep({})

@@ -173,7 +173,7 @@ def judge(facts: Facts, kit: dict) -> list[Verdict]:
         version = facts.imports.get(module)
         verdicts.append(Verdict(module, version is not None, version or f"missing ({facts.import_errors.get(module)})",
                                 f"{module} does not import in {facts.executable}: {facts.import_errors.get(module)}",
-                                f"run with the Python that has numpy and onnxruntime (PYTHON=..., or VENV=...)"))
+                                "run with the Python that has numpy and onnxruntime (PYTHON=..., or VENV=...)"))
     torch = facts.imports.get("torch")
     verdicts.append(Verdict("torch", True, torch or "not installed (no kit model needs it)"))
     verdicts.append(_judge_driver(facts, kit))

@@ -18,6 +18,7 @@ to run twice: a sweep's run has its unique cell key (a commit whose acknowledgem
 from __future__ import annotations
 
 import functools
+import secrets
 import logging
 import os
 import re
@@ -92,6 +93,12 @@ def retried(method: Callable[..., T]) -> Callable[..., T]:
         return self._db.retrying(lambda: method(self, *args, **kwargs))
 
     return write
+
+
+def write_token() -> str:
+    """A token made once per write, before its first try: what a write run again by ``retried`` finds its rows by
+    when its first commit landed and only the acknowledgement was lost (schema 21, #61)."""
+    return secrets.token_hex(12)
 
 
 now = utc_now  # a timestamp as the database keeps it (records.utc_now: UTC, ISO 8601, to the second)

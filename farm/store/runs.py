@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from farm.records import (OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, KernelProfile, KernelTime, Lease,
                           ModelSource, RunToStore)
 from farm.stats import Summary, summarize_groups
-from farm.store.backends import Backend, now, retried
+from farm.store.backends import Backend, now, retried, write_token
 
 # the columns of ``summaries`` after its key: stats.Summary's fields, by name
 SUMMARY_COLUMNS = ", ".join(f.name for f in fields(Summary))
@@ -84,12 +84,14 @@ def run_filter(device: str | None, model: str | None, latest_only: bool, sweep_i
     return sql, params
 
 
-def cell_key(result: BenchResult, sweep_id: int | None, attempt: int) -> str | None:
-    """What makes a sweep's stored attempt unique (schema 16): its sweep, device, model, runtime and attempt. None
-    outside a sweep, and for a cell stored offline (``OFFLINE_ATTEMPT``: stored again at each resume while down)."""
+def cell_key(result: BenchResult, sweep_id: int | None, attempt: int, token: str) -> str:
+    """What makes a stored run unique: a sweep's measured attempt by its sweep, device, model, runtime and attempt
+    (schema 16); outside a sweep, and a cell stored offline (``OFFLINE_ATTEMPT``: stored again at each resume while
+    down), by the write's ``token`` (schema 21: made once per write, so a write run again stores nothing twice)."""
     if sweep_id is None or attempt == OFFLINE_ATTEMPT:
-        return None
+        return f"write/{token}/{result.device}/{result.runtime}"
     return f"{sweep_id}/{result.device}/{result.model}/{result.runtime}/{attempt}"
+
 
 
 class RunsMixin:
@@ -105,9 +107,14 @@ class RunsMixin:
         already stored when this sweep's cell has this attempt stored (``cell_key``), which then stores nothing."""
         return self.record_cell(RunToStore(result, device, model, artifact, attempt), sweep_id=sweep_id)[0]
 
-    @retried
     def record_cell(self, run: RunToStore, fallback: RunToStore | None = None, reference: RunToStore | None = None,
                     sweep_id: int | None = None, lease: Lease | None = None) -> tuple[int, int | None, int | None]:
+        """``_record_cell`` under one write token, whatever the retries (``write_token``)."""
+        return self._record_cell(run, fallback, reference, sweep_id, lease, write_token())
+
+    @retried
+    def _record_cell(self, run: RunToStore, fallback: RunToStore | None, reference: RunToStore | None,
+                     sweep_id: int | None, lease: Lease | None, token: str) -> tuple[int, int | None, int | None]:
         """Store a cell's attempt whole, in one transaction: TVM's run, the run on the device's CPU that stands in
         for it (``fallback``: its ``fallback_of`` is set to the run's id) and the model in its reference runtime,
         each with its samples, copies and check (#50: a job killed between two commits left a cell without its
@@ -117,12 +124,13 @@ class RunsMixin:
         with self._db.transaction() as db:
             if lease is not None:
                 self._check_lease(db, lease)  # type: ignore[attr-defined]  # LeasesMixin's, on the same Store
-            run_id = self._insert_run(db, run, sweep_id, None)
-            fallback_id = None if fallback is None else self._insert_run(db, fallback, sweep_id, run_id)
-            reference_id = None if reference is None else self._insert_run(db, reference, sweep_id, None)
+            run_id = self._insert_run(db, run, sweep_id, None, token)
+            fallback_id = None if fallback is None else self._insert_run(db, fallback, sweep_id, run_id, token)
+            reference_id = None if reference is None else self._insert_run(db, reference, sweep_id, None, token)
         return run_id, fallback_id, reference_id
 
-    def _insert_run(self, db: Backend, run: RunToStore, sweep_id: int | None, fallback_of: int | None) -> int:
+    def _insert_run(self, db: Backend, run: RunToStore, sweep_id: int | None, fallback_of: int | None,
+                    token: str) -> int:
         """One run with its device, model, artifact, samples, summaries, copies and check, inside a write."""
         result, device, model, artifact, attempt = run.result, run.device, run.model, run.artifact, run.attempt
         if fallback_of is not None:
@@ -154,7 +162,7 @@ class RunsMixin:
                  artifact.params_bytes, artifact.planned_host_bytes, artifact.planned_device_bytes,
                  artifact.planned_dynamic))
         config = result.config
-        key = cell_key(result, sweep_id, attempt)
+        key = cell_key(result, sweep_id, attempt, token)
         inserted = db.execute(
             """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
@@ -203,13 +211,17 @@ class RunsMixin:
                         profile.kernel_sum_s, json.dumps(profile.by_class()), pack_kernels(profile.kernels)))
         return run_id
 
-    @retried
     def record_copy_curve(self, curve: CopyCurve, sweep_id: int | None = None, attempt: int = 1,
                           lease: Lease | None = None) -> int:
         """Store one copy curve with every raw sample, atomically (with a ``lease``: only while it is the holder's).
         Returns its id: in a sweep, of the curve already stored as this device's ``attempt`` (schema 19's
-        ``curve_key``: a curve job delivered again), which then stores nothing."""
-        key = None if sweep_id is None else f"{sweep_id}/{curve.device}/{attempt}"
+        ``curve_key``: a curve job delivered again), which then stores nothing; outside one, of the curve this
+        write stored before a retry (schema 21: its token)."""
+        key = f"write/{write_token()}/{curve.device}" if sweep_id is None else f"{sweep_id}/{curve.device}/{attempt}"
+        return self._record_copy_curve(curve, sweep_id, lease, key)
+
+    @retried
+    def _record_copy_curve(self, curve: CopyCurve, sweep_id: int | None, lease: Lease | None, key: str) -> int:
         with self._db.transaction() as db:
             if lease is not None:
                 self._check_lease(db, lease)  # type: ignore[attr-defined]

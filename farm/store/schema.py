@@ -52,13 +52,18 @@ SCHEMA_VERSION history:
      of many runs, the kernels as one JSON array of rows (``store.runs.PROFILE_FIELDS``), zlib-compressed (a 60-kernel
      profile in ~2 KB), read only for the runs asked for, so no read of runs, summaries or samples touches it;
      status 'not available' keeps the reason
+ 21  writes whose acknowledgement was lost (#61): sweeps.start_key, unique, a token made once per ``start_sweep``
+     call; and runs.cell_key (schema 16) and copy_curves.curve_key (19) now also for runs and curves outside a sweep
+     and for offline cells: 'write/TOKEN/DEVICE/RUNTIME', a token made once per write. A write run again after a
+     reconnect (``backends.retried``) whose first commit had landed finds its rows, and stores nothing twice: a
+     retried farm bench no longer stored a second run, nor a retried start_sweep an orphan sweep "running"
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -254,6 +259,10 @@ MIGRATIONS: dict[int, str] = {
         run_id INTEGER PRIMARY KEY, status TEXT NOT NULL, reason TEXT NOT NULL, clock TEXT NOT NULL,
         runs INTEGER NOT NULL, main_s REAL NOT NULL, kernel_sum_s REAL NOT NULL, by_class TEXT NOT NULL,
         kernels BLOB NOT NULL);
+    """,
+    21: """
+    ALTER TABLE sweeps ADD COLUMN start_key TEXT;
+    CREATE UNIQUE INDEX sweeps_start_key ON sweeps (start_key);
     """,
 }
 

@@ -7,7 +7,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from farm.records import Alert, StoredAttempt
-from farm.store.backends import Backend, now, retried
+from farm.store.backends import Backend, now, retried, write_token
 
 
 class SweepsMixin:
@@ -15,11 +15,19 @@ class SweepsMixin:
 
     _db: Backend
 
-    @retried
     def start_sweep(self, spec: dict[str, Any]) -> int:
+        """A new sweep "running" with ``spec``; its id. Under one write token (schema 21), so a retry whose first
+        commit landed finds that sweep instead of leaving it an orphan "running" beside a second one (#61)."""
+        return self._start_sweep(spec, write_token())
+
+    @retried
+    def _start_sweep(self, spec: dict[str, Any], token: str) -> int:
         with self._db.transaction() as db:
-            return db.insert_id("INSERT INTO sweeps (started_at, status, spec) VALUES (?, 'running', ?)",
-                                (now(), json.dumps(spec)))
+            inserted = db.execute("INSERT INTO sweeps (started_at, status, spec, start_key) VALUES (?, 'running', ?, ?) "
+                                  "ON CONFLICT DO NOTHING RETURNING id", (now(), json.dumps(spec), token)).fetchall()
+            if inserted:
+                return int(inserted[0][0])
+            return int(db.execute("SELECT id FROM sweeps WHERE start_key = ?", (token,)).fetchone()[0])
 
     @retried
     def finish_sweep(self, sweep_id: int, status: str) -> None:
