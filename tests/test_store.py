@@ -548,3 +548,25 @@ def test_a_write_run_again_after_its_commit_landed_stores_nothing_twice(db_locat
         assert store.count("copy_curves") == 1
         assert store.record_cell(run)[0] != store.record_cell(run)[0]  # two farm bench runs: two rows
         assert store.start_sweep({}) != store.start_sweep({})
+
+
+def test_an_offline_cell_is_stored_only_by_its_device_s_lease_holder(db_location):
+    """#61: a lab cell's "offline" row was stored without its lease: a worker that lost the device to another
+    holder still wrote it. Now it is refused like any result measured under a lost lease."""
+    import time
+
+    from farm.errors import LeaseLost
+    from farm.sweep.run import store_offline
+
+    mlp = load_model("mlp")
+    with Store(db_location) as store:
+        sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+        lapsed = store.take_lease("cpu", "worker-a", 0.5)
+        time.sleep(1.0)
+        taken = store.take_lease("cpu", "worker-b", 30.0)
+        assert lapsed is not None and taken is not None
+        with pytest.raises(LeaseLost):
+            store_offline(store, DEVICE, mlp, BenchConfig(), sweep, "no server", "bring it up", lapsed)
+        assert store.count("runs") == 0
+        store_offline(store, DEVICE, mlp, BenchConfig(), sweep, "no server", "bring it up", taken)
+        assert store.sweep_attempts(sweep) == {("cpu", "mlp"): [StoredAttempt(0, "failed", "offline")]}

@@ -271,12 +271,16 @@ class LabWorker:
                         log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
                         return "lease lost"
                     return "model refused"
+                ctx = dataclasses.replace(ctx, lease=lease)
                 if offline_keys(self.tracker, {target.key}):
                     if self.progress:
                         self.progress(device, model, "offline", f"no server for key {target.key!r}")
-                    offline_cell(ctx, store, target, source)
+                    try:
+                        offline_cell(ctx, store, target, source)
+                    except LeaseLost as exc:
+                        log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
+                        return "lease lost"
                     return "offline"
-                ctx = dataclasses.replace(ctx, lease=lease)
                 if lease.taken_over:  # its earlier holder may still hold the RPC session: the server ends it by then
                     ctx = dataclasses.replace(ctx, config=dataclasses.replace(
                         ctx.config, timeout_s=ctx.config.timeout_s + target.session_timeout_s))

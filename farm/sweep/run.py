@@ -114,18 +114,21 @@ def offline_keys(tracker: TrackerAddress, keys: set[str]) -> set[str]:
 
 def offline_cell(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> CellResult:
     """A cell of a device with no server on the tracker: stored failed at step "offline" at once, as attempt 0
-    (``OFFLINE_ATTEMPT``: it spends none of the cell's retries, and ``farm sweep --resume`` measures it)."""
+    (``OFFLINE_ATTEMPT``: it spends none of the cell's retries, and ``farm sweep --resume`` measures it); under
+    ``ctx.lease`` where a lab's cell holds one (#61: it was stored without)."""
     return store_offline(store, device, model, ctx.config, ctx.sweep_id,
                          f"no server with key {device.key!r} is registered with the tracker at {ctx.tracker}",
-                         f"bring it up (farm serve --device {device.name}), then farm sweep --resume {ctx.sweep_id}")
+                         f"bring it up (farm serve --device {device.name}), then farm sweep --resume {ctx.sweep_id}",
+                         ctx.lease)
 
 
 def store_offline(store: Store, device: Device, model: ModelSource, config: BenchConfig, sweep_id: int | None,
-                  reason: str, hint: str) -> CellResult:
+                  reason: str, hint: str, lease: Lease | None = None) -> CellResult:
     """A cell that could not be reached, stored failed at step "offline" with ``reason`` and ``hint``, as attempt 0
     (``OFFLINE_ATTEMPT``): a device with no server, or a lab host with no worker (``sweep.lab``)."""
     result = unmeasured_result(device, model, config, "offline", reason, hint, "not reached: device offline")
-    return CellResult(store.record_result(result, device, model, None, sweep_id, OFFLINE_ATTEMPT), result, None)
+    run_id = store.record_cell(RunToStore(result, device, model, None, OFFLINE_ATTEMPT), sweep_id=sweep_id, lease=lease)[0]
+    return CellResult(run_id, result, None)
 
 
 def prepare(devices: dict[str, Device], spec: SweepSpec) -> tuple[SweepSpec, dict[str, ModelSource]]:
