@@ -61,6 +61,12 @@ RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed wo
 # STALLED_S, as procrastinate's own prune at a worker's start: a worker that only froze for a minute would wake to a
 # fetch naming a worker id that no longer exists (procrastinate_jobs.worker_id's foreign key)
 PRUNE_S = 300.0
+# a job whose worker died under it this many times is poison (a model whose import, compile or runtime kills its process,
+# or runs the host out of memory): not put back again, but ended failed, its handler told (``LabQueue.serve``'s
+# ``poisoned``: a cell is stored failed for good). procrastinate counts a job's deliveries in its ``attempts`` (one
+# more at each retry); 3: a worker killed once by the host (an OOM kill of a neighbour's making, a reboot) still
+# gets its cell measured, and a poison job costs at most 3 worker restarts, not one every STALL_CHECK_S forever
+MAX_DELIVERIES = 3
 HOST_WAIT_S = 600.0  # a lab host that took none of a sweep's waiting jobs this long is gone (farm sweep --host-wait)
 INSTALL_LOCK = 0x66726D71  # "frmq": one process installs the queue's tables on a new database
 ACTIVE = ("todo", "doing")
@@ -494,10 +500,12 @@ class LabQueue:
     # -- a worker -----------------------------------------------------------------------
 
     def serve(self, queues: list[str], handlers: dict[str, Callable[..., Any]], slots: int, name: str,
-              wait: bool = True) -> None:
+              wait: bool = True, poisoned: Callable[[str, dict[str, Any], int], None] | None = None) -> None:
         """Run a worker for ``queues`` (a lab host's ``queue_of``, or devices' ``build_queue``) until SIGINT/SIGTERM
         (or, with ``wait`` False, until they are empty): ``slots`` jobs at once, each in a thread, each through
-        ``handlers[task]``; and every ``STALL_CHECK_S`` their stalled jobs put back in the queue."""
+        ``handlers[task]``; and every ``STALL_CHECK_S`` their stalled jobs put back in the queue, unless their
+        worker died under them ``MAX_DELIVERIES`` times: then ended failed, after ``poisoned(task, args,
+        deliveries)`` (in a thread) stored what the job's end means."""
         import asyncio  # here, not at import: every command's parser reads this module's constants
         from concurrent.futures import ThreadPoolExecutor
 
@@ -509,7 +517,7 @@ class LabQueue:
             asyncio.get_running_loop().set_default_executor(
                 ThreadPoolExecutor(max_workers=slots, thread_name_prefix="farm-job"))
             async with self.app.open_async():
-                stalled = asyncio.create_task(self._retry_stalled(set(queues)))
+                stalled = asyncio.create_task(self._retry_stalled(set(queues), poisoned))
                 try:
                     await self.app.run_worker_async(
                         queues=queues, concurrency=slots, name=name, wait=wait, listen_notify=False,
@@ -565,8 +573,10 @@ class LabQueue:
         for name in self.WORKER_CALLS:
             setattr(manager, name, patient(name, getattr(manager, name)))
 
-    async def _retry_stalled(self, queues: set[str]) -> None:
-        """Put back in their queue the jobs of ``queues`` whose worker stopped beating (killed, or host rebooted)."""
+    async def _retry_stalled(self, queues: set[str],
+                             poisoned: Callable[[str, dict[str, Any], int], None] | None = None) -> None:
+        """Put back in their queue the jobs of ``queues`` whose worker stopped beating (killed, or host rebooted);
+        end failed those whose worker died under them ``MAX_DELIVERIES`` times (``serve``)."""
         import asyncio
 
         manager = self.app.job_manager
@@ -577,11 +587,21 @@ class LabQueue:
                 for job in await manager.get_stalled_jobs(queue=one, seconds_since_heartbeat=STALLED_S):
                     if job.queue not in queues:
                         continue
-                    log.warning("job %s (%s %s) stalled on a silent worker: queued again", job.id, job.task_name,
-                                job.task_kwargs)
-                    await manager.retry_job(job)
+                    deliveries = job.attempts + 1  # procrastinate's attempts: one more at each retry
+                    if deliveries < MAX_DELIVERIES:
+                        log.warning("job %s (%s %s) stalled on a silent worker: queued again", job.id, job.task_name,
+                                    job.task_kwargs)
+                        await manager.retry_job(job)
+                        continue
+                    log.error("job %s (%s %s): its worker died %d times under it: ended failed, not queued again",
+                              job.id, job.task_name, job.task_kwargs, deliveries)
+                    if poisoned is not None:
+                        await asyncio.to_thread(poisoned, job.task_name, dict(job.task_kwargs), deliveries)
+                    await manager.finish_job(job, status=self._procrastinate.jobs.Status.FAILED, delete_job=False)
             except self._procrastinate.exceptions.ConnectorException as exc:
                 log.warning("could not look for stalled jobs: %s", message_line(exc))
+            except Exception:  # noqa: BLE001  # a handler's failure: the job stays stalled, looked at again next time
+                log.exception("could not end a poison job")
 
 
 def _redact(url: str) -> str:

@@ -452,3 +452,66 @@ def test_a_worker_against_an_unreachable_database_says_so_and_never_that_it_star
     lines = proc.stderr.strip().splitlines()
     assert lines[-2].startswith(f"error: cannot connect to the lab's queue at {url}: ") and lines[-1].startswith(
         "hint: check that the PostgreSQL server runs"), proc.stderr
+
+
+POISON_MODEL = '''"""A model whose import kills the process that imports it on a lab host (a farm worker): a poison job."""
+import os
+import signal
+import sys
+
+if "worker" in sys.argv:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def build():
+    import torch
+
+    return torch.nn.Linear(4, 2)
+'''
+
+
+def test_a_model_that_kills_its_worker_is_stored_failed_after_max_deliveries_not_redelivered_forever(workers, tmp_path):
+    """#61: a cell whose model kills the worker that loads it was put back every STALLED_S, forever, each time taking
+    a worker down. After MAX_DELIVERIES, the worker that finds it stalled ends its job failed and stores the cell
+    failed for good, saying why; the sweep settles. A worker is started after each death, as a lab's service
+    manager does."""
+    from farm.queue import MAX_DELIVERIES
+
+    (tmp_path / "poison_model.py").write_text(POISON_MODEL)
+    sweep_file = tmp_path / "sweep.toml"
+    sweep_file.write_text('devices = ["dev0"]\nmodels = ["poison_model:build"]\nreference = "none"\n\n'
+                          '[shapes."poison_model:build"]\ninput = [1, 4]\n')
+    env = {**workers.env, "PYTHONPATH": str(tmp_path)}
+    workers.env = env
+    workers.start("--slots", "1")
+    queued = run_farm("sweep", "--file", str(sweep_file), "--tvm-only", "--no-report", "--detach", "--json", env=env)
+    assert queued.returncode == 0, queued.stderr[-3000:]
+    sweep_id = json.loads(queued.stdout)["sweep_id"]
+    # the bound only ends a failing test: each death is seen once its worker is silent for STALLED_S
+    for death in range(MAX_DELIVERIES):
+        _wait_for(lambda: workers.procs[-1].poll() is not None, 300, f"delivery {death + 1} did not kill its worker")
+        assert workers.procs[-1].returncode == -signal.SIGKILL
+        workers.start("--slots", "1")
+    _wait_for(lambda: [r["status"] for r in _runs(env, sweep_id)] == ["failed"], RETRY_WITHIN_S + 120,
+              "the poison cell was not stored failed")
+    assert workers.procs[-1].poll() is None  # the worker that ended it lives
+    followed = run_farm("sweep", "--resume", str(sweep_id), "--no-report", "--json", env=env, timeout=300)
+    out = json.loads(followed.stdout)
+    assert followed.returncode == 1 and out["status"] == "finished with failures", followed.stderr[-3000:]
+    from farm.store import Store
+
+    with Store(env["FARM_DB"]) as store:
+        (run,) = store.runs(sweep_id=sweep_id)
+    assert (run["failed_step"], run["reason"]) == (
+        "worker died", f"the worker died {MAX_DELIVERIES} times measuring it: its process ended (a crash, or the host "
+                       "out of memory) in the model's import, its compile or its runtime")
+    assert _job_status(env["FARM_DB"], _cell_job(env["FARM_DB"])) == "failed"
+    assert f"its worker died {MAX_DELIVERIES} times under it: ended failed" in workers.log(len(workers.procs) - 1)
+
+
+def _cell_job(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        return db.execute("SELECT id FROM procrastinate_jobs WHERE task_name = 'farm.cell' ORDER BY id DESC LIMIT 1"
+                          ).fetchone()[0]

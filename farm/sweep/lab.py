@@ -37,11 +37,12 @@ from farm.errors import BuildError, FarmError, LeaseLost, ModelError, StoreError
 from farm.models import load_model_variant
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
                         build_queue, cell_lock, queue_of)
-from farm.records import (Artifact, Device, ModelSource, StoredAttempt, SweepBuild, SweepSpec, TrackerAddress,
-                          split_variant)
+from farm.records import (Artifact, Device, ModelSource, RunToStore, StoredAttempt, SweepBuild, SweepSpec,
+                          TrackerAddress, split_variant)
 from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, is_url, require_server
 from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
+from farm.sweep.failures import unmeasured_result
 from farm.sweep.leases import LeaseKeeper
 from farm.sweep.tuning import tuning_set
 from farm.sweep.run import (SweepOutcome, changed_models, finish, is_gpu, missing_cells, offline_cell, offline_keys,
@@ -292,6 +293,33 @@ class LabWorker:
                     return "lease lost"
                 return cell.result.status
 
+    def poisoned(self, task: str, args: dict, deliveries: int) -> None:
+        """A job whose worker died under it ``deliveries`` times (``queue.MAX_DELIVERIES``), ended failed: a cell is
+        stored failed for good with why, under its device's lease (its last holder died: the lease is taken over
+        once it lapsed), unless it was stored meanwhile; a copy curve, a tuning job or a build ends with its job (a
+        build's cell compiles on its own host, and is bounded in turn)."""
+        if task != CELL:
+            log.error("%s %s: its worker died %d times under it: not run again", task, args, deliveries)
+            return
+        sweep_id, device, model = args["sweep_id"], args["device"], args["model"]
+        with self.store() as store:
+            spec, ctx = self.context(store, sweep_id)
+            target = self.device(device)
+            stand_in = ModelSource(spec.stored_names.get(model, model), model, spec.model_digests.get(model, ""), b"", ())
+            with self.leases.hold(store, target.name, self._holder(sweep_id, device, model), self._say(device, model)) \
+                    as lease:
+                attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
+                if attempts is None:
+                    return
+                result = unmeasured_result(target, stand_in, ctx.config, "worker died",
+                                           f"the worker died {deliveries} times measuring it: its process ended (a "
+                                           "crash, or the host out of memory) in the model's import, its compile or "
+                                           "its runtime",
+                                           "see the lab host's log (dmesg for an OOM kill); the cell is not measured "
+                                           "again, so the sweep can end", "not reached: the worker died")
+                store.record_cell(RunToStore(result, target, stand_in, None, spec.attempts_spent(attempts) + 1),
+                                  sweep_id=sweep_id, lease=lease)
+
     def _holder(self, sweep_id: int, device: str, model: str) -> str:
         return f"{self.name or 'a worker'}/{threading.current_thread().name} (sweep {sweep_id}: {device} × {model})"
 
@@ -427,7 +455,7 @@ def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, na
     handlers: dict[str, Callable[..., str]] = {CELL: worker.cell, CURVE: worker.curve}
     if tuning is not None:
         handlers[TUNE] = tuning
-    LabQueue(db_url).serve([queue_of(lab_host)], handlers, slots, name, wait)
+    LabQueue(db_url).serve([queue_of(lab_host)], handlers, slots, name, wait, poisoned=worker.poisoned)
 
 
 def buildable(devices: dict[str, Device]) -> tuple[list[str], dict[str, str]]:
@@ -447,4 +475,5 @@ def buildable(devices: dict[str, Device]) -> tuple[list[str], dict[str, str]]:
 def serve_builds(db_url: str, worker: LabWorker, names: list[str], name: str, wait: bool = True) -> None:
     """Run ``farm worker --builds``: the build jobs of the devices ``names`` (their build queues), one at a time
     (TVM's compiler: one build per process; start more workers for more)."""
-    LabQueue(db_url).serve([build_queue(device) for device in names], {BUILD: worker.build}, 1, name, wait)
+    LabQueue(db_url).serve([build_queue(device) for device in names], {BUILD: worker.build}, 1, name, wait,
+                           poisoned=worker.poisoned)
