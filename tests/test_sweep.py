@@ -413,6 +413,23 @@ def test_a_model_changed_since_the_sweep_started_is_stored_failed_and_the_sweep_
     assert again.returncode == 0 and f"sweep {sweep_id} is finished with failures: nothing to resume" in again.stderr
 
 
+def test_a_resumed_sweep_whose_model_no_longer_loads_stores_it_failed_and_settles(inventory_file, farm_env, tmp_path):
+    """A resume stopped at the first model that did not load, every night: now that cell is stored failed for good
+    with the loader's reason, and the resume goes on."""
+    from farm.models import build_mlp
+
+    model = _save(build_mlp(), tmp_path / "gone.onnx")
+    args = ("--devices", str(inventory_file), "sweep", "--no-report", "--reference", "none", "--json")
+    first = run_farm(*args, "--device", "ghost", "--model", model, env=farm_env)
+    sweep_id = json.loads(first.stdout)["sweep_id"]
+    os.remove(model)
+    resumed = run_farm(*args, "--resume", str(sweep_id), env=farm_env)
+    out = json.loads(resumed.stdout)
+    assert resumed.returncode == 1 and out["status"] == "finished with failures", resumed.stderr[-2000:]
+    (cell,) = out["cells"]
+    assert (cell["failed_step"], cell["reason"]) == ("model", f"the model does not load: model file {model} does not exist")
+
+
 def test_a_lab_worker_measures_the_model_the_sweep_names_never_yesterday_s(tmp_path):
     """#61: a worker kept every model it loaded, by name, for its life. Now it loads a model again when the sweep
     names another identity, and refuses (with the reason) one that is not the sweep's, or does not load."""

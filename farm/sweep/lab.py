@@ -46,7 +46,7 @@ from farm.sweep.failures import unmeasured_result
 from farm.sweep.leases import LeaseKeeper
 from farm.sweep.tuning import tuning_set
 from farm.sweep.run import (SweepOutcome, changed_models, finish, is_gpu, missing_cells, offline_cell, offline_keys,
-                            prepare, record_copy_curve, store_changed, store_offline)
+                            prepare, record_copy_curve, stand_in_model, store_changed, store_offline)
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def enqueue_sweep(db_url: str, devices: dict[str, Device], spec: SweepSpec,
                   sweep_id: int | None = None) -> tuple[int, SweepSpec]:
     """Store the sweep (or take ``sweep_id``'s: a resume) and defer its missing cells, then its GPU devices' copy
     curves. Returns the sweep's id and its spec as stored (``run.prepare``: the models' stored names)."""
-    spec, _ = prepare(devices, spec)
+    spec, _, _ = prepare(devices, spec)  # a resumed sweep's changed models: each cell's worker stores why
     require_server(db_url, "a sweep over lab hosts")
     lab = LabQueue(db_url)
     with Store(db_url, wait_s=RECONNECT_S) as store:
@@ -175,7 +175,10 @@ def host_gone(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id
         for args in cells:
             name = args["model"]
             if name not in models:
-                models[name] = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+                try:
+                    models[name] = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+                except ModelError:  # what is stored of it needs its name only
+                    models[name] = stand_in_model(spec, name)
             store_offline(store, devices[args["device"]], models[name], spec.config, sweep_id,
                           f"lab host {lab_host} did not take its jobs for {waited_s / 60:g} min: no farm worker runs "
                           "there, or every one stopped",
@@ -226,8 +229,7 @@ class LabWorker:
         try:
             source = self.model(spec, name)
         except ModelError as exc:
-            stand_in = ModelSource(spec.stored_names.get(name, name), name, spec.model_digests.get(name, ""), b"", ())
-            return stand_in, f"the model does not load on this host: {exc.message}"
+            return stand_in_model(spec, name), f"the model does not load on this host: {exc.message}"
         return source, changed_models(spec, {name: source}).get(name, "")
 
     def device(self, name: str) -> Device:
@@ -305,7 +307,7 @@ class LabWorker:
         with self.store() as store:
             spec, ctx = self.context(store, sweep_id)
             target = self.device(device)
-            stand_in = ModelSource(spec.stored_names.get(model, model), model, spec.model_digests.get(model, ""), b"", ())
+            stand_in = stand_in_model(spec, model)
             with self.leases.hold(store, target.name, self._holder(sweep_id, device, model), self._say(device, model)) \
                     as lease:
                 attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)

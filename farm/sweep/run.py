@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from farm.compile import effective_target
-from farm.errors import FarmError, StoreError, TrackerError, message_line
+from farm.errors import FarmError, ModelError, StoreError, TrackerError, message_line
 from farm.measure import measure_copy_curve
 from farm.models import load_model_variant
 from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, CellStanding, Device, Lease, ModelSource,
@@ -131,18 +131,34 @@ def store_offline(store: Store, device: Device, model: ModelSource, config: Benc
     return CellResult(run_id, result, None)
 
 
-def prepare(devices: dict[str, Device], spec: SweepSpec) -> tuple[SweepSpec, dict[str, ModelSource]]:
+def prepare(devices: dict[str, Device], spec: SweepSpec) -> tuple[SweepSpec, dict[str, ModelSource], dict[str, str]]:
     """The spec with each cell model's stored name (``SweepSpec.stored_names``) and, for a new sweep, its identity
-    (``SweepSpec.model_digests``), and the models by cell name; an unknown device or model, or two models that
-    would be stored under one name, fail here, before any work (a sweep on one host or over lab hosts alike)."""
+    (``SweepSpec.model_digests``); the models by cell name; and why a resumed sweep's models cannot be measured
+    (``changed_models``, or one that no longer loads: a stand-in then carries its stored name). An unknown device, a
+    new sweep's model that does not load, or two models that would be stored under one name fail here, before any
+    work (a sweep on one host or over lab hosts alike)."""
     unknown = [d for d in spec.devices if d not in devices]
     if unknown:
         raise FarmError(f"sweep names unknown device(s): {', '.join(unknown)}", "see farm devices")
-    models = {name: load_model_variant(name, spec.shapes.get(split_variant(name)[0])) for name in spec.cell_models()}
+    models, unloadable = {}, {}
+    for name in spec.cell_models():
+        try:
+            models[name] = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+        except ModelError as exc:
+            if not spec.model_digests:  # a new sweep: bad input, said before anything is stored
+                raise
+            models[name], unloadable[name] = stand_in_model(spec, name), f"the model does not load: {exc.message}"
     refuse_shared_names(models)
     digests = spec.model_digests or {name: model.identity_digest for name, model in models.items()}
-    return dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()},
-                               model_digests=digests), models
+    spec = dataclasses.replace(spec, stored_names={name: model.name for name, model in models.items()},
+                               model_digests=digests)
+    return spec, models, {**changed_models(spec, {n: m for n, m in models.items() if n not in unloadable}), **unloadable}
+
+
+def stand_in_model(spec: SweepSpec, name: str) -> ModelSource:
+    """What stands for a cell's model that cannot be loaded, in what is stored of it: its stored name and the
+    identity its sweep recorded (no bytes)."""
+    return ModelSource(spec.stored_names.get(name, name), name, spec.model_digests.get(name, ""), b"", ())
 
 
 def refuse_shared_names(models: dict[str, ModelSource]) -> None:
@@ -185,7 +201,7 @@ def run_sweep(
     """Run (or, with ``sweep_id``, resume) a sweep: one worker per device, compile pipelined with measurement.
     A device with no server on the tracker when the sweep starts has its cells stored "offline" at once."""
     start = time.monotonic()
-    spec, models = prepare(devices, spec)
+    spec, models, changed = prepare(devices, spec)
     with one_sweep_at_a_time(db_path), Store(db_path) as store:
         if sweep_id is None:
             sweep_id = store.start_sweep(spec.to_json())
@@ -198,7 +214,6 @@ def run_sweep(
         todo = missing_cells(spec, spec.by_cell(done))
         outcome = SweepOutcome(sweep_id, "running",
                                skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
-        changed = changed_models(spec, models)
         for device_name, model_name in [cell for cell in todo if cell[1] in changed]:
             attempt = spec.attempts_spent(done.get((device_name, spec.stored_names.get(model_name, model_name)), [])) + 1
             outcome.cells.append(store_changed(store, devices[device_name], models[model_name], spec.config, sweep_id,
