@@ -143,3 +143,28 @@ def test_bench_kernels_times_each_call_of_main_on_the_threads_it_set(tmp_path):
                 (line.split() for line in theirs.split("\nits ", 1)[0].splitlines()[2:])}
     assert op_types and all(nodes >= 1 and micros > 0 for nodes, micros in op_types.values()), theirs
     assert {"MatMul", "Gemm", "FusedMatMul"} & set(op_types), theirs
+
+
+def test_a_compile_apart_that_kills_its_process_is_a_build_error_and_the_next_compile_runs(tmp_path):
+    """#61: a compile whose crash (here the linker kills the process that runs it, as an OOM kill would) took a lab
+    worker down with all its slots. In its own process it fails that compile alone; the next one gets a new child."""
+    from farm.compile.child import compile_apart
+    from farm.errors import BuildError
+    from farm.inventory import parse_inventory
+    from farm.models import load_model
+
+    killer = tmp_path / "killer-cc"
+    killer.write_text("#!/bin/sh\nkill -9 $PPID\nsleep 5\n")
+    killer.chmod(0o755)
+    inventory = parse_inventory(f'[devices.crash]\nkind = "local"\nkey = "c"\ntarget = {{ kind = "llvm" }}\n'
+                                f'cc = "{killer}"\n\n[devices.fine]\nkind = "local"\nkey = "f"\n'
+                                'target = { kind = "llvm", mcpu = "x86-64" }\n'
+                                '\n[devices.broken]\nkind = "local"\nkey = "b"\ntarget = { kind = "llvm" }\n'
+                                'cc = "/nonexistent/g++"\n')
+    mlp = load_model("mlp")
+    with pytest.raises(BuildError, match="the compile of mlp for crash ended its process"):
+        compile_apart(mlp, inventory.devices["crash"], tmp_path / "cache", None)
+    artifact = compile_apart(mlp, inventory.devices["fine"], tmp_path / "cache", None)
+    assert Path(artifact.path).exists() and artifact.model_digest == mlp.digest
+    with pytest.raises(BuildError, match="/nonexistent/g\\+\\+"):  # the compile's own error, in its own words
+        compile_apart(mlp, inventory.devices["broken"], tmp_path / "cache", None)

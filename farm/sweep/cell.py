@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from farm.compile import effective_target, fallback_device, toolchain_for
+from farm.compile.child import compile_apart
 from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, LeaseLost, StoreError
 from farm.measure import bench_artifact
@@ -23,7 +24,7 @@ from farm.reference import bench_reference, reference_threads, reference_unavail
 from farm.store import Store
 from farm.sweep.failures import compile_failure, crashed_cell
 from farm.sweep.inputs import CellInputs, cell_inputs
-from farm.sweep.tuning import compile_cell
+from farm.sweep.tuning import compile_cell, tuning_set
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,16 @@ def bench_cell(
     return run_cell(ctx, store, device, model, compile_or_error(ctx, store, device, model), first)
 
 
-def compile_or_error(ctx: CellContext, store: Store, device: Device, model: ModelSource) -> Artifact | FarmError:
-    """The cell's artifact, or the error that stopped its compile (one compile at a time: ``COMPILE_LOCK``)."""
+def compile_or_error(ctx: CellContext, store: Store, device: Device, model: ModelSource,
+                     apart: bool = False) -> Artifact | FarmError:
+    """The cell's artifact, or the error that stopped its compile (one compile at a time: ``COMPILE_LOCK``).
+    ``apart``: in a process of its own (``compile.child``), whose crash fails the compile, not this process (a lab
+    worker's)."""
     if ctx.progress:
-        ctx.progress(device.name, model.name, "compile", model.name)
+        ctx.progress(device.name, model.name, "compile", model.name + (" (in a process of its own)" if apart else ""))
     try:
+        if apart:
+            return compile_apart(model, device, ctx.cache_dir, tuning_set(store, device) if ctx.tuned else None)
         with COMPILE_LOCK:
             return compile_cell(device, model, store, ctx.cache_dir, ctx.tuned)
     except FarmError as exc:

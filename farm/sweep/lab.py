@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, compile_model, effective_target,
+from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, effective_target,
                           install_artifact, planned_key)
 from farm.errors import BuildError, FarmError, LeaseLost, ModelError, StoreError
 from farm.models import load_model_variant
@@ -41,7 +41,8 @@ from farm.records import (Artifact, Device, ModelSource, RunToStore, StoredAttem
                           TrackerAddress, split_variant)
 from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, is_url, require_server
-from farm.sweep.cell import COMPILE_LOCK, CellContext, Progress, compile_or_error, run_cell
+from farm.compile.child import compile_apart
+from farm.sweep.cell import CellContext, Progress, compile_or_error, run_cell
 from farm.sweep.failures import unmeasured_result
 from farm.sweep.leases import LeaseKeeper
 from farm.sweep.tuning import tuning_set
@@ -354,7 +355,7 @@ class LabWorker:
             return made
         if made:
             log.warning("%s × %s: %s: compiling here", device.name, model.name, made)
-        return compile_or_error(ctx, store, device, model)
+        return compile_or_error(ctx, store, device, model, apart=True)  # a crash fails the cell, not the worker
 
     def _stored_build(self, ctx: CellContext, store: Store, device: Device, model: ModelSource,
                       built: bool) -> Artifact | str:
@@ -416,8 +417,7 @@ class LabWorker:
                     return "built before"
                 if self.progress:
                     self.progress(device, model, "compile", f"build job on {name}")
-                with COMPILE_LOCK:
-                    artifact = compile_model(source, target, self.cache_dir, tuning)
+                artifact = compile_apart(source, target, self.cache_dir, tuning)  # a crash fails the build alone
             except FarmError as exc:
                 store.record_sweep_build(sweep_id, device, model, name, error=exc.message, hint=exc.hint)
                 return "failed"
