@@ -438,7 +438,6 @@ class LabQueue:
         waiting job, so a build worker either took it first or never will) or if its worker is dead (put back,
         then cancelled); one that waits for its lock while a live build worker builds the same artifact (a device
         alike's) is left to wait (``BuildState``)."""
-        import datetime
 
         for _ in range(3):  # a build worker may take the job between the read and the cancel: read again
             with self._connect() as db:
@@ -462,16 +461,29 @@ class LabQueue:
                 if status == "todo" and self.app.job_manager.cancel_job_by_id(job_id, connection=db):
                     return BuildState.TAKEN
             if dead:  # its build worker died: no build worker of that queue may be left to put it back
-                with self.app.open():
-                    try:
-                        self.app.job_manager.retry_job_by_id(job_id, retry_at=datetime.datetime.now(datetime.timezone.utc))
-                    except self._procrastinate.exceptions.ConnectorException as exc:  # put back meanwhile
-                        log.info("build job %s was not put back: %s", job_id, message_line(exc))
+                self._put_back(job_id)
                 continue
             if status != "todo":
                 return {"doing": BuildState.DOING, "succeeded": BuildState.SUCCEEDED,
                         "cancelled": BuildState.NONE}.get(status, BuildState.FAILED)
         return BuildState.DOING
+
+    def _put_back(self, job_id: int) -> None:
+        """procrastinate's own retry of a job (its ``retry_job`` statement) on this call's connection: a worker's
+        shared one, never a pool of procrastinate's opened per call (#61: with the build worker dead, every slot's
+        cell opened one, past the worker's ``POOL_CONNECTIONS``)."""
+        import datetime
+
+        import psycopg
+        from procrastinate import sql
+
+        with self._connect() as db:
+            try:
+                db.execute(sql.queries["retry_job"],
+                           {"job_id": job_id, "retry_at": datetime.datetime.now(datetime.timezone.utc),
+                            "new_priority": None, "new_queue_name": None, "new_lock": None})
+            except psycopg.errors.RaiseException as exc:  # put back meanwhile: no longer "doing"
+                log.info("build job %s was not put back: %s", job_id, message_line(exc))
 
     @patient
     def cancel_waiting_builds(self, sweep_id: int) -> int:

@@ -515,3 +515,27 @@ def _cell_job(url: str) -> int:
     with psycopg.connect(url, autocommit=True) as db:
         return db.execute("SELECT id FROM procrastinate_jobs WHERE task_name = 'farm.cell' ORDER BY id DESC LIMIT 1"
                           ).fetchone()[0]
+
+
+def test_a_dead_build_worker_s_job_is_taken_over_on_the_cell_s_own_connection(postgres_db):
+    """#61: with the build worker dead, each cell that settled its build opened a procrastinate pool of its own to
+    put the job back (one per slot, past the worker's POOL_CONNECTIONS). Now procrastinate's retry runs on the
+    call's connection; the job is put back, then taken over by the cell."""
+    import psycopg
+
+    from farm.queue import BUILD, BuildState, Job, LabQueue, build_lock
+
+    lab = LabQueue(postgres_db)
+    lab.defer([Job(BUILD, "", "dev0", {"sweep_id": 7, "device": "dev0", "model": "mlp"}, build_lock(7, "dev0", "mlp"),
+                   "group")])
+    with psycopg.connect(postgres_db, autocommit=True) as db:  # what a build worker killed while it built leaves
+        db.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = NULL WHERE task_name = %s", (BUILD,))
+
+    def no_pool(*_args, **_kwargs):
+        raise AssertionError("settle_build opened a procrastinate pool of its own")
+
+    lab.app.open = no_pool  # type: ignore[method-assign]
+    assert lab.settle_build(7, "dev0", "mlp") == BuildState.TAKEN
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        assert db.execute("SELECT status::text, attempts FROM procrastinate_jobs WHERE task_name = %s",
+                          (BUILD,)).fetchone() == ("cancelled", 1)
