@@ -570,3 +570,25 @@ def test_an_offline_cell_is_stored_only_by_its_device_s_lease_holder(db_location
         assert store.count("runs") == 0
         store_offline(store, DEVICE, mlp, BenchConfig(), sweep, "no server", "bring it up", taken)
         assert store.sweep_attempts(sweep) == {("cpu", "mlp"): [StoredAttempt(0, "failed", "offline")]}
+
+
+def test_a_lease_s_epoch_handed_out_again_does_not_fence_in_its_old_holder(db_location):
+    """#61: after a failover that lost an epoch's bump, the next holder got the same epoch number, and the fence,
+    which compared the epoch alone, let the old holder store and renew. Played here by writing the row as such a
+    failover leaves it: the same epoch, another holder."""
+    from farm.errors import LeaseLost
+    from farm.records import RunToStore
+
+    mlp = load_model("mlp")
+    with Store(db_location) as store:
+        sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"]})
+        old = store.take_lease("cpu", "worker-a", 30.0)
+        assert old is not None
+        with store._db.transaction() as db:
+            db.execute("UPDATE device_leases SET holder = 'worker-b' WHERE device = 'cpu'")
+        assert not store.renew_lease(old, 30.0)
+        with pytest.raises(LeaseLost):
+            store.record_cell(RunToStore(_result(), DEVICE, mlp, None), sweep_id=sweep, lease=old)
+        store.release_lease(old)
+        assert store.lease_holder("cpu")[:2] == ("worker-b", 1)  # the old holder's release frees nothing
+        assert store.count("runs") == 0

@@ -41,13 +41,14 @@ class LeasesMixin:
         """Extend the lease ``lease_s`` from now; False when it is no longer this holder's (taken over)."""
         with self._db.transaction() as db:
             return db.execute(f"UPDATE device_leases SET expires_s = {self._db.clock_s} + ? WHERE device = ? AND "
-                              "epoch = ? AND released = 0", (lease_s, lease.device, lease.epoch)).rowcount == 1
+                              "epoch = ? AND holder = ? AND released = 0",
+                              (lease_s, lease.device, lease.epoch, lease.holder)).rowcount == 1
 
     @retried
     def release_lease(self, lease: Lease) -> None:
         with self._db.transaction() as db:
-            db.execute("UPDATE device_leases SET released = 1 WHERE device = ? AND epoch = ?",
-                       (lease.device, lease.epoch))
+            db.execute("UPDATE device_leases SET released = 1 WHERE device = ? AND epoch = ? AND holder = ?",
+                       (lease.device, lease.epoch, lease.holder))
 
     def lease_holder(self, device: str) -> tuple[str, int, float] | None:
         """Who holds the device's unreleased lease: (holder, epoch, seconds until it expires: negative when
@@ -60,7 +61,9 @@ class LeasesMixin:
         """Inside a write: the lease is still ``lease``'s epoch (its row held to the commit), else ``LeaseLost``."""
         row = db.execute(f"SELECT holder, epoch, released FROM device_leases WHERE device = ?{db.lock_row}",
                          (lease.device,)).fetchone()
-        if row is None or int(row[1]) != lease.epoch or int(row[2]):
+        # the epoch and the holder: after a failover that lost an epoch's bump, the next holder may get the same
+        # epoch number again (#61); the holder names the worker, its job's thread and the cell
+        if row is None or int(row[1]) != lease.epoch or row[0] != lease.holder or int(row[2]):
             now_held = "nobody" if row is None or int(row[2]) else f"{row[0]} (epoch {row[1]})"
             raise LeaseLost(f"{lease.holder} lost device {lease.device}'s lease (epoch {lease.epoch}) while it measured; "
                             f"it is now {now_held}'s: its result is refused, not stored",
