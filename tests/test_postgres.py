@@ -173,3 +173,54 @@ def test_a_store_shared_by_threads_writes_each_cell_whole_on_one_connection(post
     with psycopg.connect(postgres_db, autocommit=True) as db:
         assert db.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = %s",
                           (f"farm:{os.getpid()}",)).fetchone()[0] == 1
+
+
+def test_threads_that_lost_one_shared_connection_wait_for_one_outage_not_one_each(monkeypatch, caplog):
+    """#61: each thread waiting on the shared connection took a deadline of its own, in turn under its lock (24
+    slots: ~25 minutes). Now the outage's deadline is shared: one reconnect tries until it, and the threads after
+    it fail at once, each with one error. Counted by each thread's tries to connect, not by time."""
+    import collections
+    import threading
+
+    from farm.errors import ConnectionLost
+    from farm.models import load_model
+    from farm.store import backends
+    from tests.conftest import postgres_server_at
+    from tests.test_store import DEVICE, _result
+
+    monkeypatch.setattr(backends, "RECONNECT_S", 2.0)  # the bound itself (60 s) is too long for a test
+    mlp, errors = load_model("mlp"), []
+    with postgres_server_at() as server:
+        with Store(f"{server.url}/postgres") as store:
+            server.stop()
+            tries: collections.Counter = collections.Counter()
+            connect = psycopg.connect
+
+            def counted(*args, **kwargs):
+                tries[threading.get_ident()] += 1
+                return connect(*args, **kwargs)
+
+            monkeypatch.setattr(psycopg, "connect", counted)
+
+            def write() -> None:
+                try:
+                    store.record_result(_result(), DEVICE, mlp, None)
+                except ConnectionLost as exc:
+                    errors.append(exc)
+
+            with caplog.at_level("WARNING", logger="farm.store.backends"):
+                threads = [threading.Thread(target=write) for _ in range(6)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+            reconnects = caplog.text.count("reconnecting")
+            monkeypatch.setattr(psycopg, "connect", connect)
+            server.start()
+            store.record_result(_result(), DEVICE, mlp, None)  # the server back: the next write reconnects
+            assert store.count("runs") == 1
+    assert len(errors) == 6
+    assert reconnects == 6
+    counts = sorted(tries.values())  # the first thread tried until the outage's deadline, the others once each
+    assert counts[:-1] == [1] * 5 and counts[-1] > 1, counts
+    assert sum("could not reconnect within 2 s" in e.message for e in errors) == 6

@@ -335,6 +335,8 @@ class PostgresBackend(Backend):
         # one connection, many threads (a lab worker's jobs: ``store.shared_store``): a transaction holds it whole,
         # a statement outside one for its own time; a cursor's rows are read after, from the client's copy
         self._lock = threading.RLock()
+        self._outage_deadline: float | None = None  # while the connection is lost: when waiting for it ends
+        self._generation = 0  # one more at each new connection: a statement that failed on an older one runs again
         try:
             self.db = self._connect(time.monotonic() + wait_s)
         except psycopg.Error as exc:
@@ -388,17 +390,26 @@ class PostgresBackend(Backend):
             self._reconnect_locked(deadline, exc)
 
     def _reconnect_locked(self, deadline: float, exc: BaseException) -> None:
+        """One reconnect for every thread that lost the shared connection (#61: each waiting thread closed the
+        connection the one before it had made again and took a deadline of its own, in turn under the lock: with
+        24 slots, a thread could wait 25 minutes). A thread that finds the connection back returns; the outage's
+        deadline is the first loser's, shared; once it passed, a thread tries once and fails at once."""
+        if not (self.db.closed or self.db.broken):  # another thread reconnected while this one waited
+            return
+        outage = self._outage_deadline = self._outage_deadline or deadline
         log.warning("lost the connection to %s (%s): reconnecting", self.location, message_line(exc))
         try:
             self.db.close()
         except self._psycopg.Error:
             pass
         try:
-            self.db = self._connect(deadline)
+            self.db = self._connect(max(outage, time.monotonic()))  # past the outage's deadline: one try
         except self._psycopg.Error as again:
             raise ConnectionLost(f"lost the connection to {self.location} ({message_line(exc)}) and could not "
                                  f"reconnect within {RECONNECT_S:g} s: {message_line(again)}",
                                  backend_hint(exc)) from again
+        self._outage_deadline = None
+        self._generation += 1
         log.warning("reconnected to %s", self.location)
 
     def retrying(self, fn: Callable[[], T]) -> T:
@@ -424,11 +435,16 @@ class PostgresBackend(Backend):
         write (which runs again whole: ``retrying``)."""
         deadline = None
         while True:
+            generation = self._generation
             try:
                 with self._lock:
                     return fn()
             except self._psycopg.OperationalError as exc:
-                if self._depth or self._retrying or not self.lost(exc):
+                if self._depth or self._retrying:
+                    raise
+                if self._generation != generation:  # another thread made the connection again meanwhile: run again
+                    continue
+                if not self.lost(exc):
                     raise
                 deadline = deadline or time.monotonic() + RECONNECT_S
                 self._reconnect(deadline, exc)
