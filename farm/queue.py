@@ -57,9 +57,11 @@ STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stal
 STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
 POLL_S = 1.0  # a worker's poll for new jobs: it keeps no LISTEN connection (POOL_CONNECTIONS); 40 workers, 40 reads/s
 RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed worker's job is running again by then
-# a worker silent this long is removed from procrastinate's list by whoever looks (``prune_dead_workers``): not
-# STALLED_S, as procrastinate's own prune at a worker's start: a worker that only froze for a minute would wake to a
-# fetch naming a worker id that no longer exists (procrastinate_jobs.worker_id's foreign key)
+# a worker silent this long is removed from procrastinate's list by whoever looks (``prune_dead_workers``), and by a
+# worker as it starts (procrastinate's ``stalled_worker_timeout``, which it uses for that prune alone). Not
+# STALLED_S: a worker that only froze for a minute, or lost the database for one (#61: every worker starting during
+# an outage pruned the others, whose next fetch then failed on procrastinate_jobs.worker_id's foreign key and ended
+# them), would wake to a fetch naming a worker id that no longer exists
 PRUNE_S = 300.0
 # a job whose worker died under it this many times is poison (a model whose import, compile or runtime kills its process,
 # or runs the host out of memory): not put back again, but ended failed, its handler told (``LabQueue.serve``'s
@@ -534,7 +536,7 @@ class LabQueue:
                     await self.app.run_worker_async(
                         queues=queues, concurrency=slots, name=name, wait=wait, listen_notify=False,
                         fetch_job_polling_interval=POLL_S, update_heartbeat_interval=HEARTBEAT_S,
-                        stalled_worker_timeout=STALLED_S, delete_jobs="never")
+                        stalled_worker_timeout=PRUNE_S, delete_jobs="never")
                 finally:
                     stalled.cancel()
 

@@ -539,3 +539,23 @@ def test_a_dead_build_worker_s_job_is_taken_over_on_the_cell_s_own_connection(po
     with psycopg.connect(postgres_db, autocommit=True) as db:
         assert db.execute("SELECT status::text, attempts FROM procrastinate_jobs WHERE task_name = %s",
                           (BUILD,)).fetchone() == ("cancelled", 1)
+
+
+def test_a_worker_starting_after_an_outage_prunes_only_the_long_dead_not_the_ones_that_lost_the_database(postgres_db):
+    """#61: a worker that started in an outage's wake pruned every worker silent for STALLED_S; those were alive
+    and waiting for the database, and their next fetch failed on the foreign key and ended them. Now a worker
+    prunes at its start only those silent for PRUNE_S."""
+    import psycopg
+
+    from farm.queue import PRUNE_S, STALLED_S, LabQueue
+
+    lab = LabQueue(postgres_db)
+    lab.install()
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        waiting, dead = (db.execute("INSERT INTO procrastinate_workers (last_heartbeat) VALUES "
+                                    "(NOW() - make_interval(secs => %s)) RETURNING id", (age,)).fetchone()[0]
+                         for age in (STALLED_S + 25, PRUNE_S + 60))
+    lab.serve(["farm-host-nobody"], {}, 1, "starting", wait=False)  # no job: it starts, prunes and ends
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        left = {row[0] for row in db.execute("SELECT id FROM procrastinate_workers").fetchall()}
+    assert waiting in left and dead not in left, left
