@@ -91,6 +91,15 @@ class BuildState(enum.StrEnum):
     NONE = "none"  # no build job was deferred, or it was cancelled before
 
 
+def stall_check_due(now_s: float, started_s: float, unreachable_s: float) -> bool:
+    """Whether a worker may judge other workers' jobs stalled now (#61): only once it has served ``STALLED_S``
+    itself, and ``STALLED_S + HEARTBEAT_S`` after it last failed to reach the database. A silent worker is dead
+    only if it could have beaten: after an outage every live worker's heartbeat lands within a beat of the
+    database's return, and a worker that judged at once re-queued the running jobs of live workers, whose
+    second delivery then took their lapsed leases while the first still measured."""
+    return now_s - started_s >= STALLED_S and now_s - unreachable_s >= STALLED_S + HEARTBEAT_S
+
+
 def queue_of(lab_host: str) -> str:
     return f"farm-host-{lab_host}"
 
@@ -230,6 +239,9 @@ class LabQueue:
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
             conninfo=url, min_size=QUEUE_POOL, max_size=QUEUE_POOL, kwargs={"application_name": application_name()}))
         self._handlers: dict[str, Callable[..., Any]] = {}
+        # a worker's own view of the database (``stall_check_due``): when it started serving, when it last failed
+        # to reach the database (monotonic seconds)
+        self._started_s, self._unreachable_s = 0.0, float("-inf")
         for name in (CELL, CURVE, TUNE, BUILD):
             self.app.task(name=name, pass_context=False)(self._dispatcher(name))
 
@@ -531,6 +543,7 @@ class LabQueue:
             asyncio.get_running_loop().set_default_executor(
                 ThreadPoolExecutor(max_workers=slots, thread_name_prefix="farm-job"))
             async with self.app.open_async():
+                self._started_s = time.monotonic()
                 stalled = asyncio.create_task(self._retry_stalled(set(queues), poisoned))
                 try:
                     await self.app.run_worker_async(
@@ -574,6 +587,7 @@ class LabQueue:
                     except connector_error as exc:
                         if not isinstance(exc.__cause__, psycopg.OperationalError):
                             raise
+                        self._unreachable_s = time.monotonic()  # the stall check waits (stall_check_due)
                         deadline = deadline or time.monotonic() + RECONNECT_S
                         if time.monotonic() >= deadline:
                             raise
@@ -596,6 +610,8 @@ class LabQueue:
         manager = self.app.job_manager
         while True:
             await asyncio.sleep(STALL_CHECK_S)
+            if not stall_check_due(time.monotonic(), self._started_s, self._unreachable_s):
+                continue
             try:
                 one = next(iter(queues)) if len(queues) == 1 else None  # else all queues' stalled jobs, filtered
                 for job in await manager.get_stalled_jobs(queue=one, seconds_since_heartbeat=STALLED_S):
@@ -613,6 +629,7 @@ class LabQueue:
                         await asyncio.to_thread(poisoned, job.task_name, dict(job.task_kwargs), deliveries)
                     await manager.finish_job(job, status=self._procrastinate.jobs.Status.FAILED, delete_job=False)
             except self._procrastinate.exceptions.ConnectorException as exc:
+                self._unreachable_s = time.monotonic()
                 log.warning("could not look for stalled jobs: %s", message_line(exc))
             except Exception:  # noqa: BLE001  # a handler's failure: the job stays stalled, looked at again next time
                 log.exception("could not end a poison job")

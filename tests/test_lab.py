@@ -559,3 +559,17 @@ def test_a_worker_starting_after_an_outage_prunes_only_the_long_dead_not_the_one
     with psycopg.connect(postgres_db, autocommit=True) as db:
         left = {row[0] for row in db.execute("SELECT id FROM procrastinate_workers").fetchall()}
     assert waiting in left and dead not in left, left
+
+
+def test_a_worker_judges_others_stalled_only_once_every_live_worker_could_have_beaten():
+    """#61: after an outage, a worker's stall check re-queued the running jobs of live workers that had not yet
+    beaten again. Literal clocks in, verdicts out."""
+    from farm.queue import HEARTBEAT_S, STALLED_S, stall_check_due
+
+    never = float("-inf")
+    assert stall_check_due(1000.0, 0.0, never)
+    assert not stall_check_due(STALLED_S - 1, 0.0, never)  # it just started: the others' beats may be on the way
+    assert stall_check_due(STALLED_S, 0.0, never)
+    back = 500.0  # its last failed call to the database
+    assert not stall_check_due(back + STALLED_S, 0.0, back)
+    assert stall_check_due(back + STALLED_S + HEARTBEAT_S, 0.0, back)
