@@ -526,12 +526,13 @@ class LabQueue:
     # -- a worker -----------------------------------------------------------------------
 
     def serve(self, queues: list[str], handlers: dict[str, Callable[..., Any]], slots: int, name: str,
-              wait: bool = True, poisoned: Callable[[str, dict[str, Any], int], None] | None = None) -> None:
+              wait: bool = True, poisoned: Callable[[str, dict[str, Any], int], bool] | None = None) -> None:
         """Run a worker for ``queues`` (a lab host's ``queue_of``, or devices' ``build_queue``) until SIGINT/SIGTERM
         (or, with ``wait`` False, until they are empty): ``slots`` jobs at once, each in a thread, each through
         ``handlers[task]``; and every ``STALL_CHECK_S`` their stalled jobs put back in the queue, unless their
-        worker died under them ``MAX_DELIVERIES`` times: then ended failed, after ``poisoned(task, args,
-        deliveries)`` (in a thread) stored what the job's end means."""
+        worker died under them ``MAX_DELIVERIES`` times: then ended, after ``poisoned(task, args, deliveries)`` (in
+        a thread) stored what the job's end means: failed, or succeeded where it says the job's work was done
+        before (its result committed, its worker killed before the queue heard)."""
         import asyncio  # here, not at import: every command's parser reads this module's constants
         from concurrent.futures import ThreadPoolExecutor
 
@@ -602,7 +603,7 @@ class LabQueue:
             setattr(manager, name, patient(name, getattr(manager, name)))
 
     async def _retry_stalled(self, queues: set[str],
-                             poisoned: Callable[[str, dict[str, Any], int], None] | None = None) -> None:
+                             poisoned: Callable[[str, dict[str, Any], int], bool] | None = None) -> None:
         """Put back in their queue the jobs of ``queues`` whose worker stopped beating (killed, or host rebooted);
         end failed those whose worker died under them ``MAX_DELIVERIES`` times (``serve``)."""
         import asyncio
@@ -623,11 +624,13 @@ class LabQueue:
                                     job.task_kwargs)
                         await manager.retry_job(job)
                         continue
-                    log.error("job %s (%s %s): its worker died %d times under it: ended failed, not queued again",
-                              job.id, job.task_name, job.task_kwargs, deliveries)
-                    if poisoned is not None:
-                        await asyncio.to_thread(poisoned, job.task_name, dict(job.task_kwargs), deliveries)
-                    await manager.finish_job(job, status=self._procrastinate.jobs.Status.FAILED, delete_job=False)
+                    done = poisoned is not None and await asyncio.to_thread(poisoned, job.task_name,
+                                                                            dict(job.task_kwargs), deliveries)
+                    log.error("job %s (%s %s): its worker died %d times under it: ended %s, not queued again",
+                              job.id, job.task_name, job.task_kwargs, deliveries,
+                              "succeeded (its work was done before)" if done else "failed")
+                    status = self._procrastinate.jobs.Status
+                    await manager.finish_job(job, status=status.SUCCEEDED if done else status.FAILED, delete_job=False)
             except self._procrastinate.exceptions.ConnectorException as exc:
                 self._unreachable_s = time.monotonic()
                 log.warning("could not look for stalled jobs: %s", message_line(exc))

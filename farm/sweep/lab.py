@@ -296,14 +296,14 @@ class LabWorker:
                     return "lease lost"
                 return cell.result.status
 
-    def poisoned(self, task: str, args: dict, deliveries: int) -> None:
+    def poisoned(self, task: str, args: dict, deliveries: int) -> bool:
         """A job whose worker died under it ``deliveries`` times (``queue.MAX_DELIVERIES``), ended failed: a cell is
         stored failed for good with why, under its device's lease (its last holder died: the lease is taken over
         once it lapsed), unless it was stored meanwhile; a copy curve, a tuning job or a build ends with its job (a
-        build's cell compiles on its own host, and is bounded in turn)."""
+        build's cell compiles on its own host, and is bounded in turn). True where the cell was done before."""
         if task != CELL:
             log.error("%s %s: its worker died %d times under it: not run again", task, args, deliveries)
-            return
+            return False
         sweep_id, device, model = args["sweep_id"], args["device"], args["model"]
         with self.store() as store:
             spec, ctx = self.context(store, sweep_id)
@@ -313,7 +313,7 @@ class LabWorker:
                     as lease:
                 attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
                 if attempts is None:
-                    return
+                    return True
                 result = unmeasured_result(target, stand_in, ctx.config, "worker died",
                                            f"the worker died {deliveries} times measuring it: its process ended (a "
                                            "crash, or the host out of memory) in the model's import, its compile or "
@@ -322,6 +322,7 @@ class LabWorker:
                                            "again, so the sweep can end", "not reached: the worker died")
                 store.record_cell(RunToStore(result, target, stand_in, None, spec.attempts_spent(attempts) + 1),
                                   sweep_id=sweep_id, lease=lease)
+        return False
 
     def _holder(self, sweep_id: int, device: str, model: str) -> str:
         return f"{self.name or 'a worker'}/{threading.current_thread().name} (sweep {sweep_id}: {device} × {model})"
