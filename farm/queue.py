@@ -199,7 +199,7 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
                 return done
             except (psycopg.Error, self._procrastinate.exceptions.ConnectorException) as exc:
                 cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-                if not isinstance(cause, psycopg.OperationalError):
+                if not connection_lost(cause):
                     raise StoreError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
                                      backend_hint(exc, "check the PostgreSQL server and its log")) from exc
                 if self.url not in _ANSWERED:
@@ -216,6 +216,15 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
                 pause += 1
 
     return call
+
+
+def connection_lost(cause: BaseException | None) -> bool:
+    """Whether a driver error means the database is gone for now: the connection's (``OperationalError``: a restart,
+    a reset), or a write refused by a server answering read-only (a standby during a failover, #61), both waited
+    through as ``patient`` says."""
+    import psycopg
+
+    return isinstance(cause, (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction))
 
 
 _ANSWERED: set[str] = set()  # the databases this process reached once: a lost one is waited for (``patient``)
@@ -237,7 +246,9 @@ class LabQueue:
         from farm.store.backends import application_name
 
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-            conninfo=url, min_size=QUEUE_POOL, max_size=QUEUE_POOL, kwargs={"application_name": application_name()}))
+            conninfo=url, min_size=QUEUE_POOL, max_size=QUEUE_POOL,
+            # a new connection after a failover goes to the writable server, never a standby (connection_lost)
+            kwargs={"application_name": application_name(), "target_session_attrs": "read-write"}))
         self._handlers: dict[str, Callable[..., Any]] = {}
         # a worker's own view of the database (``stall_check_due``): when it started serving, when it last failed
         # to reach the database (monotonic seconds)
@@ -263,7 +274,8 @@ class LabQueue:
         from farm.store.backends import application_name
 
         return shared_connection(self.url) or psycopg.connect(self.url, autocommit=True, connect_timeout=10,
-                                                              application_name=application_name())
+                                                              application_name=application_name(),
+                                                              target_session_attrs="read-write")
 
     def check(self) -> None:
         """That the queue's database answers now, at once: a ``StoreError`` with a hint where it does not (a worker
@@ -573,7 +585,6 @@ class LabQueue:
         logs it, and the job is done."""
         import asyncio
 
-        import psycopg
 
         from farm.store.backends import RECONNECT_S, RECONNECT_PAUSES_S
 
@@ -586,7 +597,7 @@ class LabQueue:
                     try:
                         return await call(*args, **kwargs)
                     except connector_error as exc:
-                        if not isinstance(exc.__cause__, psycopg.OperationalError):
+                        if not connection_lost(exc.__cause__):
                             raise
                         self._unreachable_s = time.monotonic()  # the stall check waits (stall_check_due)
                         deadline = deadline or time.monotonic() + RECONNECT_S

@@ -224,3 +224,34 @@ def test_threads_that_lost_one_shared_connection_wait_for_one_outage_not_one_eac
     counts = sorted(tries.values())  # the first thread tried until the outage's deadline, the others once each
     assert counts[:-1] == [1] * 5 and counts[-1] > 1, counts
     assert sum("could not reconnect within 2 s" in e.message for e in errors) == 6
+
+
+def test_a_write_to_a_server_answering_read_only_waits_for_a_writable_one(caplog):
+    """#61: a standby that answers read-only during a failover (SQLSTATE 25006) was taken for a failed write, at
+    once. Now it is a lost connection: the write reconnects, waits for a writable server and is stored once. The
+    standby is played by the server itself set read-only (default_transaction_read_only, reloaded), then set back."""
+    import threading
+
+    from farm.models import load_model
+    from tests.conftest import postgres_server_at
+    from tests.test_store import DEVICE, _result
+
+    def read_only(on: bool) -> None:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("SET default_transaction_read_only = off")
+            admin.execute(f"ALTER SYSTEM SET default_transaction_read_only = {'on' if on else 'off'}")
+            admin.execute("SELECT pg_reload_conf()")
+
+    with postgres_server_at() as server:
+        url = f"{server.url}/postgres"
+        with Store(url) as store:
+            read_only(True)
+            back = threading.Timer(2.0, read_only, (False,))
+            back.start()
+            try:
+                with caplog.at_level("WARNING", logger="farm.store.backends"):
+                    run_id = store.record_result(_result(samples=(0.5,)), DEVICE, load_model("mlp"), None)
+            finally:
+                back.join()
+            assert store.samples(run_id) == [0.5] and store.count("runs") == 1
+    assert "read-only" in caplog.text and "reconnected to" in caplog.text

@@ -368,7 +368,9 @@ class PostgresBackend(Backend):
         while True:
             try:
                 db = self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory, connect_timeout=10,
-                                           application_name=application_name())
+                                           application_name=application_name(),
+                                           # a writer waits for a writable server, never a standby's read-only one
+                                           **({} if self._readonly else {"target_session_attrs": "read-write"}))
                 if self._readonly:
                     db.execute("SET default_transaction_read_only = on")
                 return db
@@ -380,9 +382,13 @@ class PostgresBackend(Backend):
 
     def lost(self, exc: BaseException | None) -> bool:
         """Whether ``exc`` (or what it was raised from) is the server's connection gone: an OperationalError
-        after which the connection is closed (AdminShutdown on a restart, a reset, a timeout)."""
+        after which the connection is closed (AdminShutdown on a restart, a reset, a timeout); or a write refused
+        by a server that answers read-only (#61: a standby during a failover, taken for a failed write at once),
+        which a new connection to a writable server (``target_session_attrs``) replaces."""
         while exc is not None and not isinstance(exc, self._psycopg.Error):
             exc = exc.__cause__
+        if isinstance(exc, self._psycopg.errors.ReadOnlySqlTransaction) and not self._readonly:
+            return True
         return isinstance(exc, self._psycopg.OperationalError) and (self.db.closed or self.db.broken)
 
     def _reconnect(self, deadline: float, exc: BaseException) -> None:
@@ -394,7 +400,8 @@ class PostgresBackend(Backend):
         connection the one before it had made again and took a deadline of its own, in turn under the lock: with
         24 slots, a thread could wait 25 minutes). A thread that finds the connection back returns; the outage's
         deadline is the first loser's, shared; once it passed, a thread tries once and fails at once."""
-        if not (self.db.closed or self.db.broken):  # another thread reconnected while this one waited
+        read_only = isinstance(exc, self._psycopg.errors.ReadOnlySqlTransaction)
+        if not (self.db.closed or self.db.broken or read_only):  # another thread reconnected while this one waited
             return
         outage = self._outage_deadline = self._outage_deadline or deadline
         log.warning("lost the connection to %s (%s): reconnecting", self.location, message_line(exc))
