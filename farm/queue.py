@@ -604,7 +604,7 @@ class LabQueue:
                         if time.monotonic() >= deadline:
                             raise
                         if pause == 0:
-                            log.warning("the lab's queue (%s): %s: trying again", name, message_line(exc.__cause__))
+                            log.warning("the lab's queue (%s): %s: trying again", name, message_line(exc.__cause__ or exc))
                         await asyncio.sleep(RECONNECT_PAUSES_S[min(pause, len(RECONNECT_PAUSES_S) - 1)])
                         pause += 1
 

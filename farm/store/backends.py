@@ -367,10 +367,10 @@ class PostgresBackend(Backend):
         attempt = 0
         while True:
             try:
+                # a writer waits for a writable server, never a standby's read-only one
+                attrs = "any" if self._readonly else "read-write"
                 db = self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory, connect_timeout=10,
-                                           application_name=application_name(),
-                                           # a writer waits for a writable server, never a standby's read-only one
-                                           **({} if self._readonly else {"target_session_attrs": "read-write"}))
+                                           application_name=application_name(), target_session_attrs=attrs)
                 if self._readonly:
                     db.execute("SET default_transaction_read_only = on")
                 return db
