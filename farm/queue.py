@@ -582,9 +582,8 @@ class LabQueue:
         (#50: a database restart must cost seconds, not the lab's workers): each runs again while its error is the
         connection's (``OperationalError``: the pool's reconnects, a server starting), for up to ``RECONNECT_S``.
         A finish that committed before its connection went reports the job missing when run again: procrastinate
-        logs it, and the job is done."""
+        logs it, and the job is done. A fetch whose answer was lost returns the job it took (``_taken_meanwhile``)."""
         import asyncio
-
 
         from farm.store.backends import RECONNECT_S, RECONNECT_PAUSES_S
 
@@ -593,8 +592,15 @@ class LabQueue:
         def patient(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
             async def run(*args: Any, **kwargs: Any) -> Any:
                 deadline, pause = None, 0
+                fetching, before = name == "fetch_job", None  # a fetch: the jobs running for it before it
                 while True:
                     try:
+                        if fetching and before is None:
+                            before = await self._doing_of(kwargs["worker_id"])
+                        elif fetching and (taken := await self._taken_meanwhile(kwargs["worker_id"], before)):
+                            log.warning("the lab's queue (fetch_job): job %s was taken before the connection went: "
+                                        "running it", taken.id)
+                            return taken
                         return await call(*args, **kwargs)
                     except connector_error as exc:
                         if not connection_lost(exc.__cause__):
@@ -612,6 +618,24 @@ class LabQueue:
 
         for name in self.WORKER_CALLS:
             setattr(manager, name, patient(name, getattr(manager, name)))
+
+    async def _doing_of(self, worker_id: int) -> set[int]:
+        """The jobs marked running for ``worker_id``: what a fetch finds taken meanwhile is the one it fetched."""
+        rows = await self.app.connector.execute_query_all_async(
+            "SELECT id FROM procrastinate_jobs WHERE status = 'doing' AND worker_id = %(worker_id)s", worker_id=worker_id)
+        return {row["id"] for row in rows}
+
+    async def _taken_meanwhile(self, worker_id: int, before: set[int] | None) -> Any:
+        """The job a fetch took for ``worker_id`` whose answer was lost with the connection (it committed, the
+        worker never heard): marked running for this worker since the fetch began. A worker fetches one job at a
+        time, so it is that fetch's. Fetched again, another job would run and this one stay "doing" on a live
+        worker for good, holding its device's lock (#61); None when the fetch took nothing."""
+        taken = sorted(await self._doing_of(worker_id) - (before or set()))
+        if not taken:
+            return None
+        row = await self.app.connector.execute_query_one_async("SELECT * FROM procrastinate_jobs WHERE id = %(id)s",
+                                                               id=taken[0])
+        return self._procrastinate.jobs.Job.from_row(row)
 
     async def _retry_stalled(self, queues: set[str],
                              poisoned: Callable[[str, dict[str, Any], int], bool] | None = None) -> None:

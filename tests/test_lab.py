@@ -573,3 +573,44 @@ def test_a_worker_judges_others_stalled_only_once_every_live_worker_could_have_b
     back = 500.0  # its last failed call to the database
     assert not stall_check_due(back + STALLED_S, 0.0, back)
     assert stall_check_due(back + STALLED_S + HEARTBEAT_S, 0.0, back)
+
+
+def test_a_fetch_whose_answer_was_lost_runs_the_job_it_took_not_another(postgres_db):
+    """#61: a fetch that committed (its job marked running for the worker) and lost its answer with the connection
+    was run again and took a second job; the first stayed "doing" on a live worker for good, holding its device's
+    lock. The lost answer is played by procrastinate's own fetch, run for real, followed by the error a dropped
+    connection raises; the fetch run again returns the job it took."""
+    import asyncio
+
+    import psycopg
+
+    from farm.queue import CELL, Job, LabQueue, cell_lock
+
+    lab = LabQueue(postgres_db)
+    lab.defer([Job(CELL, "lab9", f"dev{i}", {"sweep_id": 9, "device": f"dev{i}", "model": "mlp", "first": True},
+                   cell_lock(9, f"dev{i}", "mlp")) for i in range(2)])
+    manager = lab.app.job_manager
+    real_fetch, lost = manager.fetch_job, []
+
+    async def fetch_then_lose_the_answer(*args, **kwargs):
+        job = await real_fetch(*args, **kwargs)
+        if not lost:
+            lost.append(job.id)
+            raise lab._procrastinate.exceptions.ConnectorException() from psycopg.OperationalError("server closed")
+        return job
+
+    manager.fetch_job = fetch_then_lose_the_answer
+    lab._outlast_restarts()
+
+    async def fetch() -> tuple[int, int]:
+        async with lab.app.open_async():
+            worker_id = await manager.register_worker()
+            job = await manager.fetch_job(queues=["farm-host-lab9"], worker_id=worker_id)
+            return job.id, worker_id
+
+    fetched, worker_id = asyncio.run(fetch())
+    assert fetched == lost[0]  # the job it took, not a second one
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        doing = db.execute("SELECT id FROM procrastinate_jobs WHERE status = 'doing' AND worker_id = %s",
+                           (worker_id,)).fetchall()
+    assert doing == [(fetched,)]
