@@ -44,9 +44,12 @@ PostgreSQL, one tracker, 3 local devices a host, two workers on one host and one
 (a baseline, kill -9 of a worker, SIGSTOP of a worker for 60 s with a second worker on its host and with none, a
 PostgreSQL restart with cells running, a duplicate delivery, a resume while jobs are in flight). Goals (exit 1 when
 missed), after each: every cell stored exactly once with both its runtimes, no failed run, the sweep done without a
-manual resume; the time each fault added is printed. Needs root, iproute2 and PostgreSQL.
+manual resume, no worker exited; the time each fault added is printed. Outages of PostgreSQL within the bound its
+clients wait (60 s, ``store.backends.RECONNECT_S``) are scenarios too (#61): down 5 s, 25 s and 55 s while cells are
+measured. --only SCENARIO runs one of them (after the warm-up and the baseline). Needs root, iproute2 and PostgreSQL.
 
     .venv/bin/python tools/bench_lab.py --faults
+    .venv/bin/python tools/bench_lab.py --faults --only "PostgreSQL down 25 s" --only "PostgreSQL down 55 s"
 
 --phones: phones on another host (#30), the whole path once (tests/phone_lab.py, which tests/test_android.py
 asserts): host A, a network namespace, runs the lab's tracker, queues a sweep (`mlp`) and builds its artifacts
@@ -430,6 +433,9 @@ def main() -> int:
                         help="N cold compiles: the single loop against -w build workers (default 8; use -w 2)")
     parser.add_argument("--build-model", default="onnx:resnet50", help="--builds' model (default onnx:resnet50)")
     parser.add_argument("--faults", action="store_true", help="a worker killed mid-sweep; a job redelivered after commit")
+    parser.add_argument("--only", action="append", metavar="SCENARIO",
+                        help="--faults: only this scenario (repeatable; the warm-up and the baseline always run), "
+                             "e.g. 'PostgreSQL down 25 s'")
     parser.add_argument("--phones", action="store_true", help="a sweep queued on host A measures host B's phone")
     parser.add_argument("--hosts", type=int, default=0, help="--queue-load: lab hosts, each with -w workers")
     parser.add_argument("--cell-s", type=float, default=0.0,

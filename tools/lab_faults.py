@@ -16,10 +16,13 @@ cells are measured:
   cells are measured;
 - ``duplicate delivery``: after the sweep, a finished cell's job put back as a worker killed between its commit and
   its acknowledgement leaves it: it runs again and stores nothing;
-- ``resume in flight``: the sweep queued with --detach, then ``farm sweep --resume`` while its jobs run.
+- ``resume in flight``: the sweep queued with --detach, then ``farm sweep --resume`` while its jobs run;
+- ``PostgreSQL down 5 s``, ``25 s``, ``55 s``: the server shut down fast while cells are measured and started again
+  that much later (#61): within the 60 s farm's clients wait (``store.backends.RECONNECT_S``); at 55 s the leases
+  (``sweep.leases.LEASE_S``) lapse by construction, so a cell may be measured again, stored once.
 
 After each: every cell stored exactly once with both its runtimes (TVM's run and onnxruntime's, each once, ok), no
-failed run, the sweep ``done`` with exit 0, and the time the fault added over the baseline. Needs root (the
+failed run, the sweep ``done`` with exit 0, no worker exited, and the time the fault added over the baseline. Needs root (the
 namespace), iproute2 and PostgreSQL.
 """
 
@@ -208,6 +211,19 @@ def restart_postgres(lab: Lab, sweep_id: int, marks: dict[str, int]) -> str:
     return f"PostgreSQL shut down fast and started again: {time.monotonic() - start:.2f} s without a server"
 
 
+def postgres_down(seconds: float) -> Callable[[Lab, int, dict[str, int]], str]:
+    """PostgreSQL shut down fast while cells are measured, and started again ``seconds`` later (#61: within the 60 s
+    its clients wait, a sweep must end done with nothing false and no worker exited)."""
+    def down(lab: Lab, sweep_id: int, marks: dict[str, int]) -> str:
+        lab.measuring(marks)
+        lab.server.stop()
+        time.sleep(seconds)
+        lab.server.start()
+        return f"PostgreSQL down {seconds:g} s while cells were measured"
+
+    return down
+
+
 def resume_in_flight(lab: Lab, sweep_id: int, marks: dict[str, int]) -> str:
     lab.measuring(marks)
     return "queued with --detach; farm sweep --resume started while its cells ran"
@@ -258,7 +274,13 @@ def run_faults(args: argparse.Namespace, work: Path) -> int:
         ("warm-up", no_fault, False), ("baseline", no_fault, False), ("kill -9", kill_worker, False),
         ("SIGSTOP, a second worker", freeze("lab1"), False), ("SIGSTOP, no other worker", freeze("lab2"), False),
         ("PostgreSQL restart", restart_postgres, False), ("duplicate delivery", no_fault, False),
-        ("resume in flight", resume_in_flight, True)]
+        ("resume in flight", resume_in_flight, True), ("PostgreSQL down 5 s", postgres_down(5), False),
+        ("PostgreSQL down 25 s", postgres_down(25), False), ("PostgreSQL down 55 s", postgres_down(55), False)]
+    if getattr(args, "only", None):
+        unknown = [name for name in args.only if name not in {s[0] for s in scenarios}]
+        if unknown:
+            raise SystemExit(f"no scenario {unknown[0]!r}: {', '.join(s[0] for s in scenarios)}")
+        scenarios = [s for s in scenarios if s[0] in ("warm-up", "baseline", *args.only)]
     results: dict[str, dict] = {}
     with network_namespace("farmf", 214) as (ns, host_addr, lab_addr), \
             postgres_server_at(f"127.0.0.1,{host_addr}", f"{lab_addr}/32") as server:
@@ -287,7 +309,8 @@ def run_faults(args: argparse.Namespace, work: Path) -> int:
                 if name == "duplicate delivery":
                     result["redelivery"] = redeliver(lab, result["sweep_id"])
                     result.update(lab.cells(result["sweep_id"]))
-                result["goals"] = judge(result, baseline_s)
+                result["goals"] = {**judge(result, baseline_s),
+                                   "no worker exited": all(p.poll() is None for _, p in lab.workers.values())}
                 if name == "warm-up":  # its compiles fill the caches: the baseline after it measures only
                     result["goals"] = {"added_s": None, **{k: v for k, v in result["goals"].items() if k != "added_s"}}
                 if name == "baseline":
