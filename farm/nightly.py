@@ -219,15 +219,20 @@ class LabTuning:
     say: Say
 
     def __call__(self, sweep_id: int, device: str, budget: dict) -> str:
+        """The key's tuning while its device's lease is held (#61: a job delivered again tuned the same key twice at
+        once, and replayed its records twice): a second delivery waits for the first, then finds its night stored."""
         tuner = self.worker.device(device)
         with self.worker.store() as store:
             if device in store.night_tuned(sweep_id):  # the job delivered again: its key's night is stored
                 return "done before"
-            spec, _ = self.worker.context(store, sweep_id)
-            models = {m.name: m for m in (self.worker.model(spec, name) for name in spec.cell_models())}
-            done = tune_key(self.worker.tracker, tuner, sweep_id, run_rows(store, sweep_id=sweep_id), models,
-                            spec.config, TuneBudget(**{**budget, "devices": tuple(budget.get("devices", ()))}), store,
-                            self.worker.cache_dir, self.work_root, self.say)
+            with self.worker.leases.hold(store, tuner.name, self.worker.holder(sweep_id, device, "tuning"), None):
+                if device in store.night_tuned(sweep_id):  # its first delivery ended while this one waited
+                    return "done before"
+                spec, _ = self.worker.context(store, sweep_id)
+                models = {m.name: m for m in (self.worker.model(spec, name) for name in spec.cell_models())}
+                done = tune_key(self.worker.tracker, tuner, sweep_id, run_rows(store, sweep_id=sweep_id), models,
+                                spec.config, TuneBudget(**{**budget, "devices": tuple(budget.get("devices", ()))}),
+                                store, self.worker.cache_dir, self.work_root, self.say)
         return ", ".join(f"{t.model}: {t.status}" for t in done) or "nothing to tune"
 
 

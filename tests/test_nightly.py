@@ -119,3 +119,32 @@ def test_a_session_that_changes_none_of_the_model_s_code_is_kept_without_measuri
     checked = _validate(None, LOCAL, model, BenchConfig(), tmp_path / "cache", before, after)  # type: ignore[arg-type]
     assert (checked.kept, checked.before_s, checked.after_s) == (True, None, None), checked.reason
     assert "change none of this model's code" in checked.reason
+
+
+def test_a_redelivered_tuning_job_waits_for_its_device_s_lease_then_finds_its_night_stored(postgres_db, tmp_path):
+    """#61: a tuning job delivered again (its worker froze past the stall) tuned the same key beside the first, and
+    replayed its records twice. Now it holds its device's lease: it waits while the first delivery holds it, then
+    finds the key's night stored, and tunes nothing."""
+    import threading
+
+    from farm.inventory import parse_inventory
+    from farm.nightly import LabTuning
+    from farm.sweep.lab import LabWorker
+
+    inventory = parse_inventory('[devices.cpu]\nkind = "remote"\nkey = "cpu"\ntarget = { kind = "llvm" }\n'
+                                'lab_host = "lab1"\n')
+    worker = LabWorker(postgres_db, inventory.devices, inventory.tracker, tmp_path / "cache", name="w2")
+    job = LabTuning(worker, tmp_path / "tune", lambda text: None)
+    with Store(postgres_db) as store:
+        sweep = store.start_sweep({"devices": ["cpu"], "models": ["mlp"], "reference": None,
+                                   "config": {}, "retries": 0, "tuned": True})
+        first = store.take_lease("cpu", "w1 (the first delivery, tuning)", 30.0)
+        said: list[str] = []
+        second = threading.Thread(target=lambda: said.append(job(sweep, "cpu", {})))
+        second.start()
+        second.join(timeout=3.0)
+        assert second.is_alive() and said == []  # it waits for the device: no second tuning beside the first
+        store.save_night_tuning(sweep, "cpu", [])  # the first delivery's night, stored as it ends
+        store.release_lease(first)
+        second.join(timeout=60)
+    assert said == ["done before"]

@@ -260,7 +260,7 @@ class LabWorker:
             if self._attempts_unless_done(store, spec, sweep_id, device, model) is None:
                 return "done before"
             target, (source, problem) = self.device(device), self.model_or_problem(spec, model)
-            with self.leases.hold(store, target.name, self._holder(sweep_id, device, model), self._say(device, model)) \
+            with self.leases.hold(store, target.name, self.holder(sweep_id, device, model), self._say(device, model)) \
                     as lease:
                 attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
                 if attempts is None:  # its earlier holder stored it meanwhile
@@ -309,7 +309,7 @@ class LabWorker:
             spec, ctx = self.context(store, sweep_id)
             target = self.device(device)
             stand_in = stand_in_model(spec, model)
-            with self.leases.hold(store, target.name, self._holder(sweep_id, device, model), self._say(device, model)) \
+            with self.leases.hold(store, target.name, self.holder(sweep_id, device, model), self._say(device, model)) \
                     as lease:
                 attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
                 if attempts is None:
@@ -324,7 +324,7 @@ class LabWorker:
                                   sweep_id=sweep_id, lease=lease)
         return False
 
-    def _holder(self, sweep_id: int, device: str, model: str) -> str:
+    def holder(self, sweep_id: int, device: str, model: str) -> str:
         return f"{self.name or 'a worker'}/{threading.current_thread().name} (sweep {sweep_id}: {device} × {model})"
 
     def _say(self, device: str, model: str) -> Callable[[str], None] | None:
@@ -435,7 +435,7 @@ class LabWorker:
         with self.store() as store:
             spec, _ = self.context(store, sweep_id)
             target = self.device(device)
-            with self.leases.hold(store, target.name, self._holder(sweep_id, device, "copy curve"),
+            with self.leases.hold(store, target.name, self.holder(sweep_id, device, "copy curve"),
                                   self._say(device, "-")) as lease:
                 curves = store.sweep_curves(sweep_id, device)
                 if "ok" in curves:
