@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
 
 from farm.errors import FarmError
@@ -29,6 +30,9 @@ from farm.series import by_sweep
 from farm.store import Store
 
 Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
+# what a rerun holds its device with while it measures (#61: a lab's --confirm reruns ran beside its workers'
+# cells on the same device): ``sweep.leases.device_holds``, the device's lease where a lab's workers share it
+DeviceHold = Callable[[Device], AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,11 @@ class SweepRegressions:
 def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: bool = False,
                        tracker: TrackerAddress | None = None, devices: dict[str, Device] | None = None,
                        config: BenchConfig = BenchConfig(), progress: Progress | None = None,
-                       budget_min: float = DEFAULT_BUDGET_MIN) -> SweepRegressions:
+                       budget_min: float = DEFAULT_BUDGET_MIN, hold: DeviceHold | None = None) -> SweepRegressions:
     """Store the sweep's (the latest's when ``sweep_id`` is None) candidate and improved verdicts as alerts, upgrade
     verdicts beside them (``findings.sweep_verdicts``); group them into findings; with ``confirm_candidates``,
-    rerun each finding's representatives on their devices (``tracker``, ``devices``) while ``budget_min``
-    device-minutes last; store the findings and the budget."""
+    rerun each finding's representatives on their devices (``tracker``, ``devices``; each held by ``hold`` while
+    it measures) while ``budget_min`` device-minutes last; store the findings and the budget."""
     sweep = store.sweep(sweep_id)
     if sweep is None:
         raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
@@ -73,12 +77,12 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
                 if rerunnable is None or "rounds" in alert.confirmation or spent_s >= budget_s:
                     continue
                 started = time.monotonic()
-                status, detail = _confirm_one(store, tracker, devices or {}, rerunnable, config, progress)
+                status, detail = _confirm_one(store, tracker, devices or {}, rerunnable, config, progress, hold)
                 spent_s += time.monotonic() - started
                 rerun += 1
                 store.save_alert(rerunnable, METHOD.to_json(), status, detail)
         spent_s, rerun = _rerun_the_rest(store, tracker, devices or {}, verdicts, findings, config, progress,
-                                         budget_s, spent_s, rerun)
+                                         budget_s, spent_s, rerun, hold)
         findings = sweep_findings(store, sweep_id, rows, verdicts)  # confirmation moves their evidence and rank
     left = sum(1 for f in findings if f.direction == "slower" and f.representatives and not f.reruns)
     if confirm_candidates:  # a review without reruns keeps what an earlier one spent
@@ -89,7 +93,8 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
 
 def _rerun_the_rest(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device],
                     verdicts: list[SeriesVerdict], findings: list[Finding], config: BenchConfig,
-                    progress: Progress | None, budget_s: float, spent_s: float, rerun: int) -> tuple[float, int]:
+                    progress: Progress | None, budget_s: float, spent_s: float, rerun: int,
+                    hold: DeviceHold | None = None) -> tuple[float, int]:
     """What the budget has left goes to the slower steady series no finding holds, largest z first: candidates left
     alone (under a single series' bound), then the screen's second tier (``Method.rescreen``: "screened", never an
     alert). A rerun candidate keeps its verdict in its alert; a screened series is stored only when confirmed (a
@@ -104,7 +109,7 @@ def _rerun_the_rest(store: Store, tracker: TrackerAddress | None, devices: dict[
         if spent_s >= budget_s:
             break
         started = time.monotonic()
-        status, detail = _confirm_one(store, tracker, devices, verdict, config, progress)
+        status, detail = _confirm_one(store, tracker, devices, verdict, config, progress, hold)
         spent_s += time.monotonic() - started
         rerun += 1
         if verdict.status == "candidate" or status == "confirmed":
@@ -119,7 +124,8 @@ def _series(row: Alert | SeriesVerdict) -> tuple:
 
 
 def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device], verdict: SeriesVerdict,
-                 config: BenchConfig, progress: Progress | None) -> tuple[str, dict[str, Any]]:
+                 config: BenchConfig, progress: Progress | None,
+                 hold: DeviceHold | None = None) -> tuple[str, dict[str, Any]]:
     from farm.measure import interleaved_rounds  # here: TVM (and the model libraries) take seconds to import,
     from farm.models import make_inputs  # and only a rerun on the device needs them
 
@@ -139,15 +145,16 @@ def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str
     inputs = make_inputs(model, config.seed)
     if progress:
         progress(device.name, verdict.model, "confirm", "old and new artifacts interleaved")
-    try:
-        status, comparison = confirm(lambda n: interleaved_rounds(tracker, device, old, new, inputs, n, config))
-    except FarmError as exc:
-        return "unknown", {"reason": exc.message}
-    detail = {"method": "rounds: a fresh load of both artifacts per round, interleaved; Wilcoxon signed-rank "
-                        "on the per-round log ratios", **asdict(comparison)}
-    if status == "confirmed" and verdict.baseline_run_id is not None and \
-            (baseline := store.profile(verdict.baseline_run_id)) is not None and baseline.status == "ok":
-        detail["kernels"] = _rerun_kernels(tracker, device, old, new, inputs, config, progress, verdict.model)
+    with (hold or (lambda _device: nullcontext()))(device):
+        try:
+            status, comparison = confirm(lambda n: interleaved_rounds(tracker, device, old, new, inputs, n, config))
+        except FarmError as exc:
+            return "unknown", {"reason": exc.message}
+        detail = {"method": "rounds: a fresh load of both artifacts per round, interleaved; Wilcoxon signed-rank "
+                            "on the per-round log ratios", **asdict(comparison)}
+        if status == "confirmed" and verdict.baseline_run_id is not None and \
+                (baseline := store.profile(verdict.baseline_run_id)) is not None and baseline.status == "ok":
+            detail["kernels"] = _rerun_kernels(tracker, device, old, new, inputs, config, progress, verdict.model)
     return status, detail
 
 

@@ -218,6 +218,7 @@ def test_no_module_branches_on_a_device_kind_outside_the_kinds():
 # A handler that only re-raises (`except BuildError: raise`, so the `except Exception` below it translates only
 # third-party errors) catches nothing and is not listed.
 CATCHERS = {
+    "farm.compile.child": "a compile's FarmError in its own process crosses back as (message, hint): a BuildError here",
     "farm.confirmation": "a rerun that fails leaves the alert 'unknown' with the reason",
     "farm.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving",
     "farm.devices": "the watchdog reports a restart that failed and keeps watching; a server it cannot stop stays recorded",

@@ -66,6 +66,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from farm.confirmation import detect_and_confirm
     from farm.findings import failing_findings
+    from farm.sweep.leases import device_holds
     from farm.store import Store
 
     require_db(args.db)
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             store.set_finding_state(finding_id, state)
         reviewed = detect_and_confirm(store, args.sweep, args.confirm, inventory.tracker if inventory else None,
                                       inventory.devices if inventory else None, bench_config(args),
-                                      progress_printer(args.progress), args.confirm_budget)
+                                      progress_printer(args.progress), args.confirm_budget,
+                                      device_holds(args.db, store, "farm regressions --confirm"))
     if args.json:
         emit_json({"sweep_id": reviewed.sweep_id, "findings": reviewed.findings, "budget": reviewed.budget,
                    "alerts": reviewed.alerts})

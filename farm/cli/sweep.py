@@ -264,11 +264,13 @@ def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, out
     hosts: a job per key on its host, ``nightly.tune_queued``), the report."""
     from farm.confirmation import detect_and_confirm
     from farm.store import Store
+    from farm.sweep.leases import device_holds
 
     report = None
     with Store(args.db) as store:
         reviewed = detect_and_confirm(store, outcome.sweep_id, args.confirm, inventory.tracker, inventory.devices,
-                                      spec.config, progress_printer(args.progress), args.confirm_budget)
+                                      spec.config, progress_printer(args.progress), args.confirm_budget,
+                                      device_holds(args.db, store, f"farm sweep {outcome.sweep_id} --confirm"))
         tuning = [] if not budget else _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) \
             if not queued else _queued_tuning(args, inventory, spec, outcome.sweep_id, budget)
         if not args.no_report:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Callable, Iterator
 
 from farm.errors import DeviceUnavailable, StoreError
 from farm.queue import HEARTBEAT_S, STALLED_S
-from farm.records import Lease
+from farm.records import Device, Lease
 from farm.store import Store, shared_store
 
 log = logging.getLogger(__name__)
@@ -109,3 +109,18 @@ def take(store: Store, device: str, holder: str, say: Callable[[str], None] | No
                                     f"{LEASE_WAIT_S:g} s", "see farm worker --status; the cell is left for "
                                     "farm sweep --resume")
         time.sleep(LEASE_POLL_S)
+
+
+def device_holds(db: str, store: Store, holder: str,
+                 say: Callable[[str], None] | None = None) -> Callable[[Device], AbstractContextManager[object]]:
+    """What a rerun outside a lab worker (``farm sweep --confirm``, ``farm regressions --confirm``) holds a device
+    with while it measures (``confirmation.DeviceHold``): its lease, where its lab's workers share it (a device with
+    a ``lab_host``, on the lab's PostgreSQL), so it never measures beside their cells (#61); nothing elsewhere."""
+    from farm.store.backends import is_url
+
+    def hold(device: Device) -> AbstractContextManager[object]:
+        if not (device.lab_host and is_url(db)):
+            return nullcontext()
+        return LeaseKeeper(db).hold(store, device.name, f"{holder} ({device.name})", say)
+
+    return hold
