@@ -614,3 +614,25 @@ def test_a_fetch_whose_answer_was_lost_runs_the_job_it_took_not_another(postgres
         doing = db.execute("SELECT id FROM procrastinate_jobs WHERE status = 'doing' AND worker_id = %s",
                            (worker_id,)).fetchall()
     assert doing == [(fetched,)]
+
+
+def test_a_confirmation_rerun_holds_a_lab_device_s_lease_while_it_measures(postgres_db, tmp_path):
+    """#61: --confirm reruns from the follower's host measured a lab's devices beside their workers' cells. The
+    rerun's hold (``sweep.leases.device_holds``) is the device's lease where a lab's workers share it; a device of
+    no lab host, or a SQLite database, holds nothing."""
+    from farm.inventory import parse_inventory
+    from farm.store import Store
+    from farm.sweep.leases import device_holds
+
+    devices = parse_inventory('[devices.lab]\nkind = "remote"\nkey = "l"\ntarget = { kind = "llvm" }\nlab_host = "h"\n'
+                              '[devices.here]\nkind = "remote"\nkey = "h"\ntarget = { kind = "llvm" }\n').devices
+    with Store(postgres_db) as store:
+        hold = device_holds(postgres_db, store, "farm sweep 3 --confirm")
+        with hold(devices["lab"]):
+            assert store.lease_holder("lab")[0] == "farm sweep 3 --confirm (lab)"
+            assert store.take_lease("lab", "a worker's cell", 30.0) is None  # the workers' cells wait for it
+        assert store.lease_holder("lab") is None
+        with hold(devices["here"]):
+            assert store.lease_holder("here") is None
+    with Store(tmp_path / "r.db") as local, device_holds(str(tmp_path / "r.db"), local, "x")(devices["lab"]):
+        assert local.lease_holder("lab") is None
