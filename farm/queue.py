@@ -56,6 +56,10 @@ HEARTBEAT_S = 5.0  # a worker's heartbeat (procrastinate's default is 10 s)
 STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stalled
 STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
 POLL_S = 1.0  # a worker's poll for new jobs: it keeps no LISTEN connection (POOL_CONNECTIONS); 40 workers, 40 reads/s
+# a worker whose calls to the database had no answer this long (a heartbeat a HEARTBEAT_S, a fetch a POLL_S when
+# idle) was cut off from it, whether its calls failed or waited for a connection (#61: in a 25 s outage they waited
+# 30 s in procrastinate's pool, failed nothing, and the stall check's first answer after it re-queued live jobs)
+SILENT_GAP_S = 2 * HEARTBEAT_S
 RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed worker's job is running again by then
 # a worker silent this long is removed from procrastinate's list by whoever looks (``prune_dead_workers``), and by a
 # worker as it starts (procrastinate's ``stalled_worker_timeout``, which it uses for that prune alone). Not
@@ -251,8 +255,8 @@ class LabQueue:
             kwargs={"application_name": application_name(), "target_session_attrs": "read-write"}))
         self._handlers: dict[str, Callable[..., Any]] = {}
         # a worker's own view of the database (``stall_check_due``): when it started serving, when it last failed
-        # to reach the database (monotonic seconds)
-        self._started_s, self._unreachable_s = 0.0, float("-inf")
+        # to reach it, when it last had an answer (monotonic seconds)
+        self._started_s, self._unreachable_s, self._answered_s = 0.0, float("-inf"), 0.0
         for name in (CELL, CURVE, TUNE, BUILD):
             self.app.task(name=name, pass_context=False)(self._dispatcher(name))
 
@@ -556,7 +560,7 @@ class LabQueue:
             asyncio.get_running_loop().set_default_executor(
                 ThreadPoolExecutor(max_workers=slots, thread_name_prefix="farm-job"))
             async with self.app.open_async():
-                self._started_s = time.monotonic()
+                self._started_s = self._answered_s = time.monotonic()
                 stalled = asyncio.create_task(self._retry_stalled(set(queues), poisoned))
                 try:
                     await self.app.run_worker_async(
@@ -601,7 +605,9 @@ class LabQueue:
                             log.warning("the lab's queue (fetch_job): job %s was taken before the connection went: "
                                         "running it", taken.id)
                             return taken
-                        return await call(*args, **kwargs)
+                        answer = await call(*args, **kwargs)
+                        self._note_answer()
+                        return answer
                     except connector_error as exc:
                         if not connection_lost(exc.__cause__):
                             raise
@@ -618,6 +624,14 @@ class LabQueue:
 
         for name in self.WORKER_CALLS:
             setattr(manager, name, patient(name, getattr(manager, name)))
+
+    def _note_answer(self) -> None:
+        """An answer from the database: one after ``SILENT_GAP_S`` without any (its calls blocked, waiting for a
+        connection in an outage, rather than failing) ends an outage as a failure would (``stall_check_due``)."""
+        now = time.monotonic()
+        if now - self._answered_s > SILENT_GAP_S:
+            self._unreachable_s = now
+        self._answered_s = now
 
     async def _doing_of(self, worker_id: int) -> set[int]:
         """The jobs marked running for ``worker_id``: what a fetch finds taken meanwhile is the one it fetched."""
@@ -650,7 +664,13 @@ class LabQueue:
                 continue
             try:
                 one = next(iter(queues)) if len(queues) == 1 else None  # else all queues' stalled jobs, filtered
-                for job in await manager.get_stalled_jobs(queue=one, seconds_since_heartbeat=STALLED_S):
+                asked = time.monotonic()
+                stalled_jobs = await manager.get_stalled_jobs(queue=one, seconds_since_heartbeat=STALLED_S)
+                self._note_answer()
+                if time.monotonic() - asked > HEARTBEAT_S:  # it waited for the database: what it read is stale
+                    self._unreachable_s = time.monotonic()
+                    continue
+                for job in stalled_jobs:
                     if job.queue not in queues:
                         continue
                     deliveries = job.attempts + 1  # procrastinate's attempts: one more at each retry

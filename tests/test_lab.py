@@ -636,3 +636,20 @@ def test_a_confirmation_rerun_holds_a_lab_device_s_lease_while_it_measures(postg
             assert store.lease_holder("here") is None
     with Store(tmp_path / "r.db") as local, device_holds(str(tmp_path / "r.db"), local, "x")(devices["lab"]):
         assert local.lease_holder("lab") is None
+
+
+def test_an_answer_after_a_silent_gap_ends_an_outage_as_a_failure_would():
+    """#61: in a 25 s outage a worker's calls waited in procrastinate's pool instead of failing, so nothing told
+    its stall check the database had been away. An answer after SILENT_GAP_S without any now does."""
+    import time
+
+    from farm.queue import SILENT_GAP_S, LabQueue
+
+    lab = LabQueue("postgresql://farm@127.0.0.1:1/nowhere")  # never connected: the worker's clocks only
+    now = time.monotonic()
+    lab._answered_s, lab._unreachable_s = now - 1.0, float("-inf")
+    lab._note_answer()
+    assert lab._unreachable_s == float("-inf")  # answers a beat apart: no outage
+    lab._answered_s = time.monotonic() - SILENT_GAP_S - 1.0
+    lab._note_answer()
+    assert lab._unreachable_s >= now  # the gap's end counts as the last time it could not reach the database
