@@ -42,6 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 DEVICES_PER_HOST = 3
 MODELS = ("mlp", "convnet")
 FREEZE_S = 60.0  # how long a frozen worker stays stopped (#50's trial: 60 s)
+# outages shorter than a lease (sweep.leases.LEASE_S, 30 s): no job may be put back, no write refused
+OUTLASTED = ("PostgreSQL restart", "PostgreSQL down 5 s", "PostgreSQL down 25 s")
 SWEEP_ARGS = ("--model", "mlp", "--model", "convnet", "--reference", "none", "--repeat", "20", "--min-repeat-ms", "50",
               "--no-report", "--json")
 
@@ -305,12 +307,17 @@ def run_faults(args: argparse.Namespace, work: Path) -> int:
             baseline_s = None
             for name, fault, detach in scenarios:
                 say(f"scenario: {name}")
+                marks = lab.marks()
                 result = run_sweep(lab, fault, detach)
                 if name == "duplicate delivery":
                     result["redelivery"] = redeliver(lab, result["sweep_id"])
                     result.update(lab.cells(result["sweep_id"]))
                 result["goals"] = {**judge(result, baseline_s),
                                    "no worker exited": all(p.poll() is None for _, p in lab.workers.values())}
+                if name in OUTLASTED:  # within the lease: no job put back, no write refused (#61)
+                    said = "".join(lab.log(worker)[marks.get(worker, 0):] for worker in lab.workers)
+                    result["goals"]["no job put back"] = "stalled on a silent worker" not in said
+                    result["goals"]["no write refused"] = "is refused" not in said and "lost device" not in said
                 if name == "warm-up":  # its compiles fill the caches: the baseline after it measures only
                     result["goals"] = {"added_s": None, **{k: v for k, v in result["goals"].items() if k != "added_s"}}
                 if name == "baseline":
