@@ -7,6 +7,7 @@ can tell, the device and the field, and says what to write instead.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -19,6 +20,7 @@ from farm.records import (CPU_TARGETS, EXPORT_FORMATS, TAG_KINDS, TARGET_KINDS, 
                            tag_kind, target_kind)
 
 DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
+DEVICE_NAME = r"[A-Za-z0-9_.\-]+"  # what a [devices.NAME] may be called (a tracker key's characters too)
 
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
@@ -142,6 +144,11 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
 
     if not isinstance(raw, dict):
         raise fail("entry", "must be a table", f"write it as:\n{EXAMPLE}")
+    if not re.fullmatch(DEVICE_NAME, name):
+        # a ':' in a name collided with a model's in a lab job's key ('cell:SWEEP:DEVICE:MODEL'), and the second job
+        # was silently not queued (#62); '@' marks a CPU fallback (NAME@cpu); '/' and spaces break paths and URLs
+        raise InventoryError(f"{where}: device name {name!r} is not allowed",
+                             "use letters, digits, '-', '_' or '.' in a device name ([devices.mate10-gpu])")
     known = kinds()
     kind = raw.get("kind")
     if kind is None:
@@ -167,6 +174,10 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
         raise fail("export", f"{export!r} is unknown", f"write export = one of {', '.join(EXPORT_FORMATS)}")
     cooldown_s = _number(raw.get("cooldown_s", 0.0), fail, "cooldown_s")
     session_timeout_s = _number(raw.get("session_timeout_s", 600.0), fail, "session_timeout_s")
+    if not 0 < session_timeout_s < math.inf:  # 0 ends every session at once; inf holds a dead one's lease for ever
+        raise fail("session_timeout_s", f"{raw['session_timeout_s']!r} must be a positive, finite number of seconds",
+                   "write session_timeout_s = 600 (how long the server keeps one session; the lab's lease design "
+                   "waits that long for a frozen holder's session)")
     emulated = raw.get("emulated", plugin.always_emulated)
     if not isinstance(emulated, bool):
         raise fail("emulated", "must be true or false", "write emulated = true for devices run under qemu")
@@ -265,6 +276,6 @@ def _gate_number(value: Any, fail, field: str) -> None:
 
 
 def _number(value: Any, fail, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # nan is not >= 0
         raise fail(field, f"{value!r} must be a number of seconds >= 0", f"write {field} = 30")
     return float(value)

@@ -1,3 +1,4 @@
+import re
 import shutil
 from pathlib import Path
 
@@ -235,3 +236,24 @@ def test_compile_reads_a_tag_targets_kind_for_its_triple():
     assert (target["tag"], target["kind"], target["host"]["mtriple"]) == ("nvidia/jetson-tx2", "cuda", "aarch64-linux-gnu")
     if shutil.which("aarch64-linux-gnu-g++"):
         assert toolchain_for(tx2, target) == "aarch64-linux-gnu-g++"
+
+
+@pytest.mark.parametrize("table, error", [
+    ('[devices."lab:1"]', "device name 'lab:1' is not allowed"),
+    ('[devices."x@cpu"]', "device name 'x@cpu' is not allowed"),
+    ('[devices."a b"]', "device name 'a b' is not allowed"),
+])
+def test_a_device_name_that_breaks_job_keys_is_refused_with_a_hint(table, error):
+    """#62: a ':' in a name collided with a model's in a lab job's key, and the second job was silently not
+    queued."""
+    with pytest.raises(InventoryError, match=re.escape(error)) as refused:
+        parse_inventory(f'{table}\nkind = "local"\nkey = "k"\ntarget = {{ kind = "llvm" }}\n')
+    assert "letters, digits" in refused.value.hint
+
+
+@pytest.mark.parametrize("value", ["0", "inf", "nan", "-1"])
+def test_a_session_timeout_of_zero_infinity_or_nan_is_refused(value):
+    """#62: 0 ends every session at once; inf holds a frozen holder's device for ever in the lease design."""
+    with pytest.raises(InventoryError, match="session_timeout_s") as refused:
+        parse_inventory(f'[devices.d]\nkind = "local"\nkey = "k"\ntarget = {{ kind = "llvm" }}\nsession_timeout_s = {value}\n')
+    assert "session_timeout_s = 600" in refused.value.hint or "session_timeout_s = 30" in refused.value.hint
