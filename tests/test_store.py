@@ -592,3 +592,19 @@ def test_a_lease_s_epoch_handed_out_again_does_not_fence_in_its_old_holder(db_lo
         store.release_lease(old)
         assert store.lease_holder("cpu")[:2] == ("worker-b", 1)  # the old holder's release frees nothing
         assert store.count("runs") == 0
+
+
+@pytest.mark.parametrize("url, shown, secrets", [
+    ("postgresql://farm:s3cret@db:5432/lab", "postgresql://farm:***@db:5432/lab", ["s3cret"]),
+    ("postgresql://farm@db/lab?password=s3cret&sslmode=require", "postgresql://farm@db/lab?password=***&sslmode=require",
+     ["s3cret"]),
+    ("postgresql://farm@db/lab?sslmode=require&sslpassword=k3y", "postgresql://farm@db/lab?sslmode=require&sslpassword=***",
+     ["k3y"]),
+    ("postgresql://farm@db/lab", "postgresql://farm@db/lab", []),
+    ("/home/me/results.db", "/home/me/results.db", []),
+])
+def test_a_database_location_is_shown_without_its_passwords(url, shown, secrets):
+    """#62: redact missed ?password=; what the CLI keeps out of its output is each password as written."""
+    from farm.store.backends import redact, url_secrets
+
+    assert (redact(url), url_secrets(url)) == (shown, secrets)

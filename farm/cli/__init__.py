@@ -21,7 +21,7 @@ from farm.tvm_private import import_tvm_without_torch
 
 from farm.cli import (bench, compare, compile, copies, dashboard, demo, devices, down, drift, models, phones,
                       regressions, report, results, serve, sweep, tracker, tune, worker)
-from farm.cli.common import Parser, default_db, print_error
+from farm.cli.common import Parser, default_db, keep_out_secrets, print_error
 
 EPILOG = """\
 examples:
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args.devices = getattr(args, "devices", None) or os.environ.get("FARM_DEVICES", "devices.toml")
     args.db = getattr(args, "db", None) or os.environ.get("FARM_DB") or _inventory_db(args.devices) or default_db()
     args.json = getattr(args, "json", False)
+    keep_out_secrets(args.db)  # before logging takes stderr: nothing printed carries the database's password
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -349,3 +349,30 @@ def reference_text(result, reference) -> str:
     ref_s = median(ref.steady_samples_s)
     versus = versus_text(tvm_s, ref_s, ref.runtime, result.threads, ref.threads)
     return f"{ref.runtime} {duration(ref_s)}" + (f" ({versus})" if versus else f" on {threads_label(ref.threads)}")
+
+
+class _Redacting:
+    """A text stream that writes ``secrets`` as ``***`` (``keep_out_secrets``); anything else goes to the stream."""
+
+    def __init__(self, stream: Any, secrets: list[str]) -> None:
+        self._stream, self._secrets = stream, secrets
+
+    def write(self, text: str) -> int:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def keep_out_secrets(db: str) -> None:
+    """Keep the database URL's password out of everything this command prints: stdout (tables, ``--json``, CSV) and
+    stderr (``error:`` lines, logs, progress) write it as ``***`` (#62: ``?password=`` was printed by six verbs).
+    A password on the command line still shows in ``ps``: docs/nightly-and-lab.md says to give it by PGPASSFILE,
+    PGPASSWORD or a service file instead, which libpq reads and farm never sees."""
+    from farm.store.backends import url_secrets
+
+    secrets = url_secrets(db)
+    if secrets and not isinstance(sys.stdout, _Redacting):
+        sys.stdout, sys.stderr = _Redacting(sys.stdout, secrets), _Redacting(sys.stderr, secrets)

@@ -66,9 +66,22 @@ def require_server(location: str | Path, what: str) -> None:
                          "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
 
 
+# a password in a database URL: in its user part (postgresql://farm:PASSWORD@host), or as a parameter
+# (postgresql://farm@host/db?password=PASSWORD; sslpassword for a client key's)
+URL_PASSWORD = re.compile(r"(://[^:/@?]+):([^@/]*)@")
+PARAMETER_PASSWORD = re.compile(r"([?&](?:ssl)?password=)([^&#]*)", re.IGNORECASE)
+
+
 def redact(location: str) -> str:
-    """The location without a password, for messages and reports."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", location)
+    """The location without a password, for messages and reports (#62: ``?password=`` was printed)."""
+    return PARAMETER_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1:***@", location))
+
+
+def url_secrets(location: str) -> list[str]:
+    """The passwords a database URL carries, as written (what ``cli`` keeps out of everything it prints)."""
+    found = [m.group(2) for m in URL_PASSWORD.finditer(location)] + \
+        [m.group(2) for m in PARAMETER_PASSWORD.finditer(location)]
+    return [secret for secret in found if secret and secret != "***"]
 
 
 def exists(location: str | Path) -> bool:
