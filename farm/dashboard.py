@@ -180,7 +180,40 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
     return state
 
 
-class PageHandler(tornado.web.RequestHandler):
+class Guarded(tornado.web.RequestHandler):
+    """A handler that answers only a request addressed to this dashboard: its Host header must be one of the
+    dashboard's own names (``allowed_hosts``). A page of another site that a browser was made to send here by DNS
+    rebinding carries that site's name and gets 403 (#62: it could read ``/api/state``)."""
+
+    def initialize(self, allowed_hosts: frozenset[str], **_: Any) -> None:
+        self.allowed_hosts = allowed_hosts
+
+    def prepare(self) -> None:
+        if self.request.host.lower() not in self.allowed_hosts:
+            self.set_status(403)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(f"403: {self.request.host!r} is not this dashboard's address; a lab that serves it under a "
+                        "name starts it with farm dashboard --url http://NAME:PORT/\n")
+
+
+def allowed_hosts(host: str, port: int, urls: tuple[str, ...] = ()) -> frozenset[str]:
+    """The Host headers the dashboard answers: its bind address and loopback's names with its port, and each URL a
+    lab serves it under (``--url``; a default port may be left out, as browsers do)."""
+    from urllib.parse import urlsplit
+
+    names = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]")}
+    if host not in ("0.0.0.0", "::", ""):
+        names.add(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    for url in urls:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        default = 443 if parts.scheme == "https" else 80
+        names.add(parts.netloc.lower())
+        if parts.port in (None, default):
+            names.update({(parts.hostname or "").lower(), f"{(parts.hostname or '').lower()}:{default}"})
+    return frozenset(names)
+
+
+class PageHandler(Guarded):
     def get(self) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Content-Security-Policy",
@@ -188,25 +221,27 @@ class PageHandler(tornado.web.RequestHandler):
         self.write(PAGE)
 
 
-class StateHandler(tornado.web.RequestHandler):
-    def initialize(self, inventory: Inventory, db_path: str | Path) -> None:
-        self.inventory, self.db_path = inventory, db_path
+class StateHandler(Guarded):
+    def initialize(self, allowed_hosts: frozenset[str], **kwargs: Any) -> None:
+        super().initialize(allowed_hosts)
+        self.inventory, self.db_path = kwargs["inventory"], kwargs["db_path"]
 
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
         self.write(json.dumps(collect_state(self.inventory, self.db_path), default=str))
 
 
-def make_app(inventory: Inventory, db_path: str | Path) -> tornado.web.Application:
+def make_app(inventory: Inventory, db_path: str | Path, hosts: frozenset[str]) -> tornado.web.Application:
     return tornado.web.Application([
-        (r"/", PageHandler),
-        (r"/api/state", StateHandler, {"inventory": inventory, "db_path": db_path}),
+        (r"/", PageHandler, {"allowed_hosts": hosts}),
+        (r"/api/state", StateHandler, {"allowed_hosts": hosts, "inventory": inventory, "db_path": db_path}),
     ])
 
 
-def serve_dashboard(inventory: Inventory, db_path: str | Path, host: str, port: int, on_ready=None) -> None:
-    """Serve until interrupted (blocks)."""
-    app = make_app(inventory, db_path)
+def serve_dashboard(inventory: Inventory, db_path: str | Path, host: str, port: int, on_ready=None,
+                    urls: tuple[str, ...] = ()) -> None:
+    """Serve until interrupted (blocks), answering requests addressed to ``allowed_hosts`` only."""
+    app = make_app(inventory, db_path, allowed_hosts(host, port, urls))
     try:
         app.listen(port, address=host)
     except OSError as exc:

@@ -24,7 +24,8 @@ def dashboard(farm_net, tmp_path_factory):
     run_farm("--devices", str(inventory_file), "devices", "--probe", env=farm_env)
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "farm.cli", "--devices", str(inventory_file), "dashboard",
-                               "--port", str(port)], cwd=REPO, env={**os.environ, **farm_env},
+                               "--port", str(port), "--url", "http://farm.lab.example/"], cwd=REPO,
+                              env={**os.environ, **farm_env},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert "farm dashboard on http://127.0.0.1:" in server.stdout.readline()
@@ -44,6 +45,26 @@ def test_dashboard_shows_devices_sweep_and_results(dashboard):
 
 
 @needs_chromium
+def test_the_dashboard_answers_only_requests_addressed_to_it(dashboard):
+    """#62: DNS rebinding: a page of another site, its name pointed at this host, could read /api/state. Now a
+    request whose Host is not the dashboard's (its address, loopback's names, a --url the lab gave) gets 403."""
+    import http.client
+
+    port = int(dashboard.rsplit(":", 1)[1])
+
+    def status(host: str, path: str = "/api/state") -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", path, headers={"Host": host})
+        response = connection.getresponse()
+        return response.status, response.read()
+
+    assert status(f"127.0.0.1:{port}")[0] == 200 and status(f"localhost:{port}")[0] == 200
+    assert status("farm.lab.example")[0] == 200 and status("farm.lab.example:80", "/")[0] == 200  # its --url
+    refused, body = status(f"attacker.example:{port}")
+    assert refused == 403 and b"farm dashboard --url" in body and b"devices" not in body
+    assert status(f"attacker.example:{port}", "/")[0] == 403
+
+
 def test_dashboard_page_shows_them_in_chromium(dashboard):
     text, errors, _ = open_in_chromium(f"{dashboard}/", ready=("#updated", "updated"))
     assert errors == []
