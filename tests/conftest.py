@@ -30,9 +30,23 @@ REPO = Path(__file__).resolve().parent.parent
 USER_SETTINGS = ("FARM_DEVICES", "FARM_DB", "FARM_HOME")
 
 
+# The lab key every test lab host shares (farm/signing.py): one file of fixed content, so the hosts of a test (its
+# processes, a namespace's) verify each other's signed libraries as a lab's hosts do
+TEST_LAB_KEY = b"farm-tests-lab-key-5e1f0c2d9a7b"
+
+
 def pytest_configure(config):
+    import tempfile
+
+    from farm.signing import KEY_ENV
+
     for name in USER_SETTINGS:
         os.environ.pop(name, None)
+    key = Path(tempfile.gettempdir()) / "farm-tests-lab.key"
+    if not key.exists() or key.read_bytes() != TEST_LAB_KEY:
+        key.write_bytes(TEST_LAB_KEY)
+        key.chmod(0o644)  # the namespaces' processes run as this user; the PostgreSQL server never reads it
+    os.environ[KEY_ENV] = str(key)
     # as farm's own processes do (cli.main, the servers): TVM imported without PyTorch, in this process and in the
     # worker processes TVM starts from it (MetaSchedule's, for the tests that tune in-process): ~1.5 s of CPU each
     import_tvm_without_torch()

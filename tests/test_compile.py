@@ -168,3 +168,21 @@ def test_a_compile_apart_that_kills_its_process_is_a_build_error_and_the_next_co
     assert Path(artifact.path).exists() and artifact.model_digest == mlp.digest
     with pytest.raises(BuildError, match="/nonexistent/g\\+\\+"):  # the compile's own error, in its own words
         compile_apart(mlp, inventory.devices["broken"], tmp_path / "cache", None)
+
+
+@pytest.mark.parametrize("cache_key, path", [
+    ("../../../../root/.ssh", "x/authorized_keys"),  # #62: a stored key used as a path replaced ~/.ssh
+    ("/root/.ssh/" + "0" * 40, "authorized_keys"),
+    ("0" * 64, ".."),
+    ("0" * 63 + "/", "mlp.so"),
+])
+def test_an_artifact_whose_stored_key_or_name_is_a_path_is_refused_and_nothing_is_written(tmp_path, cache_key, path):
+    from farm.compile import artifact_file, install_artifact
+
+    built = compile_model(load_model("mlp"), LOCAL, tmp_path / "builder")
+    meta, data = artifact_file(built)
+    hostile = {**meta, "cache_key": cache_key, "path": path}
+    with pytest.raises(BuildError, match="not what farm makes, refused") as refused:
+        install_artifact(tmp_path / "cache", built.file_digest, hostile, data)
+    assert "check its users" in refused.value.hint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["builder"]  # nothing written, in the cache or beside it

@@ -653,3 +653,55 @@ def test_an_answer_after_a_silent_gap_ends_an_outage_as_a_failure_would():
     lab._answered_s = time.monotonic() - SILENT_GAP_S - 1.0
     lab._note_answer()
     assert lab._unreachable_s >= now  # the gap's end counts as the last time it could not reach the database
+
+
+def test_a_library_in_the_lab_s_store_is_run_only_when_the_lab_key_signed_it(postgres_db, tmp_path, monkeypatch):
+    """#62: a library's sha256 sat beside it in the same row, so whoever could write the lab's database could have
+    every host run its code. A host now loads a stored library only when its signature verifies with the lab key in
+    the host's own file; a row written without the key (its bytes and sha256 consistent) is refused, and the cell
+    compiles on its own host."""
+    from farm.compile import artifact_file, compile_model
+    from farm.inventory import parse_inventory
+    from farm.models import load_model
+    from farm.records import BenchConfig, TrackerAddress
+    from farm.signing import KEY_ENV, sign
+    from farm.store import Store
+    from farm.sweep.cell import CellContext
+    from farm.sweep.lab import LabWorker
+
+    devices = parse_inventory('[devices.d]\nkind = "local"\nkey = "d"\ntarget = { kind = "llvm", mcpu = "x86-64" }\n'
+                              'lab_host = "h"\n').devices
+    mlp = load_model("mlp")
+    built = compile_model(mlp, devices["d"], tmp_path / "builder")
+    meta, data = artifact_file(built)
+    worker = LabWorker(postgres_db, devices, TrackerAddress("127.0.0.1", 1), tmp_path / "measurer")
+    with Store(postgres_db) as store:
+        sweep = store.start_sweep({"devices": ["d"], "models": ["mlp"]})
+        ctx = CellContext(TrackerAddress("127.0.0.1", 1), tmp_path / "measurer", BenchConfig(), tuned=False,
+                          sweep_id=sweep)
+        store.put_artifact_file(built.cache_key, built.file_digest, {**meta, "builder": "mallory"}, data)  # no key
+        store.record_sweep_build(sweep, "d", "mlp", "mallory", cache_key=built.cache_key)
+        refused = worker._stored_build(ctx, store, devices["d"], mlp, True)
+        assert refused == "its artifact is refused: it carries no signature of the lab's key"
+        assert not (tmp_path / "measurer").exists()
+        with store._db.transaction() as db:  # the same row, signed with the lab key this host has
+            db.execute("UPDATE artifact_files SET meta = ? WHERE cache_key = ?",
+                       (json.dumps(sign(open(os.environ[KEY_ENV], "rb").read().strip(), {**meta, "builder": "b"})),
+                        built.cache_key))
+        installed = worker._stored_build(ctx, store, devices["d"], mlp, True)
+        assert Path(installed.path).read_bytes() == data
+        monkeypatch.setenv(KEY_ENV, str(tmp_path / "no-such.key"))  # a host without the key runs none of it
+        assert worker._stored_build(ctx, store, devices["d"], mlp, True).startswith("its artifact is refused: this host "
+                                                                                   "has no lab key")
+
+
+
+def test_a_signature_verifies_only_with_the_key_that_made_it_and_only_for_what_it_signed():
+    from farm.signing import sign, unsigned_reason
+
+    key, meta = b"k" * 32, {"cache_key": "a" * 64, "file_digest": "b" * 64, "builder": "w1"}
+    signed = sign(key, meta)
+    assert unsigned_reason(key, signed) == ""
+    assert unsigned_reason(b"x" * 32, signed).startswith("its signature does not verify")
+    assert unsigned_reason(key, {**signed, "file_digest": "c" * 64}).startswith("its signature does not verify")
+    assert unsigned_reason(None, signed).startswith("this host has no lab key")

@@ -31,7 +31,9 @@ ALLOWED = {
     "results": {"records", "runs", "series", "stats", "store"},
     "reference": {"errors", "records", "devices", "measure", "models", "__init__"},  # runtimes timed beside TVM
     "queue": {"errors", "store"},  # procrastinate on the results' PostgreSQL; store: a URL's redaction
-    "sweep": {"errors", "records", "compile", "devices", "measure", "models", "queue", "reference", "rpc", "store"},  # tracker
+    "sweep": {"errors", "records", "compile", "devices", "measure", "models", "queue", "reference", "rpc", "signing",
+              "store"},  # tracker; signing: the lab key's signature on a stored library
+    "signing": set(),  # the lab key's HMAC: the standard library only
     "sweep_file": {"errors", "records", "tune"},  # the sweep file's schema; [tune] is TuneBudget's fields
     "figures": set(),
     "findings": {"kernel_diff", "records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings

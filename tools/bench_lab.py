@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -79,6 +80,7 @@ from typing import Iterator
 
 from farm.devices.native import ensure_native_server, start_native_server
 from farm.records import TrackerAddress
+from farm.signing import KEY_ENV
 from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, start_tracker, stop_process
 from farm.rpc.tracker import query_summary, wait_for_servers
 
@@ -454,6 +456,9 @@ def main() -> int:
         return 0
     work = Path(args.keep or tempfile.mkdtemp(prefix="farm-lab-"))
     work.mkdir(parents=True, exist_ok=True)
+    if not os.environ.get(KEY_ENV):  # the bench's lab hosts share a lab key, as a lab's do (farm/signing.py)
+        (work / "lab.key").write_text(secrets.token_hex(32))
+        os.environ[KEY_ENV] = str(work / "lab.key")
     if args.queue_load is not None:
         if args.queue_load < 1:
             parser.error("--queue-load needs at least 1 job")

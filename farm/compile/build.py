@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -141,16 +142,21 @@ def install_artifact(cache_dir: Path, file_digest: str, meta: dict, data: bytes)
     if not isinstance(meta.get("cache_key"), str) or not isinstance(meta.get("path"), str):
         raise BuildError("an artifact read from the lab's store has no cache key or file name in its metadata",
                          "its builder runs another farm: upgrade both")
+    folder = Path(cache_dir) / meta["cache_key"][:24]
+    filename = Path(meta["path"]).name
+    if not re.fullmatch(r"[0-9a-f]{64}", meta["cache_key"]) or filename in ("", ".", "..") or \
+            folder.resolve().parent != Path(cache_dir).resolve():  # a key that is a path would write anywhere (#62)
+        raise BuildError(f"an artifact read from the lab's store names cache key {meta['cache_key'][:80]!r} and file "
+                         f"{meta['path'][:80]!r}: not what farm makes, refused (nothing written)",
+                         "someone wrote the lab's database who should not: check its users; the cell compiles here")
     if (got := hashlib.sha256(data).hexdigest()) != file_digest or meta.get("file_digest") != file_digest:
         raise BuildError(f"the artifact {meta.get('cache_key', '?')[:16]} read from the lab's store has sha256 "
                          f"{got[:16]}…, not the {file_digest[:16]}… its builder recorded",
                          "its bytes were damaged on the way or in the store: the cell compiles it on its own host")
-    folder = Path(cache_dir) / str(meta["cache_key"])[:24]
     if (cached := _cached(folder)) is not None:
         return cached
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
-    filename = Path(meta["path"]).name
     (tmp / filename).write_bytes(data)
     known = {f.name for f in fields(Artifact)} - {"cached"}  # the store's metadata may say more (who built it)
     meta = {"pipeline_version": PIPELINE_VERSION, **{k: v for k, v in meta.items() if k in known},

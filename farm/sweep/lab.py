@@ -42,6 +42,7 @@ from farm.records import (Artifact, Device, ModelSource, RunToStore, StoredAttem
 from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, is_url, require_server
 from farm.compile.child import compile_apart
+from farm.signing import KEY_ENV, lab_key, sign, unsigned_reason
 from farm.sweep.cell import CellContext, Progress, compile_or_error, run_cell
 from farm.sweep.failures import unmeasured_result
 from farm.sweep.leases import LeaseKeeper
@@ -382,6 +383,10 @@ class LabWorker:
         if (stored := store.artifact_file(made.cache_key)) is None:
             return f"its artifact {made.cache_key[:12]} is not in the lab's store"
         meta = stored[1]
+        if refused := unsigned_reason(lab_key(), meta):  # the row's own sha256 tells damage, not tampering (#62)
+            log.error("%s × %s: the artifact %s in the lab's store is refused: %s", device.name, model.name,
+                      str(made.cache_key)[:12], refused)
+            return f"its artifact is refused: {refused}"
         want = {"model_digest": model.digest, "target": effective_target(device), "export": device.export,
                 "tuning_digest": tuning.digest if tuning is not None and tuning.records else "",
                 "tvm_version": TVM_VERSION, "pipeline_version": PIPELINE_VERSION}
@@ -424,7 +429,11 @@ class LabWorker:
                 return "failed"
             if store.artifact_file_head(artifact.cache_key) is None:
                 meta, data = artifact_file(artifact)
-                store.put_artifact_file(artifact.cache_key, artifact.file_digest, {**meta, "builder": name}, data)
+                if (signing := lab_key()) is None:
+                    log.warning("%s × %s: this build worker has no lab key (%s): the library it stores is run by no "
+                                "host", device, model, KEY_ENV)
+                meta = {**meta, "builder": name}
+                store.put_artifact_file(artifact.cache_key, artifact.file_digest, sign(signing, meta) if signing else meta, data)
             store.record_sweep_build(sweep_id, device, model, name, cache_key=artifact.cache_key,
                                      build_s=artifact.build_s)
             return "built"
