@@ -481,7 +481,7 @@ def test_a_model_that_kills_its_worker_is_stored_failed_after_max_deliveries_not
     sweep_file = tmp_path / "sweep.toml"
     sweep_file.write_text('devices = ["dev0"]\nmodels = ["poison_model:build"]\nreference = "none"\n\n'
                           '[shapes."poison_model:build"]\ninput = [1, 4]\n')
-    env = {**workers.env, "PYTHONPATH": str(tmp_path)}
+    env = {**workers.env, "PYTHONPATH": str(tmp_path), "FARM_LAB_FACTORIES": "poison_model:*"}
     workers.env = env
     workers.start("--slots", "1")
     queued = run_farm("sweep", "--file", str(sweep_file), "--tvm-only", "--no-report", "--detach", "--json", env=env)
@@ -705,3 +705,28 @@ def test_a_signature_verifies_only_with_the_key_that_made_it_and_only_for_what_i
     assert unsigned_reason(b"x" * 32, signed).startswith("its signature does not verify")
     assert unsigned_reason(key, {**signed, "file_digest": "c" * 64}).startswith("its signature does not verify")
     assert unsigned_reason(None, signed).startswith("this host has no lab key")
+
+
+def test_a_lab_spec_s_factory_model_runs_only_where_the_host_lists_it(tmp_path, monkeypatch):
+    """#62: a spec's module:factory model was imported and called on every worker: whoever could write the lab's
+    database ran code on every host. A worker now loads one only when its host's own FARM_LAB_FACTORIES lists it;
+    else the cell is stored failed with the reason and a hint. A model file is data: loaded as before."""
+    from farm.models import build_mlp
+    from farm.records import SweepSpec, TrackerAddress
+    from farm.sweep.lab import FACTORIES_ENV, LabWorker
+
+    (tmp_path / "lab_models.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(FACTORIES_ENV, raising=False)
+    import onnx
+
+    onnx.save(build_mlp(), str(tmp_path / "m.onnx"))
+    factory, data = "lab_models:build", str(tmp_path / "m.onnx")
+    spec = SweepSpec(("d",), (factory, data), None, shapes={factory: {"input": (1, 4)}})
+    worker = LabWorker(str(tmp_path / "r.db"), {}, TrackerAddress("127.0.0.1", 1), tmp_path / "cache")
+    _, problem = worker.model_or_problem(spec, factory)
+    assert problem.startswith(f"the model does not load on this host: {factory} is a module:factory model")
+    assert worker.model_or_problem(spec, data)[1] == ""
+    monkeypatch.setenv(FACTORIES_ENV, "other:*, lab_models:*")
+    source, problem = worker.model_or_problem(spec, factory)
+    assert problem == "" and source.name == "build"

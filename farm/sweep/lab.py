@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -218,6 +220,7 @@ class LabWorker:
         identity (#61: a model re-exported between nights was measured as the night before's)."""
         shapes = spec.shapes.get(split_variant(name)[0])
         wanted = spec.model_digests.get(name)
+        refuse_unlisted_factory(split_variant(name)[0])
         with self._lock:
             key = (name, repr(shapes))
             cached = self._models.get(key)
@@ -458,6 +461,29 @@ class LabWorker:
                     log.error("sweep %d, %s's copy curve: %s", sweep_id, device, exc.message)
                     return "lease lost"
                 return "stored"
+
+
+FACTORIES_ENV = "FARM_LAB_FACTORIES"  # the module:factory models a lab spec may run on this host (fnmatch patterns)
+
+
+def refuse_unlisted_factory(name: str) -> None:
+    """A ``module:factory`` model imports and runs its module's code: from a lab's spec (any host that queues work
+    writes it) only where this host's own configuration lists it (``FACTORIES_ENV``, comma-separated patterns such
+    as ``mymodels:*``), else a ``ModelError`` (#62). Files (ONNX, TFLite, .pt2) and built-ins are data: always."""
+    if not is_factory(name):
+        return
+    allowed = [p.strip() for p in os.environ.get(FACTORIES_ENV, "").split(",") if p.strip()]
+    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed):
+        raise ModelError(f"{name} is a module:factory model, whose code runs on the host that loads it; this host "
+                         f"runs those of a lab's spec only when {FACTORIES_ENV} lists them",
+                         f"on this host: export {FACTORIES_ENV}='{name.partition(':')[0]}:*' (the service's "
+                         "environment), then resume the sweep")
+
+
+def is_factory(name: str) -> bool:
+    """``module:factory`` (models.load_model's rule for it: a ':' and not a file, onnx:NAME or a .pt2)."""
+    return ":" in name and not name.startswith("onnx:") and "/" not in name and not name.endswith((".pt2", ".tflite")) \
+        and not Path(name).exists()
 
 
 def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, name: str, wait: bool = True,
