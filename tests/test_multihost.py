@@ -55,6 +55,11 @@ target = { kind = "llvm" }
         summary = subprocess.run([sys.executable, "-m", "tvm.exec.query_rpc_tracker", "--host", host_addr,
                                   "--port", str(port)], capture_output=True, text=True, timeout=60)
         assert lab_addr in summary.stdout  # the server registered from the second host's address
+        # #62: it listens on that one address, not on every one of the host's (the namespace's loopback included)
+        (server_port,) = [s["port"] for s in json.loads(serve.stdout)["servers"] if s["device"] == "lab2-cpu"]
+        listening = subprocess.run(["ip", "netns", "exec", ns, "ss", "-Hltn", f"sport = :{server_port}"],
+                                   capture_output=True, text=True, timeout=30).stdout.split()
+        assert f"{lab_addr}:{server_port}" in listening and f"0.0.0.0:{server_port}" not in listening, listening
     finally:
         subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "farm.cli", "down"],
                        env={**os.environ, **lab}, cwd=REPO, capture_output=True, timeout=60)

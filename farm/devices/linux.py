@@ -55,6 +55,8 @@ class Linux(DeviceKind):
         "remote_python": Field("text", 'remote_python = "/opt/venv/bin/python"', "the board's Python with apache-tvm "
                                "(default python3)"),
         "server_port": Field("port", "server_port = 9090", "the server's port on the board (default 9090)"),
+        "server_host": Field("text", 'server_host = "192.168.1.20"', "the one address the board's server binds "
+                             "(default: the board's ssh address); never every address"),
     }
     example = 'key = "tx2"\ntarget = { kind = "cuda", arch = "sm_62" }\nhost = { kind = "llvm", mtriple = "aarch64-linux-gnu" }'
 
@@ -71,8 +73,9 @@ class Linux(DeviceKind):
         log = f"/tmp/farm-rpc-{device.key}.log"
         threads = threads_setting(device)  # TVM's stock server: the thread count goes in through its environment
         env = f"env TVM_NUM_THREADS={threads or '$(nproc)'} "  # nproc: the board's online CPUs (THREADS_RULE)
+        bind = str(device.options.get("server_host") or host)  # the board's one address, never every one (#62)
         server = (f"{env}{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
-                  f" --host 0.0.0.0 --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
+                  f" --host {shlex.quote(bind)} --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
         remote = f"setsid nohup {server} > {log} 2>&1 < /dev/null & echo $!"
         try:
             done = subprocess.run([*ssh, remote], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
