@@ -94,7 +94,24 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
                 "a key names one kind of device: give each target its own key",
             )
         keys[device.key] = device.name
-    return Inventory(path=path, tracker=tracker, devices=devices, db=db)
+    lab_hosts = _parse_lab_hosts(data.get("tracker", {}), devices, path)
+    return Inventory(path=path, tracker=tracker, devices=devices, db=db, lab_hosts=lab_hosts)
+
+
+def _parse_lab_hosts(raw: Any, devices: dict[str, Device], path: str) -> dict[str, str] | None:
+    """[tracker] lab_hosts = { lab1 = "10.0.0.5" }: where each lab host's servers register from; every device's
+    lab_host must be named (else its servers would be refused)."""
+    hosts = raw.get("lab_hosts") if isinstance(raw, dict) else None
+    if hosts is None:
+        return None
+    if not isinstance(hosts, dict) or not all(isinstance(a, str) and a for a in hosts.values()):
+        raise InventoryError(f"{path}: [tracker] lab_hosts must be a table of addresses",
+                             'write lab_hosts = { lab1 = "10.0.0.5", lab2 = "10.0.0.6" }')
+    missing = sorted({str(d.lab_host) for d in devices.values() if d.lab_host and d.lab_host not in hosts})
+    if missing:
+        raise InventoryError(f"{path}: [tracker] lab_hosts names no address for lab host(s) {', '.join(missing)}",
+                             f'add {missing[0]} = "ADDRESS" (the address its servers reach the tracker from)')
+    return dict(hosts)
 
 
 def find_device(inventory: Inventory, name: str) -> Device:

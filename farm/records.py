@@ -292,6 +292,9 @@ class Inventory:
     tracker: TrackerAddress
     devices: dict[str, Device]
     db: str | None = None  # [store] db: the results database shared by the farm's hosts
+    # [tracker] lab_hosts: each lab host's address; when given, the tracker takes registrations only from where
+    # each key's server runs (``rpc.registrations``: a rogue server cannot register under a device's key)
+    lab_hosts: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

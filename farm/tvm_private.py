@@ -81,6 +81,31 @@ def rpc_serving() -> Callable:
     return server._serving  # pylint: disable=protected-access
 
 
+def guard_tracker_registrations(refused: Callable[[str, str, str | None], str]) -> None:
+    """Make this process's TVM tracker refuse a server's registration when ``refused(key, peer address, claimed
+    address)`` says why: its connection is closed and nothing of it is listed or handed out. TVM's tracker handles
+    both of a server's words in ``TCPEventHandler.call_handler``: UPDATE_INFO (args: code, {"key": "server:KEY",
+    "addr": [custom address, port]}), then PUT (args: code, key, (port, matchkey), custom address)."""
+    from tvm.rpc.tracker import TCPEventHandler, TrackerCode
+
+    handle = TCPEventHandler.call_handler
+
+    def call_handler(self, args):
+        peer = self._addr[0]  # pylint: disable=protected-access
+        if args and args[0] == TrackerCode.PUT:
+            key, claimed = str(args[1]), args[3] if len(args) >= 4 else None
+        elif args and args[0] == TrackerCode.UPDATE_INFO and str(args[1].get("key", "")).startswith("server:"):
+            key, claimed = str(args[1]["key"])[len("server:"):], (args[1].get("addr") or [None])[0]  # its first word
+        else:
+            return handle(self, args)
+        if refused(key, peer, claimed):
+            self.close()
+            return None
+        return handle(self, args)
+
+    TCPEventHandler.call_handler = call_handler
+
+
 def set_rpc_serving(serving: Callable) -> None:
     """Replace it: ``_listen_loop`` looks ``_serving`` up at each session, so the replacement serves the next one."""
     from tvm.rpc import server

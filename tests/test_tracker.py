@@ -51,3 +51,52 @@ def test_the_tracker_loads_tvm_s_runtime_alone_never_its_compiler(tmp_path):
         stop_process(tracker)
     assert "libtvm_runtime.so" in libraries, sorted(libraries)
     assert "libtvm_compiler.so" not in libraries and "libtvm.so" not in libraries, sorted(libraries)
+
+
+def test_a_tracker_with_lab_hosts_takes_each_key_s_registration_only_from_its_sources(tmp_path):
+    """#62: anyone on the lab's network could register a server under a device's key, and its timings would be
+    stored. With [tracker] lab_hosts, farm's tracker takes a key only from where its servers run: here key
+    'here-cpu' (a device of the tracker's own host) from loopback; 'lab2-phone' only from lab2's address, so a
+    server on this host registering it is refused, as is one under a key no device has."""
+    import json as json_module
+    import time
+
+    from farm.rpc.processes import free_port, start_server, stop_process
+    from farm.devices.registrations import allowed_sources
+    from farm.rpc.tracker import query_summary, wait_for_servers
+    from farm.inventory import load_inventory
+    from farm.records import TrackerAddress
+    from tests.conftest import run_farm
+
+    port = free_port()
+    inventory = tmp_path / "devices.toml"
+    inventory.write_text(f'[tracker]\nhost = "127.0.0.1"\nport = {port}\nlab_hosts = {{ lab2 = "10.77.0.2" }}\n\n'
+                         '[devices.here-cpu]\nkind = "local"\nkey = "here-cpu"\ntarget = { kind = "llvm" }\n\n'
+                         '[devices.lab2-phone]\nkind = "remote"\nkey = "lab2-phone"\ntarget = { kind = "llvm" }\n'
+                         'lab_host = "lab2"\n\n[devices.board]\nkind = "linux"\nkey = "board"\n'
+                         'target = { kind = "llvm" }\nssh = "me@10.77.0.9:2222"\n')
+    assert allowed_sources(load_inventory(inventory)) == {
+        "board": ["10.77.0.9"], "here-cpu": ["127.0.0.1"], "lab2-phone": ["10.77.0.2"]}
+    env = {"FARM_HOME": str(tmp_path / "home")}
+    started = run_farm("--devices", str(inventory), "tracker", "start", env=env)
+    assert started.returncode == 0, started.stderr
+    tracker, servers = TrackerAddress("127.0.0.1", port), []
+    try:
+        for key in ("here-cpu", "lab2-phone", "nobody-s-key"):
+            servers.append(start_server(tracker, key, key, tmp_path, options=("--threads", "1")))
+        wait_for_servers(tracker, {"here-cpu": 1}, timeout_s=120)
+        log = tmp_path / "home" / "tracker.log"
+        deadline = time.monotonic() + 60  # the bound only ends a failing test: refused servers register again
+        while "key 'nobody-s-key'" not in log.read_text() or "key 'lab2-phone'" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        keys = query_summary(tracker).keys
+        assert keys["here-cpu"].servers == 1 and "lab2-phone" not in keys and "nobody-s-key" not in keys
+        said = log.read_text()
+        assert "refused a server registering from 127.0.0.1: key 'lab2-phone' registers only from 10.77.0.2" in said
+        assert "refused a server registering from 127.0.0.1: key 'nobody-s-key' is no device's in the inventory" in said
+        assert json_module.loads((tmp_path / "home" / "tracker-allow.json").read_text())["lab2-phone"] == ["10.77.0.2"]
+    finally:
+        for server in servers:
+            stop_process(server)
+        run_farm("--devices", str(inventory), "tracker", "stop", env=env)

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     address = _tracker_address(args)
     mine = [r for r in processes.load_records(home_dir()) if r.role == "tracker"]
     if args.action == "start":
-        return _start(address, mine, args.json)
+        return _start(address, mine, args.json, _allowed(args))
     if args.action == "stop":
         stopped = [r.pid for r in mine if processes.stop_process(r)]
         processes.update_records(home_dir(), lambda current: [r for r in current if r not in mine])
@@ -36,14 +36,24 @@ def run(args: argparse.Namespace) -> int:
     return _status(address, mine, args.json)
 
 
-def _start(address, mine: list, as_json: bool) -> int:
+def _allowed(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """The inventory's registration sources (``rpc.registrations``), where it names its lab hosts' addresses."""
+    from farm.inventory import load_inventory
+    from farm.devices.registrations import allowed_sources
+
+    if not (Path(args.devices).exists() or args.devices_given):
+        return None
+    return allowed_sources(load_inventory(args.devices))
+
+
+def _start(address, mine: list, as_json: bool, allowed: dict[str, list[str]] | None = None) -> int:
     from farm.rpc import processes
 
     running = [r for r in mine if processes.is_running(r)]
     if running:
         print(f"tracker already running (pid {running[0].pid}, port {running[0].port})")
         return 0
-    record = processes.start_tracker(address.host, address.port, home_dir())
+    record = processes.start_tracker(address.host, address.port, home_dir(), allowed=allowed)
     processes.update_records(home_dir(), lambda current: [r for r in current if r not in mine] + [record])
     if as_json:
         emit_json(asdict(record))

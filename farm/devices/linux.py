@@ -63,6 +63,10 @@ class Linux(DeviceKind):
     def prerequisites(self) -> str:
         return "" if shutil.which("ssh") else "install an ssh client (apt-get install openssh-client)"
 
+    def registers_from(self, device: Device) -> str | None:
+        """The board itself: its server_host, else its ssh host."""
+        return str(device.options.get("server_host") or ssh_command(device)[1]) if device.options.get("ssh") else None
+
     def unready(self, device: Device) -> str:
         return "" if device.options.get("ssh") else 'add ssh = "user@host" to bring the board up with farm serve'
 

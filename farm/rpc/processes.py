@@ -143,13 +143,21 @@ def log_tail(path: str, lines: int = 5) -> str:
         return "(no log)"
 
 
-def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0) -> ManagedProcess:
+def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0,
+                  allowed: dict[str, list[str]] | None = None) -> ManagedProcess:
     """Run ``python -m farm.rpc.tracker_server`` (TVM's tracker, listening with a full backlog) on exactly
-    ``host:port`` and wait until it answers."""
-    if host not in LOOPBACK:
-        log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code", host)
+    ``host:port`` and wait until it answers; with ``allowed`` (``rpc.registrations.allowed_sources``), taking each
+    key's registrations only from its sources."""
+    if host not in LOOPBACK and allowed is None:
+        log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code "
+                    "or register a server under a device's key ([tracker] lab_hosts limits who registers)", host)
     log_path = state_dir / "tracker.log"
-    proc = spawn([sys.executable, "-m", TRACKER_MODULE, "--host", host, "--port", str(port)], log_path)
+    options: list[str] = []
+    if allowed is not None:
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        (state_dir / "tracker-allow.json").write_text(json.dumps(allowed, indent=1))
+        options = ["--allow", str(state_dir / "tracker-allow.json")]
+    proc = spawn([sys.executable, "-m", TRACKER_MODULE, "--host", host, "--port", str(port), *options], log_path)
     record = local_process("tracker", "tracker", "", proc.pid, port, str(log_path), TRACKER_MODULE)
     from farm.rpc.tracker import wait_for_tracker  # here, not above: importing TVM takes seconds, and the
     # device kinds (which every verb's inventory reads) import this module for starting servers

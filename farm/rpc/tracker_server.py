@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import sys
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m farm.rpc.tracker_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9190, help="exactly this port (no sliding to the next)")
+    parser.add_argument("--allow", help="a JSON file: each key's allowed source addresses (farm.rpc.registrations)")
     args = parser.parse_args(argv)
     try:
         sock = listen(args.host, args.port)
@@ -51,6 +53,22 @@ def main(argv: list[str] | None = None) -> int:
     import_tvm_without_torch()
     from tvm.rpc.base import random_key
     from tvm.rpc.tracker import TrackerServerHandler
+
+    if args.allow:
+        from farm.rpc.registrations import refusal
+        from farm.tvm_private import guard_tracker_registrations
+
+        with open(args.allow, encoding="utf-8") as listed:
+            allowed = json.load(listed)
+
+        def refused(key: str, peer: str, claimed: str | None) -> str:
+            if why := refusal(allowed, key, peer, claimed):
+                print(f"farm tracker: refused a server registering from {peer}: {why}", file=sys.stderr, flush=True)
+            return why
+
+        guard_tracker_registrations(refused)
+        print(f"farm tracker: registrations taken only from the inventory's sources ({len(allowed)} keys)",
+              file=sys.stderr, flush=True)
 
     print(f"farm tracker: listening on {args.host}:{args.port} (backlog {socket.SOMAXCONN})", file=sys.stderr,
           flush=True)
