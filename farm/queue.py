@@ -679,18 +679,31 @@ class LabQueue:
                                     job.task_kwargs)
                         await manager.retry_job(job)
                         continue
-                    done = poisoned is not None and await asyncio.to_thread(poisoned, job.task_name,
-                                                                            dict(job.task_kwargs), deliveries)
+                    done = await self._told_poisoned(poisoned, job, deliveries)
                     log.error("job %s (%s %s): its worker died %d times under it: ended %s, not queued again",
                               job.id, job.task_name, job.task_kwargs, deliveries,
                               "succeeded (its work was done before)" if done else "failed")
                     status = self._procrastinate.jobs.Status
                     await manager.finish_job(job, status=status.SUCCEEDED if done else status.FAILED, delete_job=False)
             except self._procrastinate.exceptions.ConnectorException as exc:
-                self._unreachable_s = time.monotonic()
+                if connection_lost(exc.__cause__):
+                    self._unreachable_s = time.monotonic()
                 log.warning("could not look for stalled jobs: %s", message_line(exc))
-            except Exception:  # noqa: BLE001  # a handler's failure: the job stays stalled, looked at again next time
-                log.exception("could not end a poison job")
+
+    async def _told_poisoned(self, poisoned: Callable[[str, dict[str, Any], int], bool] | None, job: Any,
+                             deliveries: int) -> bool:
+        """``poisoned``'s answer for a poison job (in a thread); its failure (the job names a device or a sweep this
+        worker does not know) is logged and the job is ended failed all the same, never left "doing" holding its
+        device's lock, nor stopping the check of the stalled jobs after it."""
+        import asyncio
+
+        if poisoned is None:
+            return False
+        try:
+            return bool(await asyncio.to_thread(poisoned, job.task_name, dict(job.task_kwargs), deliveries))
+        except Exception:  # noqa: BLE001  # the job ends failed without what its handler would have stored
+            log.exception("job %s (%s): what its end means could not be stored", job.id, job.task_name)
+            return False
 
 
 def _redact(url: str) -> str:

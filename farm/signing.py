@@ -55,6 +55,7 @@ def unsigned_reason(key: bytes | None, meta: dict[str, Any]) -> str:
     signature = meta.get(SIGNATURE)
     if not isinstance(signature, str):
         return "it carries no signature of the lab's key"
-    if not hmac.compare_digest(signature, hmac.new(key, _message(meta), hashlib.sha256).hexdigest()):
+    if not hmac.compare_digest(signature.encode("utf-8", "replace"),
+                               hmac.new(key, _message(meta), hashlib.sha256).hexdigest().encode()):
         return "its signature does not verify with this host's lab key (written by someone without the key)"
     return ""

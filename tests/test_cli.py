@@ -356,3 +356,16 @@ def test_compare_names_each_run_s_runtime_and_threads(populated_db, farm_env):
     assert f"run {tvm}: cpu-b · mlp · tvm, {listed[tvm]['threads']} threads" in lines[0], lines
     assert f"run {reference}: cpu-b · mlp · {listed[reference]['runtime']}, {listed[reference]['threads']} threads" \
         in lines[1], lines
+
+
+def test_a_short_database_password_is_kept_out_of_urls_without_rewriting_the_rest_of_the_output():
+    """A password like 'farm' written as *** wherever it stood turned "farm_version" in --json into "***_version";
+    a short one is kept out where it stands in a URL, a long one everywhere."""
+    import io
+
+    from farm.cli.common import _Redacting
+
+    out = io.StringIO()
+    _Redacting(out, ["farm"]).write('{"farm_version": "0.1"} postgresql://u:farm@h/db?password=farm\n')
+    _Redacting(out, ["a-long-secret"]).write("said a-long-secret\n")
+    assert out.getvalue() == '{"farm_version": "0.1"} postgresql://u:***@h/db?password=***\nsaid ***\n'

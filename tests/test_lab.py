@@ -684,10 +684,9 @@ def test_a_library_in_the_lab_s_store_is_run_only_when_the_lab_key_signed_it(pos
         refused = worker._stored_build(ctx, store, devices["d"], mlp, True)
         assert refused == "its artifact is refused: it carries no signature of the lab's key"
         assert not (tmp_path / "measurer").exists()
-        with store._db.transaction() as db:  # the same row, signed with the lab key this host has
-            db.execute("UPDATE artifact_files SET meta = ? WHERE cache_key = ?",
-                       (json.dumps(sign(open(os.environ[KEY_ENV], "rb").read().strip(), {**meta, "builder": "b"})),
-                        built.cache_key))
+        assert store.artifact_file_head(built.cache_key) is None  # dropped: the next build stores a signed one
+        signed = sign(open(os.environ[KEY_ENV], "rb").read().strip(), {**meta, "builder": "b"})
+        store.put_artifact_file(built.cache_key, built.file_digest, signed, data)  # as a build worker with the key
         installed = worker._stored_build(ctx, store, devices["d"], mlp, True)
         assert Path(installed.path).read_bytes() == data
         monkeypatch.setenv(KEY_ENV, str(tmp_path / "no-such.key"))  # a host without the key runs none of it
@@ -726,6 +725,7 @@ def test_a_lab_spec_s_factory_model_runs_only_where_the_host_lists_it(tmp_path, 
     worker = LabWorker(str(tmp_path / "r.db"), {}, TrackerAddress("127.0.0.1", 1), tmp_path / "cache")
     _, problem = worker.model_or_problem(spec, factory)
     assert problem.startswith(f"the model does not load on this host: {factory} is a module:factory model")
+    assert worker.host_setting(problem)  # stored as offline: a resume measures it once the host lists it
     assert worker.model_or_problem(spec, data)[1] == ""
     monkeypatch.setenv(FACTORIES_ENV, "other:*, lab_models:*")
     source, problem = worker.model_or_problem(spec, factory)

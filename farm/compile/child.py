@@ -20,6 +20,9 @@ from farm.errors import BuildError, FarmError
 from farm.records import Artifact, Device, ModelSource, TuningSet
 
 _LOCK = threading.Lock()  # one compile at a time, and one child
+# a compile whose child died is tried once more in a fresh one (a long-lived child that grew, or a neighbour's OOM
+# kill, is not the model's fault); a second death is the compile's failure
+CHILD_TRIES = 2
 _CHILD: list[ProcessPoolExecutor] = []
 
 
@@ -27,16 +30,18 @@ def compile_apart(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     """``build.compile_model`` in the child process; its ``FarmError`` as a ``BuildError`` with the same words, and
     the child's death as one saying so."""
     with _LOCK:
-        if not _CHILD:
-            _CHILD.append(ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")))
-        try:
-            built, error = _CHILD[0].submit(_compile, model, device, str(cache_dir), tuning).result()
-        except BrokenProcessPool as exc:
-            _CHILD.pop().shutdown(wait=False)
-            raise BuildError(f"the compile of {model.name} for {device.name} ended its process (a crash, or the "
-                             "host out of memory): farm's worker lives on",
-                             "see the host's log (dmesg for an OOM kill); the compile is not tried again for this "
-                             "cell") from exc
+        for tries in range(1, CHILD_TRIES + 1):
+            if not _CHILD:
+                _CHILD.append(ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")))
+            try:
+                built, error = _CHILD[0].submit(_compile, model, device, str(cache_dir), tuning).result()
+                break
+            except BrokenProcessPool as exc:
+                _CHILD.pop().shutdown(wait=False)
+                if tries == CHILD_TRIES:
+                    raise BuildError(f"the compile of {model.name} for {device.name} ended its process {tries} times "
+                                     "(a crash, or the host out of memory): farm's worker lives on",
+                                     "see the host's log (dmesg for an OOM kill)") from exc
     if error is not None:
         raise BuildError(*error)
     assert built is not None

@@ -100,10 +100,10 @@ class DeviceKind:
         """What this host lacks to bring such devices up, as a hint ('' when nothing is missing)."""
         return ""
 
-    def registers_from(self, device: Device) -> str | None:
-        """The address this device's server registers with the tracker from, where it is not the host that brings
-        it up (a board reached over ssh); None: that host (``rpc.registrations``)."""
-        return None
+    def registers_from(self, device: Device) -> tuple[str, ...]:
+        """The addresses (or names) this device's server registers with the tracker from, where it is not the host
+        that brings it up (a board reached over ssh); (): that host (``devices.registrations``)."""
+        return ()
 
     def unready(self, device: Device) -> str:
         """Why `farm serve` (without --device) cannot bring ``device`` up, as a hint; '' when it can."""

@@ -56,16 +56,18 @@ class Linux(DeviceKind):
                                "(default python3)"),
         "server_port": Field("port", "server_port = 9090", "the server's port on the board (default 9090)"),
         "server_host": Field("text", 'server_host = "192.168.1.20"', "the one address the board's server binds "
-                             "(default: the board's ssh address); never every address"),
+                             "(default: the board's address on the route to the tracker); never every address"),
     }
     example = 'key = "tx2"\ntarget = { kind = "cuda", arch = "sm_62" }\nhost = { kind = "llvm", mtriple = "aarch64-linux-gnu" }'
 
     def prerequisites(self) -> str:
         return "" if shutil.which("ssh") else "install an ssh client (apt-get install openssh-client)"
 
-    def registers_from(self, device: Device) -> str | None:
-        """The board itself: its server_host, else its ssh host."""
-        return str(device.options.get("server_host") or ssh_command(device)[1]) if device.options.get("ssh") else None
+    def registers_from(self, device: Device) -> tuple[str, ...]:
+        """The board itself: its ssh host (the address its server claims, ``--custom-addr``) and its server_host."""
+        if not device.options.get("ssh"):
+            return ()
+        return tuple(dict.fromkeys(str(n) for n in (ssh_command(device)[1], device.options.get("server_host")) if n))
 
     def unready(self, device: Device) -> str:
         return "" if device.options.get("ssh") else 'add ssh = "user@host" to bring the board up with farm serve'
@@ -77,9 +79,14 @@ class Linux(DeviceKind):
         log = f"/tmp/farm-rpc-{device.key}.log"
         threads = threads_setting(device)  # TVM's stock server: the thread count goes in through its environment
         env = f"env TVM_NUM_THREADS={threads or '$(nproc)'} "  # nproc: the board's online CPUs (THREADS_RULE)
-        bind = str(device.options.get("server_host") or host)  # the board's one address, never every one (#62)
+        # the board's one address, never every one (#62): server_host, else its address on the route to the tracker,
+        # read on the board (its own name may resolve to 127.0.1.1 there, as on Ubuntu and L4T)
+        route = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                 f"s.connect(({tracker.host!r}, {tracker.port})); print(s.getsockname()[0])")
+        bind = shlex.quote(str(device.options["server_host"])) if device.options.get("server_host") else \
+            f"$({shlex.quote(python)} -c {shlex.quote(route)})"
         server = (f"{env}{shlex.quote(python)} -m tvm.exec.rpc_server --tracker {tracker} --key {shlex.quote(device.key)}"
-                  f" --host {shlex.quote(bind)} --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
+                  f" --host {bind} --port {port} --port-end {port + 1} --custom-addr {shlex.quote(host)}")
         remote = f"setsid nohup {server} > {log} 2>&1 < /dev/null & echo $!"
         try:
             done = subprocess.run([*ssh, remote], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)

@@ -20,8 +20,8 @@ def allowed_sources(inventory: Inventory) -> dict[str, list[str]] | None:
     allowed: dict[str, set[str]] = {}
     for device in inventory.devices.values():
         board = kind_of(device).registers_from(device)
-        if board is not None:
-            sources = {_resolve(board)}
+        if board:  # its addresses, and its names as it claims them (a board's server sends --custom-addr)
+            sources = {*board, *(_resolve(name) for name in board)}
         elif device.lab_host:
             sources = {_resolve(inventory.lab_hosts[str(device.lab_host)])}
         else:

@@ -28,15 +28,21 @@ __all__ = [
     "BUILTINS", "CALIBRATION_METHODS", "VARIANTS", "VARIANT_TOLERANCE", "split_variant", "build_convnet", "build_mlp",
     "build_mobile_block", "list_models", "load_model", "load_model_variant", "load_reference_file", "make_inputs",
     "load_test_data", "make_variant", "onnx_proto", "reference_outputs", "shipped_test_data", "tflite_model",
-    "torch_program",
+    "torch_program", "torch_spec",
 ]
+
+
+def torch_spec(spec: str) -> bool:
+    """Whether ``load_model`` loads ``spec`` with torch: a .pt2 program, or ``module:factory`` (imported and called:
+    a lab host runs those only where it lists them, ``sweep.lab.refuse_unlisted_factory``)."""
+    return spec.endswith(".pt2") or (":" in spec and not spec.startswith("onnx:") and not Path(spec).exists()
+                                     and "/" not in spec)
 
 
 def load_model(spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelSource:
     """``spec`` is a built-in name, ``onnx:NAME`` from the onnx package, a path to a .onnx file,
     a torch.export program (.pt2), or ``module:factory`` returning a torch.nn.Module (with ``shapes``)."""
-    if spec.endswith(".pt2") or (":" in spec and not spec.startswith("onnx:") and not Path(spec).exists()
-                                 and "/" not in spec):
+    if torch_spec(spec):
         return load_torch(spec, shapes or {})
     if spec.endswith(".tflite"):
         return load_tflite(spec, shapes or {})

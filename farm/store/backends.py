@@ -68,8 +68,8 @@ def require_server(location: str | Path, what: str) -> None:
 
 # a password in a database URL: in its user part (postgresql://farm:PASSWORD@host), or as a parameter
 # (postgresql://farm@host/db?password=PASSWORD; sslpassword for a client key's)
-URL_PASSWORD = re.compile(r"(://[^:/@?]+):([^@/]*)@")
-PARAMETER_PASSWORD = re.compile(r"([?&](?:ssl)?password=)([^&#]*)", re.IGNORECASE)
+URL_PASSWORD = re.compile(r"(://[^:/@?\s]+):([^@/\s]*)@")  # a URL in a line of text ends at white space
+PARAMETER_PASSWORD = re.compile(r"([?&](?:ssl)?password=)([^&#\s'\"]*)", re.IGNORECASE)
 
 
 def redact(location: str) -> str:

@@ -36,10 +36,10 @@ from typing import Callable
 from farm.compile import (PIPELINE_VERSION, TVM_VERSION, artifact_file, effective_target,
                           install_artifact, planned_key)
 from farm.errors import BuildError, FarmError, LeaseLost, ModelError, StoreError
-from farm.models import load_model_variant
+from farm.models import load_model_variant, torch_spec
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
                         build_queue, cell_lock, queue_of)
-from farm.records import (Artifact, Device, ModelSource, RunToStore, StoredAttempt, SweepBuild, SweepSpec,
+from farm.records import (OFFLINE_ATTEMPT, Artifact, Device, ModelSource, RunToStore, StoredAttempt, SweepBuild, SweepSpec,
                           TrackerAddress, split_variant)
 from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, is_url, require_server
@@ -237,6 +237,12 @@ class LabWorker:
             return stand_in_model(spec, name), f"the model does not load on this host: {exc.message}"
         return source, changed_models(spec, {name: source}).get(name, "")
 
+    @staticmethod
+    def host_setting(problem: str) -> bool:
+        """Whether ``problem`` is this host's setting (a factory its FARM_LAB_FACTORIES does not list), which its
+        owner can change: the cell is then stored as offline (attempt 0), so a resume measures it again."""
+        return FACTORIES_ENV in problem
+
     def device(self, name: str) -> Device:
         if name not in self.devices:
             raise FarmError(f"a job names device {name!r}, which this worker's inventory has not on this host",
@@ -274,7 +280,8 @@ class LabWorker:
                         self.progress(device, model, "model", problem)
                     try:
                         store_changed(store, target, source, ctx.config, sweep_id, problem,
-                                      spec.attempts_spent(attempts) + 1, lease)
+                                      OFFLINE_ATTEMPT if self.host_setting(problem) else spec.attempts_spent(attempts) + 1,
+                                      lease)
                     except LeaseLost as exc:
                         log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
                         return "lease lost"
@@ -386,9 +393,12 @@ class LabWorker:
         if (stored := store.artifact_file(made.cache_key)) is None:
             return f"its artifact {made.cache_key[:12]} is not in the lab's store"
         meta = stored[1]
-        if refused := unsigned_reason(lab_key(), meta):  # the row's own sha256 tells damage, not tampering (#62)
+        secret = lab_key()
+        if refused := unsigned_reason(secret, meta):  # the row's own sha256 tells damage, not tampering (#62)
             log.error("%s × %s: the artifact %s in the lab's store is refused: %s", device.name, model.name,
                       str(made.cache_key)[:12], refused)
+            if secret is not None:  # a row the lab key never signed: dropped, so the next build stores a signed one
+                store.drop_artifact_file(made.cache_key)
             return f"its artifact is refused: {refused}"
         want = {"model_digest": model.digest, "target": effective_target(device), "export": device.export,
                 "tuning_digest": tuning.digest if tuning is not None and tuning.records else "",
@@ -481,9 +491,8 @@ def refuse_unlisted_factory(name: str) -> None:
 
 
 def is_factory(name: str) -> bool:
-    """``module:factory`` (models.load_model's rule for it: a ':' and not a file, onnx:NAME or a .pt2)."""
-    return ":" in name and not name.startswith("onnx:") and "/" not in name and not name.endswith((".pt2", ".tflite")) \
-        and not Path(name).exists()
+    """``module:factory``: what ``models.load_model`` imports and calls (``models.torch_spec``, not a .pt2 file)."""
+    return torch_spec(name) and not name.endswith(".pt2")
 
 
 def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, name: str, wait: bool = True,
