@@ -153,6 +153,8 @@ def test_the_preflight_stops_in_its_first_seconds_with_one_error_line(kit_and_ho
     assert done.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected), said
     assert [line for line in said.splitlines() if line.startswith("hint: ")][:1], said
     assert "Traceback" not in said + done.stderr and "== kit" not in said  # stopped before unpacking anything
+    # its files are written all the same: the log, the summary (the preflight's verdicts), the archive
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["extras.tar.gz", "gpu-check.log", "summary.json"]
 
 
 KIT = {"python": "3.12", "bundle_cuda": "13.0", "arch": "sm_90",

@@ -37,7 +37,7 @@ bounded() {
   local max=$1 left=$(( deadline - ${RESERVE_S:-0} - SECONDS ))
   shift
   if (( left < 5 )); then echo "skipped, out of time: $*" >&2; return 124; fi
-  timeout "$(( left < max ? left : max ))" "$@"
+  timeout -k 10 "$(( left < max ? left : max ))" "$@"  # a step that ignores TERM is killed 10 s later
 }
 here="$(cd "$(dirname "$0")/.." && pwd)"
 kit="${1:-$here/build/gpu-kit.tar.gz}"
@@ -45,7 +45,10 @@ out="$(mkdir -p "${2:-${OUT:-$PWD/gpu-check}}" && cd "${2:-${OUT:-$PWD/gpu-check
 extra="$out/extras"  # packed into extras.tar.gz at the end
 mkdir -p "$extra"
 log="$out/gpu-check.log"
-exec > >(tee -a "$log") 2>&1
+# the log's tee ignores the TERM that stops the check (it must write the check's last lines), and a write to it after
+# it is gone does not kill the check before its files are written
+exec > >(trap '' TERM INT; exec tee -a "$log") 2>&1
+trap '' PIPE
 step() { printf '== %s (%s, %s s in)\n' "$1" "$(date -u +%H:%M:%S)" "$SECONDS"; }
 
 python="${PYTHON:-python3}"  # the lent machine's python3: Python 3.12.3, /opt/torch/.venv (the device tool's KINDS.md)
@@ -53,10 +56,6 @@ python="${PYTHON:-python3}"  # the lent machine's python3: Python 3.12.3, /opt/t
 command -v "$python" >/dev/null || { echo "error: $python not found"; echo "hint: PYTHON=/path/to/python3.12 bash tools/gpu_check.sh"; exit 1; }
 [ -f "$kit" ] || { echo "error: no kit at $kit"; echo "hint: build it where farm is set up: .venv/bin/python tools/gpu_kit.py"; exit 1; }
 work="$(mktemp -d "${TMPDIR:-/tmp}/farm-gpu-check.XXXXXX")"
-
-step "preflight"
-"$python" "$here/tools/gpu_preflight.py" "$kit" --work "$work" --json "$extra/preflight.json" \
-  ${WITHOUT_GPU:+--without-gpu} || exit 1
 
 status=0
 finished=0
@@ -96,6 +95,10 @@ EOF
 }
 trap 'finish; exit $status' EXIT
 trap 'echo "error: stopped by a signal"; status=1; exit 1' TERM INT
+
+step "preflight"
+"$python" "$here/tools/gpu_preflight.py" "$kit" --work "$work" --json "$extra/preflight.json" \
+  ${WITHOUT_GPU:+--without-gpu} || { status=1; exit 1; }
 
 step "kit $kit into $work"
 tar xzf "$kit" -C "$work" || { status=1; exit 1; }
