@@ -201,9 +201,10 @@ def allowed_hosts(host: str, port: int, urls: tuple[str, ...] = ()) -> frozenset
     lab serves it under (``--url``; a default port may be left out, as browsers do)."""
     from urllib.parse import urlsplit
 
-    names = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]")}
+    own = ["127.0.0.1", "localhost", "[::1]"]
     if host not in ("0.0.0.0", "::", ""):
-        names.add(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        own.append(f"[{host}]" if ":" in host else host)
+    names = {f"{name}:{port}" for name in own} | ({*own} if port == 80 else set())  # a browser leaves :80 out
     for url in urls:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         default = 443 if parts.scheme == "https" else 80

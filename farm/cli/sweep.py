@@ -88,7 +88,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from farm.sweep import run_sweep
     from farm.sweep.lab import queued_devices
-    from farm.sweep.run import standing_text
+    from farm.sweep.run import one_sweep_at_a_time, standing_text
 
     if args.status is not None:
         return _status(args)
@@ -114,10 +114,12 @@ def run(args: argparse.Namespace) -> int:
         if followed is None:
             return 0
         outcome = followed
+        reviewed, tuning, report = _review(args, inventory, spec, outcome, budget, queued)
     else:
-        outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
-                            progress=progress_printer(args.progress), sweep_id=sweep_id)
-    reviewed, tuning, report = _review(args, inventory, spec, outcome, budget, queued)
+        with one_sweep_at_a_time(args.db):  # its --confirm reruns and its tuning measure the devices too
+            outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
+                                progress=progress_printer(args.progress), sweep_id=sweep_id)
+            reviewed, tuning, report = _review(args, inventory, spec, outcome, budget, queued)
     final = {(c.result.device, c.result.model): c for c in outcome.cells}  # the last attempt of each cell
     stored = _stored_cells(args.db, outcome) if queued else {}  # a queued sweep's cells: its workers measured them
     if args.json:

@@ -58,11 +58,14 @@ class Run:
         return self.memory.read(reset_peak, peak) if self.memory is not None else None
 
 
+DRIVER_STEP = "driver"  # a device whose driver cannot run TVM's runtime as shipped (devices.cuda.runtime_refusal)
+
+
 def open_session(run: Run) -> None:
     """1 session: a server for the device's key, within the config's timeout."""
     device = run.device
     if (refused := runtime_refusal(device)) is not None:  # before the upload: nothing it could load would run
-        raise StepFailed("session", *refused)
+        raise StepFailed(DRIVER_STEP, *refused)  # final (not a retryable step): measuring again cannot help
     run.say("session", f"requesting {device.key!r}")
     try:
         run.session = request_session(run.tracker, device.key, run.config.timeout_s, device.session_timeout_s)

@@ -36,6 +36,7 @@ from farm.sweep.failures import unmeasured_result
 
 log = logging.getLogger(__name__)
 SWEEP_LOCK = ".sweep-lock"  # beside a SQLite database: one_sweep_at_a_time
+_HELD: set[str] = set()  # the databases whose sweep lock this process holds (the lock is re-entrant within it)
 
 
 def is_gpu(device: Device) -> bool:
@@ -268,7 +269,7 @@ def one_sweep_at_a_time(db_path: str | Path) -> Iterator[None]:
     a night that overran and the next one would measure the same devices at once, each timing the other's load
     (#61). The kernel drops the lock with its process, so a killed sweep leaves none behind. A lab's sweeps
     (PostgreSQL) hold each device's lease instead."""
-    if is_url(str(db_path)):
+    if is_url(str(db_path)) or str(db_path) in _HELD:  # held already by this process: the sweep's review holds it too
         yield
         return
     path = Path(f"{db_path}{SWEEP_LOCK}")
@@ -285,9 +286,11 @@ def one_sweep_at_a_time(db_path: str | Path) -> Iterator[None]:
         held.truncate(0)
         held.write(f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         held.flush()
+        _HELD.add(str(db_path))
         try:
             yield
         finally:
+            _HELD.discard(str(db_path))
             fcntl.flock(held, fcntl.LOCK_UN)
 
 
