@@ -145,16 +145,16 @@ def _confirm_one(store: Store, tracker: TrackerAddress | None, devices: dict[str
     inputs = make_inputs(model, config.seed)
     if progress:
         progress(device.name, verdict.model, "confirm", "old and new artifacts interleaved")
-    with (hold or (lambda _device: nullcontext()))(device):
-        try:
+    try:
+        with (hold or (lambda _device: nullcontext()))(device):  # a device held past LEASE_WAIT_S: unknown
             status, comparison = confirm(lambda n: interleaved_rounds(tracker, device, old, new, inputs, n, config))
-        except FarmError as exc:
-            return "unknown", {"reason": exc.message}
-        detail = {"method": "rounds: a fresh load of both artifacts per round, interleaved; Wilcoxon signed-rank "
-                            "on the per-round log ratios", **asdict(comparison)}
-        if status == "confirmed" and verdict.baseline_run_id is not None and \
-                (baseline := store.profile(verdict.baseline_run_id)) is not None and baseline.status == "ok":
-            detail["kernels"] = _rerun_kernels(tracker, device, old, new, inputs, config, progress, verdict.model)
+            detail = {"method": "rounds: a fresh load of both artifacts per round, interleaved; Wilcoxon signed-rank "
+                                "on the per-round log ratios", **asdict(comparison)}
+            if status == "confirmed" and verdict.baseline_run_id is not None and \
+                    (baseline := store.profile(verdict.baseline_run_id)) is not None and baseline.status == "ok":
+                detail["kernels"] = _rerun_kernels(tracker, device, old, new, inputs, config, progress, verdict.model)
+    except FarmError as exc:
+        return "unknown", {"reason": exc.message}
     return status, detail
 
 

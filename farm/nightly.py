@@ -229,7 +229,13 @@ class LabTuning:
                 if device in store.night_tuned(sweep_id):  # its first delivery ended while this one waited
                     return "done before"
                 spec, _ = self.worker.context(store, sweep_id)
-                models = {m.name: m for m in (self.worker.model(spec, name) for name in spec.cell_models())}
+                models = {}
+                for name in spec.cell_models():  # a model this host does not load is not tuned; the others are
+                    source, problem = self.worker.model_or_problem(spec, name)
+                    if problem:
+                        self.say(f"{device}: {name} is not tuned: {problem}")
+                    else:
+                        models[source.name] = source
                 done = tune_key(self.worker.tracker, tuner, sweep_id, run_rows(store, sweep_id=sweep_id), models,
                                 spec.config, TuneBudget(**{**budget, "devices": tuple(budget.get("devices", ()))}),
                                 store, self.worker.cache_dir, self.work_root, self.say)

@@ -465,6 +465,8 @@ class PostgresBackend(Backend):
                 if self._generation != generation:  # another thread made the connection again meanwhile: run again
                     continue
                 if not self.lost(exc):
+                    if self._generation != generation:  # made again between the two reads
+                        continue
                     raise
                 deadline = deadline or time.monotonic() + RECONNECT_S
                 self._reconnect(deadline, exc)
