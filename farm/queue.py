@@ -441,21 +441,16 @@ class LabQueue:
         worker (procrastinate's ``retry_job``, as a live worker of the host would); the (task, arguments) of each
         one cancelled. A job a worker took meanwhile is not cancelled (procrastinate cancels only a waiting job),
         so a cell is either measured on its host or returned here, never both."""
-        import datetime
-
         queue = queue_of(lab_host)
         with self._connect() as db:
             stuck = db.execute(
                 f"""SELECT j.id FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k ON k.id = j.worker_id
                     WHERE j.status = 'doing' AND {_DEAD_WORKER} AND j.queue_name = %s AND j.args->>'sweep_id' = %s""",
                 (STALLED_S, queue, str(sweep_id))).fetchall()
+        for (job_id,) in stuck:
+            self._put_back(job_id)
         with self.app.open():
             manager = self.app.job_manager
-            for (job_id,) in stuck:
-                try:
-                    manager.retry_job_by_id(job_id, retry_at=datetime.datetime.now(datetime.timezone.utc))
-                except self._procrastinate.exceptions.ConnectorException as exc:  # taken back meanwhile
-                    log.info("job %s was not put back: %s", job_id, message_line(exc))
             with self._connect() as db:
                 rows = db.execute("SELECT id, task_name, args FROM procrastinate_jobs WHERE status = 'todo' "
                                   "AND queue_name = %s AND args->>'sweep_id' = %s ORDER BY id",
@@ -499,9 +494,9 @@ class LabQueue:
         return BuildState.DOING
 
     def _put_back(self, job_id: int) -> None:
-        """procrastinate's own retry of a job (its ``retry_job`` statement) on this call's connection: a worker's
-        shared one, never a pool of procrastinate's opened per call (#61: with the build worker dead, every slot's
-        cell opened one, past the worker's ``POOL_CONNECTIONS``)."""
+        """procrastinate's own retry of a dead worker's job (its ``retry_job`` statement) on this call's connection: a
+        worker's shared one, never a pool of procrastinate's opened per call (#61: with the build worker dead, every
+        slot's cell opened one, past the worker's ``POOL_CONNECTIONS``); a job put back meanwhile is left."""
         import datetime
 
         import psycopg
@@ -513,7 +508,7 @@ class LabQueue:
                            {"job_id": job_id, "retry_at": datetime.datetime.now(datetime.timezone.utc),
                             "new_priority": None, "new_queue_name": None, "new_lock": None})
             except psycopg.errors.RaiseException as exc:  # put back meanwhile: no longer "doing"
-                log.info("build job %s was not put back: %s", job_id, message_line(exc))
+                log.info("job %s was not put back: %s", job_id, message_line(exc))
 
     @patient
     def cancel_waiting_builds(self, sweep_id: int) -> int:

@@ -39,7 +39,7 @@ from farm.errors import BuildError, FarmError, LeaseLost, ModelError, StoreError
 from farm.models import load_model_variant, torch_spec
 from farm.queue import (BUILD, CELL, CURVE, HOST_WAIT_S, TUNE, BuildState, Job, LabQueue, SweepJobs, build_lock,
                         build_queue, cell_lock, queue_of)
-from farm.records import (OFFLINE_ATTEMPT, Artifact, Device, ModelSource, RunToStore, StoredAttempt, SweepBuild, SweepSpec,
+from farm.records import (OFFLINE_ATTEMPT, Artifact, Device, ModelSource, StoredAttempt, SweepBuild, SweepSpec,
                           TrackerAddress, split_variant)
 from farm.store import Store, shared_store
 from farm.store.backends import RECONNECT_S, is_url, require_server
@@ -50,7 +50,8 @@ from farm.sweep.failures import unmeasured_result
 from farm.sweep.leases import LeaseKeeper
 from farm.sweep.tuning import tuning_set
 from farm.sweep.run import (SweepOutcome, changed_models, finish, is_gpu, missing_cells, offline_cell, offline_keys,
-                            prepare, record_copy_curve, stand_in_model, store_changed, store_offline)
+                            prepare, record_copy_curve, stand_in_model, store_changed, store_offline,
+                            store_unmeasured)
 
 log = logging.getLogger(__name__)
 
@@ -270,42 +271,34 @@ class LabWorker:
             if self._attempts_unless_done(store, spec, sweep_id, device, model) is None:
                 return "done before"
             target, (source, problem) = self.device(device), self.model_or_problem(spec, model)
-            with self.leases.hold(store, target.name, self.holder(sweep_id, device, model), self._say(device, model)) \
-                    as lease:
-                attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
-                if attempts is None:  # its earlier holder stored it meanwhile
-                    return "done before"
-                if problem:  # stored failed for good: a resume does not repeat it, and the sweep settles
-                    if self.progress:
-                        self.progress(device, model, "model", problem)
-                    try:
+            try:  # a result measured or refused after the lease passed to another holder: logged, never stored
+                with self.leases.hold(store, target.name, self.holder(sweep_id, device, model),
+                                      self._say(device, model)) as lease:
+                    attempts = self._attempts_unless_done(store, spec, sweep_id, device, model)
+                    if attempts is None:  # its earlier holder stored it meanwhile
+                        return "done before"
+                    ctx = dataclasses.replace(ctx, lease=lease)
+                    if problem:  # stored failed for good (a resume leaves it), or offline where it is this host's setting
+                        if self.progress:
+                            self.progress(device, model, "model", problem)
                         store_changed(store, target, source, ctx.config, sweep_id, problem,
                                       OFFLINE_ATTEMPT if self.host_setting(problem) else spec.attempts_spent(attempts) + 1,
                                       lease)
-                    except LeaseLost as exc:
-                        log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
-                        return "lease lost"
-                    return "model refused"
-                ctx = dataclasses.replace(ctx, lease=lease)
-                if offline_keys(self.tracker, {target.key}):
-                    if self.progress:
-                        self.progress(device, model, "offline", f"no server for key {target.key!r}")
-                    try:
+                        return "model refused"
+                    if offline_keys(self.tracker, {target.key}):
+                        if self.progress:
+                            self.progress(device, model, "offline", f"no server for key {target.key!r}")
                         offline_cell(ctx, store, target, source)
-                    except LeaseLost as exc:
-                        log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
-                        return "lease lost"
-                    return "offline"
-                if lease.taken_over:  # its earlier holder may still hold the RPC session: the server ends it by then
-                    ctx = dataclasses.replace(ctx, config=dataclasses.replace(
-                        ctx.config, timeout_s=ctx.config.timeout_s + target.session_timeout_s))
-                artifact = self.artifact(ctx, store, target, source, build)
-                try:
+                        return "offline"
+                    if lease.taken_over:  # its earlier holder may still hold the RPC session: the server ends it by then
+                        ctx = dataclasses.replace(ctx, config=dataclasses.replace(
+                            ctx.config, timeout_s=ctx.config.timeout_s + target.session_timeout_s))
+                    artifact = self.artifact(ctx, store, target, source, build)
                     cell = run_cell(ctx, store, target, source, artifact, first, spec.attempts_spent(attempts) + 1)
-                except LeaseLost as exc:
-                    log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
-                    return "lease lost"
-                return cell.result.status
+                    return cell.result.status
+            except LeaseLost as exc:
+                log.error("sweep %d, %s × %s: %s", sweep_id, device, model, exc.message)
+                return "lease lost"
 
     def poisoned(self, task: str, args: dict, deliveries: int) -> bool:
         """A job whose worker died under it ``deliveries`` times (``queue.MAX_DELIVERIES``), ended failed: a cell is
@@ -331,8 +324,7 @@ class LabWorker:
                                            "its runtime",
                                            "see the lab host's log (dmesg for an OOM kill); the cell is not measured "
                                            "again, so the sweep can end", "not reached: the worker died")
-                store.record_cell(RunToStore(result, target, stand_in, None, spec.attempts_spent(attempts) + 1),
-                                  sweep_id=sweep_id, lease=lease)
+                store_unmeasured(store, result, target, stand_in, sweep_id, spec.attempts_spent(attempts) + 1, lease)
         return False
 
     def holder(self, sweep_id: int, device: str, model: str) -> str:

@@ -26,7 +26,7 @@ from farm.compile import effective_target
 from farm.errors import FarmError, ModelError, StoreError, TrackerError, message_line
 from farm.measure import measure_copy_curve
 from farm.models import load_model_variant
-from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, CellStanding, Device, Lease, ModelSource,
+from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, BenchResult, CellStanding, Device, Lease, ModelSource,
                           RunToStore, StoredAttempt, SweepSpec, TrackerAddress, split_variant, target_kind)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
@@ -128,7 +128,14 @@ def store_offline(store: Store, device: Device, model: ModelSource, config: Benc
     """A cell that could not be reached, stored failed at step "offline" with ``reason`` and ``hint``, as attempt 0
     (``OFFLINE_ATTEMPT``): a device with no server, or a lab host with no worker (``sweep.lab``)."""
     result = unmeasured_result(device, model, config, "offline", reason, hint, "not reached: device offline")
-    run_id = store.record_cell(RunToStore(result, device, model, None, OFFLINE_ATTEMPT), sweep_id=sweep_id, lease=lease)[0]
+    return store_unmeasured(store, result, device, model, sweep_id, OFFLINE_ATTEMPT, lease)
+
+
+def store_unmeasured(store: Store, result: BenchResult, device: Device, model: ModelSource, sweep_id: int | None,
+                     attempt: int, lease: Lease | None = None) -> CellResult:
+    """A cell's result that measured nothing (``failures.unmeasured_result``), stored as its ``attempt`` (under
+    ``lease``, a lab cell's)."""
+    run_id = store.record_cell(RunToStore(result, device, model, None, attempt), sweep_id=sweep_id, lease=lease)[0]
     return CellResult(run_id, result, None)
 
 
@@ -186,13 +193,13 @@ def changed_models(spec: SweepSpec, models: dict[str, ModelSource]) -> dict[str,
 
 def store_changed(store: Store, device: Device, model: ModelSource, config: BenchConfig, sweep_id: int,
                   reason: str, attempt: int, lease: Lease | None = None) -> CellResult:
-    """A cell whose model is not the one its sweep started with, or does not load: stored failed for good at step
-    "model" (measuring again cannot help), so a resume does not repeat it and the sweep settles."""
+    """A cell whose model is not the one its sweep started with, or does not load, stored at step "model" as its
+    ``attempt``: failed for good (measuring again cannot help: a resume leaves it, and the sweep settles), or as
+    offline (``OFFLINE_ATTEMPT``) where a host's own setting refused it (``sweep.lab``: a resume measures it)."""
     result = unmeasured_result(device, model, config, "model", reason,
                                "restore the model the sweep started with and resume, or start a new sweep",
                                "not reached: the model")
-    run_id = store.record_cell(RunToStore(result, device, model, None, attempt), sweep_id=sweep_id, lease=lease)[0]
-    return CellResult(run_id, result, None)
+    return store_unmeasured(store, result, device, model, sweep_id, attempt, lease)
 
 
 def run_sweep(
@@ -212,11 +219,12 @@ def run_sweep(
         ctx = CellContext(tracker, cache_dir, spec.config, spec.tuned, retries=spec.retries, sweep_id=sweep_id,
                           profile_cells=spec.profile_cells,
                           progress=progress, reference_runtime=spec.reference_runtime)
-        todo = missing_cells(spec, spec.by_cell(done))
+        by_cell = spec.by_cell(done)
+        todo = missing_cells(spec, by_cell)
         outcome = SweepOutcome(sweep_id, "running",
                                skipped=len(spec.devices) * len(spec.cell_models()) - len(todo))
         for device_name, model_name in [cell for cell in todo if cell[1] in changed]:
-            attempt = spec.attempts_spent(done.get((device_name, spec.stored_names.get(model_name, model_name)), [])) + 1
+            attempt = spec.attempts_spent(by_cell[(device_name, model_name)]) + 1
             outcome.cells.append(store_changed(store, devices[device_name], models[model_name], spec.config, sweep_id,
                                                changed[model_name], attempt))
         todo = [cell for cell in todo if cell[1] not in changed]
