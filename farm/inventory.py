@@ -20,7 +20,7 @@ from farm.records import (CPU_TARGETS, EXPORT_FORMATS, TAG_KINDS, TARGET_KINDS, 
                            tag_kind, target_kind)
 
 DEFAULT_TRACKER = TrackerAddress("127.0.0.1", 9190)
-DEVICE_NAME = r"[A-Za-z0-9_.\-]+"  # what a [devices.NAME] may be called (a tracker key's characters too)
+NAME = r"[A-Za-z0-9_.\-]+"  # what a device, its tracker key and its lab host may be called
 
 COMMON_FIELDS = {
     "kind", "key", "target", "host", "export", "cooldown_s", "session_timeout_s",
@@ -161,7 +161,7 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
 
     if not isinstance(raw, dict):
         raise fail("entry", "must be a table", f"write it as:\n{EXAMPLE}")
-    if not re.fullmatch(DEVICE_NAME, name):
+    if not re.fullmatch(NAME, name):
         # a ':' in a name collided with a model's in a lab job's key ('cell:SWEEP:DEVICE:MODEL'), and the second job
         # was silently not queued (#62); '@' marks a CPU fallback (NAME@cpu); '/' and spaces break paths and URLs
         raise InventoryError(f"{where}: device name {name!r} is not allowed",
@@ -180,7 +180,7 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     key = raw.get("key")
     if key is None:
         raise fail("key", "is missing", f'add key = "{name}" (the key its rpc_server registers under)')
-    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", key):
+    if not isinstance(key, str) or not re.fullmatch(NAME, key):
         raise fail("key", f"{key!r} is not a valid tracker key", "use letters, digits, '-', '_' or '.'")
     target = _parse_target(raw.get("target"), fail, "target")
     host = _parse_target(raw["host"], fail, "host") if "host" in raw else None
@@ -211,29 +211,10 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     for field, spec in KIND_COMMON.items():
         if field in raw and (problem := spec.problem(raw[field])):
             raise fail(field, f"{raw[field]!r} {problem}", f"write {spec.example}, or leave it out: {spec.help}")
-    threads = raw.get("threads")
-    if raw.get("weight_prepack") and target_kind(target) != "llvm":  # records.weight_prepack_setting: nothing to rewrite
-        raise fail("weight_prepack", f"needs an llvm target, not {target_kind(target)!r}",
-                   "leave it out: MetaSchedule rewrites weight layouts only for CPU (llvm) code")
-    if "cuda_toolkit" in raw and target_kind(target) != "cuda":
-        raise fail("cuda_toolkit", f"needs a CUDA target, not {target_kind(target)!r}",
-                   "leave it out: it names the nvcc that compiles a CUDA target's device code")
-    if "cuda_driver" in raw:
-        if target_kind(target) != "cuda":
-            raise fail("cuda_driver", f"needs a CUDA target, not {target_kind(target)!r}",
-                       "leave it out: it is the CUDA version of an NVIDIA device's driver")
-        if not re.fullmatch(r"\d+\.\d+", str(raw["cuda_driver"])):
-            raise fail("cuda_driver", f"{raw['cuda_driver']!r} is not a CUDA version",
-                       'write the driver\'s CUDA version as nvidia-smi prints it, e.g. cuda_driver = "12.6"')
+    _check_target_fields(raw, target, fail)
     plugin.validate(raw, target, fail)
-    if "fallback" in raw:
-        if raw["fallback"] not in FALLBACKS:
-            raise fail("fallback", f"{raw['fallback']!r} is unknown",
-                       'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
-        if target_kind(target) in CPU_TARGETS:
-            raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
     lab_host = raw.get("lab_host")
-    if lab_host is not None and (not isinstance(lab_host, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", lab_host)):
+    if lab_host is not None and (not isinstance(lab_host, str) or not re.fullmatch(NAME, lab_host)):
         raise fail("lab_host", f"{lab_host!r} is not a lab host name",
                    'write lab_host = "lab2" (letters, digits, \'-\', \'_\' or \'.\'): `farm worker --lab-host lab2` '
                    "on that host serves it")
@@ -241,10 +222,34 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
     return Device(
         name=name, kind=kind, key=key, target=target, host=host, export=export,
         cooldown_s=cooldown_s, session_timeout_s=session_timeout_s, emulated=emulated,
-        tags=tuple(tags), options=options, threads=threads, weight_prepack=raw.get("weight_prepack"),
+        tags=tuple(tags), options=options, threads=raw.get("threads"), weight_prepack=raw.get("weight_prepack"),
         layout=raw.get("layout"),
         lab_host=lab_host,
     )
+
+
+def _check_target_fields(raw: dict[str, Any], target: dict[str, Any], fail) -> None:
+    """The fields that only some targets take: each refused, with why, on a target it does not fit."""
+    kind = target_kind(target)
+    if raw.get("weight_prepack") and kind != "llvm":  # records.weight_prepack_setting: nothing to rewrite
+        raise fail("weight_prepack", f"needs an llvm target, not {kind!r}",
+                   "leave it out: MetaSchedule rewrites weight layouts only for CPU (llvm) code")
+    if "cuda_toolkit" in raw and kind != "cuda":
+        raise fail("cuda_toolkit", f"needs a CUDA target, not {kind!r}",
+                   "leave it out: it names the nvcc that compiles a CUDA target's device code")
+    if "cuda_driver" in raw:
+        if kind != "cuda":
+            raise fail("cuda_driver", f"needs a CUDA target, not {kind!r}",
+                       "leave it out: it is the CUDA version of an NVIDIA device's driver")
+        if not re.fullmatch(r"\d+\.\d+", str(raw["cuda_driver"])):
+            raise fail("cuda_driver", f"{raw['cuda_driver']!r} is not a CUDA version",
+                       'write the driver\'s CUDA version as nvidia-smi prints it, e.g. cuda_driver = "12.6"')
+    if "fallback" in raw:
+        if raw["fallback"] not in FALLBACKS:
+            raise fail("fallback", f"{raw['fallback']!r} is unknown",
+                       'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
+        if kind in CPU_TARGETS:
+            raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
 
 
 def _parse_target(raw: Any, fail, field: str) -> dict[str, Any]:

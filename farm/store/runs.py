@@ -94,6 +94,24 @@ def cell_key(result: BenchResult, sweep_id: int | None, attempt: int, token: str
 
 
 
+def _upsert_artifact(db: Backend, artifact: Artifact, stamp: str) -> None:
+    """A run's artifact row, inside its write; planned memory filled in on a row stored before farm read it."""
+    db.execute(
+        """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,
+           tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks,
+           params_bytes, planned_host_bytes, planned_device_bytes, planned_dynamic)
+           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (cache_key) DO UPDATE SET
+           params_bytes = COALESCE(artifacts.params_bytes, excluded.params_bytes),
+           planned_host_bytes = COALESCE(artifacts.planned_host_bytes, excluded.planned_host_bytes),
+           planned_device_bytes = COALESCE(artifacts.planned_device_bytes, excluded.planned_device_bytes),
+           planned_dynamic = excluded.planned_dynamic""",
+        (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
+         artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
+         artifact.build_s, stamp, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks,
+         artifact.params_bytes, artifact.planned_host_bytes, artifact.planned_device_bytes,
+         artifact.planned_dynamic))
+
+
 class RunsMixin:
     """The ``Store``'s runs, samples, summaries, copies and copy curves."""
 
@@ -146,21 +164,8 @@ class RunsMixin:
                    " ON CONFLICT DO NOTHING",
                    (model.digest, model.name, model.origin,
                     json.dumps([asdict(s) for s in model.inputs]), stamp, json.dumps(list(model.ops))))
-        if artifact is not None:  # planned memory filled in on a row stored before farm read it
-            db.execute(
-                """INSERT INTO artifacts (cache_key, model_digest, target, export, toolchain,
-                   tvm_version, file_digest, path, build_s, created_at, tuning_digest, tuned_tasks, total_tasks,
-                   params_bytes, planned_host_bytes, planned_device_bytes, planned_dynamic)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (cache_key) DO UPDATE SET
-                   params_bytes = COALESCE(artifacts.params_bytes, excluded.params_bytes),
-                   planned_host_bytes = COALESCE(artifacts.planned_host_bytes, excluded.planned_host_bytes),
-                   planned_device_bytes = COALESCE(artifacts.planned_device_bytes, excluded.planned_device_bytes),
-                   planned_dynamic = excluded.planned_dynamic""",
-                (artifact.cache_key, artifact.model_digest, json.dumps(artifact.target), artifact.export,
-                 artifact.toolchain, artifact.tvm_version, artifact.file_digest, artifact.path,
-                 artifact.build_s, stamp, artifact.tuning_digest, artifact.tuned_tasks, artifact.total_tasks,
-                 artifact.params_bytes, artifact.planned_host_bytes, artifact.planned_device_bytes,
-                 artifact.planned_dynamic))
+        if artifact is not None:
+            _upsert_artifact(db, artifact, stamp)
         config = result.config
         key = cell_key(result, sweep_id, attempt, token)
         inserted = db.execute(
