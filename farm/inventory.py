@@ -230,16 +230,16 @@ def _parse_device(name: str, raw: Any, where: str) -> Device:
 
 def _check_target_fields(raw: dict[str, Any], target: dict[str, Any], fail) -> None:
     """The fields that only some targets take: each refused, with why, on a target it does not fit."""
-    kind = target_kind(target)
-    if raw.get("weight_prepack") and kind != "llvm":  # records.weight_prepack_setting: nothing to rewrite
-        raise fail("weight_prepack", f"needs an llvm target, not {kind!r}",
+    of_target = target_kind(target)  # the target's kind (llvm, cuda, ...), not a device kind
+    if raw.get("weight_prepack") and of_target != "llvm":  # records.weight_prepack_setting: nothing to rewrite
+        raise fail("weight_prepack", f"needs an llvm target, not {of_target!r}",
                    "leave it out: MetaSchedule rewrites weight layouts only for CPU (llvm) code")
-    if "cuda_toolkit" in raw and kind != "cuda":
-        raise fail("cuda_toolkit", f"needs a CUDA target, not {kind!r}",
+    if "cuda_toolkit" in raw and of_target != "cuda":
+        raise fail("cuda_toolkit", f"needs a CUDA target, not {of_target!r}",
                    "leave it out: it names the nvcc that compiles a CUDA target's device code")
     if "cuda_driver" in raw:
-        if kind != "cuda":
-            raise fail("cuda_driver", f"needs a CUDA target, not {kind!r}",
+        if of_target != "cuda":
+            raise fail("cuda_driver", f"needs a CUDA target, not {of_target!r}",
                        "leave it out: it is the CUDA version of an NVIDIA device's driver")
         if not re.fullmatch(r"\d+\.\d+", str(raw["cuda_driver"])):
             raise fail("cuda_driver", f"{raw['cuda_driver']!r} is not a CUDA version",
@@ -248,7 +248,7 @@ def _check_target_fields(raw: dict[str, Any], target: dict[str, Any], fail) -> N
         if raw["fallback"] not in FALLBACKS:
             raise fail("fallback", f"{raw['fallback']!r} is unknown",
                        'write fallback = "cpu": when the GPU fails a model, farm measures it on the device\'s CPU')
-        if kind in CPU_TARGETS:
+        if of_target in CPU_TARGETS:
             raise fail("fallback", "needs a GPU target", "a CPU device has nothing to fall back to: remove fallback")
 
 
