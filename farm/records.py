@@ -357,15 +357,20 @@ class Artifact:
     # each kernel (PrimFunc) of the built module by name: {"args": [...], "flops": N | None, "schedule": ...}, what a
     # profile names beside its time (compile.kernel_facts); {} = not known (built before farm read it)
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False, compare=False)
+    # what built it, as a run's manifest names it (farm.manifest: TVM's build, LLVM, the compiler, the records applied);
+    # {} = not known (built before farm read it)
+    built_with: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
 class TuningSet:
-    """MetaSchedule database lines for one tuning key (device target + TVM version)."""
+    """MetaSchedule database lines for one tuning key (device target + TVM version); ``sessions``: the tuning session
+    that added each record line, where known (() or None: not known)."""
 
     key: str
     workloads: tuple[str, ...]
     records: tuple[str, ...]
+    sessions: tuple[int | None, ...] = ()
 
     @property
     def digest(self) -> str:

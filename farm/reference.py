@@ -31,6 +31,7 @@ from farm.devices import kind_of
 from farm.errors import FarmError, message_line
 from farm.measure import calibrate_number, check_outputs
 from farm.measure.profile import PROFILE_RUNS, profile_runs
+from farm.measure.manifest import run_manifest
 from farm.models.runtimes import open_runtime, profile_onnxruntime, runtime_name
 from farm.records import (BenchConfig, BenchResult, CheckResult, Device, KernelProfile, ModelSource, Threads, online_cpus,
                           threads_setting, utc_now)
@@ -69,6 +70,7 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
     context: dict[str, Any] = {"farm_version": farm.__version__, "device_kind": device.kind,
                                "emulated": device.emulated, "runtime": runtime, "how_timed": HOW_TIMED,
                                "threads_by": threads.set_by,
+                               "manifest": run_manifest(device, None, model.digest),
                                **kind_of(device).measurement_context(device)}
     started_at = utc_now()
     version, step = "", "load"
@@ -78,6 +80,7 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
         session = open_runtime(model, threads.count)
         fields["load_s"] = time.perf_counter() - t0
         version = session.version
+        context["manifest"]["reference.version"] = f"{runtime} {version}"
         context["runtime_settings"] = session.settings
 
         step = "first"

@@ -30,7 +30,7 @@ COLUMNS = [
     "copy_s", "copy_bytes", "copy_share", "fallback_of",
     "check", "max_abs_err", "emulated", "tuned", "tuned_tasks", "total_tasks", "sweep_id", "attempt",
     "artifact_key", "tvm_version",
-    "farm_version", "runtime", "runtime_version", "threads",
+    "farm_version", "runtime", "runtime_version", "threads", "manifest",
     "params_bytes", "planned_host_bytes", "planned_device_bytes", "planned_bytes", "rss_before_load_bytes",
     "rss_after_load_bytes", "rss_peak_bytes", "rss_load_increase_bytes", "rss_peak_increase_bytes", "memory_total_bytes",
 ]

@@ -64,6 +64,7 @@ class Run(Record):
     rss_after_load_bytes: int | None = None
     rss_peak_bytes: int | None = None
     threads: int | None = None  # the CPU threads the run used (BenchResult.threads); None: stored before farm knew
+    manifest: str | None = None  # the digest of its manifest (farm.manifest; Store.manifests); None: none read
 
     VIEWS = ("steady_n", "steady_median_s", "steady_p10_s", "steady_p90_s", "steady_ci_low_s", "steady_ci_high_s",
              "steady_cv", "unstable", "steady_wall_n", "steady_wall_median_s", "steady_wall_p10_s",

@@ -20,14 +20,15 @@ ALLOWED = {
     "drift": {"runs", "series", "stats"},  # runs: the Run type only
     "artifacts": set(),
     "inventory": {"errors", "records", "devices"},  # the kinds' field schemas (importing them imports no TVM)
-    "store": {"errors", "records", "stats"},
+    "store": {"errors", "manifest", "records", "stats"},  # manifest: a run's manifest stored by its digest
+    "manifest": {"__init__"},  # what could move a run: its fields, digest and changes (farm's version: __init__)
     "models": {"errors", "op_classes", "records"},  # op_classes: onnxruntime's profile by TVM's op classes
     "op_classes": set(),  # a kernel's op class by its name, a node's by its op type
     "kernel_diff": {"records", "stats"},  # which kernels account for a change; op classes across runtimes
     "rpc": {"errors", "records", "rpc", "tvm_private"},  # rpc/server.py: TVM's _serving
     "devices": {"errors", "records", "rpc", "devices", "stats"},
     "compile": {"errors", "records", "models", "devices", "tvm_private"},  # MetaSchedule's normalize_mod
-    "measure": {"errors", "op_classes", "records", "rpc", "devices", "stats", "__init__"},  # stats: a round's median
+    "measure": {"errors", "manifest", "op_classes", "records", "rpc", "devices", "stats", "__init__"},  # stats: a round's median
     "results": {"records", "runs", "series", "stats", "store"},
     "reference": {"errors", "records", "devices", "measure", "models", "__init__"},  # runtimes timed beside TVM
     "queue": {"errors", "store"},  # procrastinate on the results' PostgreSQL; store: a URL's redaction
@@ -36,7 +37,7 @@ ALLOWED = {
     "signing": set(),  # the lab key's HMAC: the standard library only
     "sweep_file": {"errors", "records", "tune"},  # the sweep file's schema; [tune] is TuneBudget's fields
     "figures": set(),
-    "findings": {"kernel_diff", "records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
+    "findings": {"kernel_diff", "manifest", "records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
     "review": {"drift", "figures", "findings", "records", "regress", "results", "runs", "series", "stats", "store"},
     "report": {"figures", "kernel_diff", "records", "results", "review", "stats", "store", "__init__"},
     "costmodel": {"errors", "tvm_private"},  # MetaSchedule's XGBoost model as data (its state: tvm_private)

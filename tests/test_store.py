@@ -154,6 +154,8 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP TABLE manifests")  # schema 22
+    db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
     db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")  # schema 20
@@ -200,6 +202,8 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE manifests")  # schema 22
+    db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
     db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")  # schema 20
@@ -234,6 +238,8 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE manifests")  # schema 22
+    db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
     db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")  # schema 20
@@ -509,6 +515,8 @@ def test_a_run_s_profile_is_stored_with_it_and_a_schema_19_database_gets_the_tab
         plain = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP TABLE manifests")  # schema 22
+    db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
     db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
     db.execute("DROP TABLE profiles")

@@ -118,6 +118,8 @@ def runtime_only_wheel(wheel: Path, out_dir: Path) -> Path:
 def _farm_wheel(folder: Path, say) -> None:
     """farm's wheel, built from a copy of this checkout's files (tracked, and new ones git does not ignore): never
     from a stale ``build/`` of an earlier build."""
+    from farm.manifest import COMMIT_FILE, farm_commit
+
     say("building farm's wheel")
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True).stdout.decode().split("\0")
@@ -126,6 +128,8 @@ def _farm_wheel(folder: Path, say) -> None:
             if (REPO / name).is_file():
                 (Path(source) / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / name, Path(source) / name)
+        # the copy has no .git: the commit goes in as a file, which a run's manifest reads (farm.measure.manifest)
+        (Path(source) / COMMIT_FILE).write_text(farm_commit() or "unknown")
         # with build isolation: pyproject's build backend from the index, whatever setuptools this venv has (a plain
         # set-up's venv keeps Python 3.11's bundled setuptools 65.5, which cannot build a wheel without `wheel`)
         done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(folder), source],

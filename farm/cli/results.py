@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from farm.manifest import known
 from farm.stats import format_bytes
 
 from farm.cli.common import add_verb, duration, emit_json, print_table, require_db
@@ -33,10 +34,12 @@ def run(args: argparse.Namespace) -> int:
         if args.kernels:
             return _kernels(args, rows, store.profiles([r.run_id for r in rows]))
         sums = store.profile_sums(**selection)
+        manifests = store.manifests([r.manifest for r in rows]) if args.json else {}
     if args.csv:
         rows_frame(rows, sums).to_csv(sys.stdout, index=False)
-    elif args.json:
-        emit_json([{**row, "profile": sums.get(row.run_id)} for row in rows])
+    elif args.json:  # the manifest's fields, unknown ones left out (farm.manifest); its digest beside
+        emit_json([{**row, "profile": sums.get(row.run_id), "manifest_digest": row.manifest,
+                    "manifest": known(manifests.get(row.manifest or "", {}))} for row in rows])
     else:
         table = [{**r, "steady": duration(r.steady_median_s), "load": duration(r.load_s), "first": duration(r.first_run_s),
                   "warm": duration(r.first_run_warm_s), "clock": r.steady_clock, "wall": duration(r.steady_wall_median_s),

@@ -17,6 +17,7 @@ import tvm
 
 from farm.compile.cuda import CudaCompiler, DeviceCode, compile_cubin, device_code_for
 from farm.compile.keys import PIPELINE_VERSION, TVM_VERSION, artifact_key
+from farm.compile.provenance import DEFAULT_CC, built_with
 from farm.compile.targets import effective_target, export_library, make_target, toolchain_for
 from farm.errors import BuildError, message_line
 from farm.tvm_private import pack_imports_with_cubin
@@ -61,11 +62,12 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
     start = time.perf_counter()
     tvm_target = make_target(target)
     tuned_tasks = total_tasks = anchor_tasks = 0
+    used: set[int] = set()
     built = BuiltModule()
     try:
         with tvm.transform.PassContext(instruments=[built]):
             if tuning is not None:
-                executable, tuned_tasks, total_tasks, anchor_tasks = _compile_tuned(
+                executable, tuned_tasks, total_tasks, anchor_tasks, used = _compile_tuned(
                     model, tvm_target, tuning, device.export == "system-lib", weight_prepack_setting(device, target),
                     layout_setting(device, target))
             elif device.export == "system-lib":
@@ -112,6 +114,8 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         anchor_tasks=anchor_tasks, pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),
         planned_host_bytes=memory.get("planned_host_bytes"), planned_device_bytes=memory.get("planned_device_bytes"),
         planned_dynamic=memory.get("planned_dynamic", 0), kernels=kernels,
+        built_with=built_with(toolchain or (DEFAULT_CC if device.export == "so" else ""), cuda[0] if cuda else None,
+                              tuning, used),
     )
     (tmp / META).write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))
     return _publish(tmp, folder) or artifact
@@ -216,7 +220,8 @@ def _publish(built: Path, folder: Path) -> Artifact | None:
 def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: TuningSet, system_lib: bool,
                    weight_prepack: bool, layout: str):
     """Compile with MetaSchedule records; returns (executable, functions that got a record, all functions,
-    functions whose record came from another task of the same anchor block).
+    functions whose record came from another task of the same anchor block, the records applied: their indexes in
+    ``tuning.records``).
 
     The records are applied to exactly the module the tasks were extracted from (the "zero"
     pipeline's output, with the device's weight prepacking and layout), then, with prepacking, the repacking of the
@@ -229,14 +234,14 @@ def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: Tuning
     from farm.compile.records import apply_records
 
     mod = tuning_module(model, weight_prepack, layout, float32_lanes(target))
-    applied, tuned, anchored = apply_records(mod, target, tuning)
+    applied, tuned, anchored, used = apply_records(mod, target, tuning)
     if weight_prepack:
         applied = fold_weight_prepack(applied, target)
         if left := prepack_calls(applied):  # a weight that is not a constant: repacked at every call
             log.warning("%s: main still repacks weights at every call (%s)", model.name, ", ".join(left))
     functions = [gv for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     executable = relax.build(applied, target, system_lib=True) if system_lib else tvm.compile(applied, target)
-    return executable, tuned, len(functions), anchored
+    return executable, tuned, len(functions), anchored, used
 
 
 def main_calls(library: str) -> list[str]:

@@ -70,7 +70,31 @@ def is_schedule(trace) -> bool:
     return not _lookups_only(inst.kind.name for inst in trace.insts)
 
 
-def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSet) -> tuple[tvm.IRModule, int, int]:
+def record_lines_by_identity(tuning: TuningSet) -> dict[tuple[str, tuple[float, ...]], int]:
+    """Each record line's index by what a database's record says of itself: its workload's structural hash and its
+    run times (``applied_line``)."""
+    shashes = [str(json.loads(line)[0]) for line in tuning.workloads]
+    out: dict[tuple[str, tuple[float, ...]], int] = {}
+    for i, line in enumerate(tuning.records):
+        try:
+            workload, body = json.loads(line)
+            out[(shashes[workload], tuple(float(v) for v in body[1]))] = i
+        except (ValueError, TypeError, IndexError):
+            continue
+    return out
+
+
+def applied_line(record, lines: dict[tuple[str, tuple[float, ...]], int]) -> int | None:
+    """The index in ``TuningSet.records`` of a record a database returned (``record_lines_by_identity``)."""
+    try:
+        key = (str(record.workload.as_json()[0]), tuple(float(v) for v in record.run_secs))
+    except Exception:  # a record without run times: not one of ours
+        return None
+    return lines.get(key)
+
+
+def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSet
+                  ) -> tuple[tvm.IRModule, int, int, set[int]]:
     """``mod`` with each PrimFunc scheduled by its own record (replayed as tuned), else by the best record of the
     same anchor block (MetaSchedule's ``schedule_using_anchor_trace``, as its ApplyDatabase pass does when a
     database matches by anchor block); returns (module, functions scheduled, of which by anchor block).
@@ -78,7 +102,8 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
     TVM's pass stops the whole compile when one transfer fails (a trace that asks for a consumer the function
     lacks, e.g. a conv with no epilogue): here that function stays untuned and the rest keep their records.
     Records are stored and tuned exactly ("structural"); only this lookup matches by anchor block, so the
-    store never holds a record filed under another task's workload."""
+    store never holds a record filed under another task's workload. The last item: the indexes in
+    ``tuning.records`` of the records applied (a run's manifest names them: ``compile.provenance``)."""
     import tempfile
 
     from tvm.s_tir import Schedule
@@ -88,6 +113,7 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
 
     out = mod.clone()
     tuned = anchored = 0
+    lines, used = record_lines_by_identity(tuning), set()
     with tempfile.TemporaryDirectory(prefix="farm-tuning-") as tmp:
         exact, anchor = record_databases(tuning, Path(tmp))
         for gv, func in mod.functions.items():
@@ -111,8 +137,10 @@ def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSe
             except Exception as exc:  # TVM's schedule errors, many types: this function stays untuned
                 log.info("the record for %s did not apply (left untuned): %s", gv.name_hint, message_line(exc))
                 continue
+            if (line := applied_line(record, lines)) is not None:
+                used.add(line)
             scheduled = next(iter(sch.mod.functions.values()))
             out[gv] = tvm.tirx.PrimFunc(scheduled.params, scheduled.body, scheduled.ret_type,
                                         attrs=func.attrs).with_attr("tirx.is_scheduled", True).with_attr(TUNED_ATTR, True)
             tuned += 1
-    return out, tuned, anchored
+    return out, tuned, anchored, used

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.devices.board import SERVER, ensure_board
-from farm.devices.kind import DeviceKind, Fail, Field, thread_options
+from farm.devices.kind import PHONE_SOFTWARE, DeviceKind, Fail, Field, software_lines, thread_options
 from farm.devices.opencl_runtime import board_with_opencl
 from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
@@ -50,6 +50,7 @@ from farm.rpc.processes import ManagedProcess, free_port, is_running, load_recor
 NEEDS_SERIAL = 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001'
 DEFAULT_DIR = "/data/local/tmp/farm"
 OPENCL_PATHS = ("/vendor/lib64/libOpenCL.so", "/system/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so")
+SOFTWARE_TIMEOUT_S = 2.0  # the measuring process stops waiting sooner (measure.manifest.SOFTWARE_BUDGET_S)
 THERMAL = ('for z in /sys/class/thermal/thermal_zone*; do [ -r "$z/temp" ] && '
            'echo "$(cat "$z/type" 2>/dev/null) $(cat "$z/temp")"; done 2>/dev/null')
 
@@ -332,6 +333,13 @@ class Android(DeviceKind):
 
     def read_health(self, device: Device) -> dict[str, Any]:
         return read_health(device) if "serial" in device.options else {}
+
+    def software(self, device: Device) -> dict[str, Any]:
+        """Its build fingerprint (an OTA update changes it), kernel, CPU governor and SoC, in one adb shell."""
+        if "serial" not in device.options:
+            return {}
+        phone = attach(client(adb_address(device)), str(device.options["serial"]), timeout_s=SOFTWARE_TIMEOUT_S)
+        return software_lines(shell(phone, PHONE_SOFTWARE, timeout_s=SOFTWARE_TIMEOUT_S))
 
     def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
         for name in ("serial", "server_port"):

@@ -41,6 +41,12 @@ class Board:
     versions: str
 
 
+def build_define(build: str) -> str:
+    """The compiler option that names what a native server binary was built from (its ``farm.ServerBuild``: a run's
+    manifest field ``device.server``)."""
+    return f'-DFARM_SERVER_BUILD="{build}"'
+
+
 def missing_tools(*also: str) -> list[str]:
     """What this host lacks of ``also`` (e.g. qemu, to run the board), the cross compiler and the aarch64 libc."""
     missing = [tool for tool in (*also, CROSS_CXX) if shutil.which(tool) is None]
@@ -89,7 +95,8 @@ def ensure_board(progress=None) -> Board:
             progress("cross-compiling the native RPC server for aarch64")
         include = wheel_dir("tvm_ffi") / "include"
         build = subprocess.run(
-            [CROSS_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / SERVER),
+            [CROSS_CXX, "-std=c++17", "-O2", f"-I{include}", build_define(f"board-aarch64-{tag}"), str(SOURCE), "-o",
+             str(work / SERVER),
              f"-L{work}", "-Wl,--no-as-needed", "-ltvm_runtime_extra", "-ltvm_runtime", "-ltvm_ffi",
              "-Wl,-rpath,$ORIGIN"],
             capture_output=True, text=True)

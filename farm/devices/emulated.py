@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.devices.board import SERVER, SYSROOT, Board, ensure_board, missing_tools
-from farm.devices.kind import DeviceKind, Field, thread_options
+from farm.devices.kind import DeviceKind, Field, host_software, thread_options
 from farm.devices.opencl_runtime import board_with_opencl
 from farm.devices.pocl_arm64 import ensure_sysroot
 from farm.errors import DeviceError
@@ -68,6 +68,10 @@ class Qemu(DeviceKind):
         except DeviceError as exc:
             return f"{exc.message}: {exc.hint}"
         return ""
+
+    def software(self, device: Device) -> dict[str, Any]:
+        """qemu-user runs on this host's kernel and CPU: this host's software."""
+        return host_software()
 
     def effective_target(self, device: Device, target: dict[str, Any], host: HostCPU) -> dict[str, Any]:
         if target_kind(target) == "llvm":

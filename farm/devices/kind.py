@@ -8,7 +8,7 @@ plug-ins by ``tool_name`` the same way). farm asks the kind and never branches o
     farm serve     bring_up (the records it returns say how to stop what it started), unready, prerequisites
     health.py      read_health
     compile/       effective_target, export_toolchain
-    measure/       measurement_context
+    measure/       measurement_context, software (a run's manifest)
     cli, demo      summary, serve_help, fields (--help texts), demo_entry
 
 Importing a kind must not import TVM: the inventory reads the kinds' fields on every verb.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -140,6 +141,12 @@ class DeviceKind:
         """What this kind adds to a measurement's context (merged over the common one)."""
         return {}
 
+    def software(self, device: Device) -> dict[str, Any]:
+        """The device's software, cheaply, at session time (a run's manifest, ``farm.manifest``: keys ``os_build``,
+        ``kernel``, ``gpu_driver``, ``governor``, ``cpu_model``, ``microcode``); what the kind cannot read is left out
+        (unknown, never guessed). The measuring process bounds the call (``measure.manifest.SOFTWARE_BUDGET_S``)."""
+        return {}
+
     def demo_entry(self) -> str:
         """An inventory entry `farm demo` adds when this host can serve such a device ('' = none)."""
         return ""
@@ -177,6 +184,57 @@ class ThisHost(DeviceKind):
         if thermal := _host_thermal():
             context["thermal"] = thermal
         return context
+
+
+    def software(self, device: Device) -> dict[str, Any]:
+        return host_software()
+
+
+def host_software() -> dict[str, Any]:
+    """This host's kernel, distribution, CPU model, microcode and CPU governor, where readable."""
+    found: dict[str, Any] = {"kernel": platform.release()}
+    release = _read("/etc/os-release")
+    if match := re.search(r'^PRETTY_NAME="?([^"\n]*)"?$', release, re.M):
+        found["os_build"] = match.group(1)
+    cpuinfo = _read("/proc/cpuinfo")
+    for key, name in (("cpu_model", "model name"), ("microcode", "microcode")):
+        if match := re.search(rf"^{name}\s*:\s*(.+)$", cpuinfo, re.M):
+            found[key] = match.group(1).strip()
+    if governor := _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").strip():
+        found["governor"] = governor
+    return found
+
+
+# What a Linux device's own shell prints of its software, one KEY=VALUE a line (``software_lines`` reads it): one
+# round trip over ssh or adb. The GPU driver: nvidia-smi's, or a Jetson's L4T release line
+BOARD_SOFTWARE = (
+    'echo "kernel=$(uname -r)"; (. /etc/os-release 2>/dev/null && echo "os_build=$PRETTY_NAME"); '
+    'echo "governor=$(cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null)"; '
+    'echo "cpu_model=$(grep -m1 -E "^(model name|Hardware|Model)" /proc/cpuinfo 2>/dev/null | cut -d: -f2-)"; '
+    'echo "gpu_driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1)"; '
+    '[ -r /etc/nv_tegra_release ] && echo "gpu_driver=$(head -n1 /etc/nv_tegra_release)"; true')
+PHONE_SOFTWARE = (
+    'echo "os_build=$(getprop ro.build.fingerprint)"; echo "kernel=$(uname -r)"; '
+    'echo "governor=$(cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null)"; '
+    'echo "cpu_model=$(getprop ro.soc.model)"')
+
+
+def software_lines(text: str) -> dict[str, str]:
+    """KEY=VALUE lines (``BOARD_SOFTWARE``, ``PHONE_SOFTWARE``) as fields: empty values are unknown (left out), a
+    later non-empty line of a key wins."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and re.fullmatch(r"[a-z_]+", key.strip()) and value.strip():
+            found[key.strip()] = value.strip()
+    return found
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 class GpuHere(ThisHost):

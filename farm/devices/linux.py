@@ -19,8 +19,9 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
-from farm.devices.kind import DeviceKind, Field
+from farm.devices.kind import BOARD_SOFTWARE, DeviceKind, Field, software_lines
 from farm.errors import DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, threads_setting
 from farm.rpc.processes import ManagedProcess
@@ -71,6 +72,16 @@ class Linux(DeviceKind):
 
     def unready(self, device: Device) -> str:
         return "" if device.options.get("ssh") else 'add ssh = "user@host" to bring the board up with farm serve'
+
+    def software(self, device: Device) -> dict[str, Any]:
+        """Its kernel, distribution, CPU governor, CPU and GPU driver (nvidia-smi, or a Jetson's L4T release), in one
+        ssh round trip."""
+        if not device.options.get("ssh"):
+            return {}
+        ssh, _ = ssh_command(device)
+        done = subprocess.run([*ssh, BOARD_SOFTWARE], capture_output=True, text=True, timeout=5,
+                              stdin=subprocess.DEVNULL)
+        return software_lines(done.stdout) if done.returncode == 0 else {}
 
     def bring_up(self, device: Device, tracker: TrackerAddress, state_dir: Path) -> list[ManagedProcess]:
         ssh, host = ssh_command(device)

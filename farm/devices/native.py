@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from farm.devices.board import SERVER, SOURCE
+from farm.devices.board import SERVER, SOURCE, build_define
 from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
 from farm.devices.nvidia_wheels import library_path
 from farm.errors import DeviceError
@@ -65,7 +65,8 @@ def ensure_native_server(cuda: bool = False) -> Path:
             for name, lib in zip(LIBRARIES, (tvm_lib, ffi_lib)):
                 shutil.copy2(lib / name, work / name)
             build = subprocess.run(
-                [HOST_CXX, "-std=c++17", "-O2", f"-I{include}", str(SOURCE), "-o", str(work / SERVER),
+                [HOST_CXX, "-std=c++17", "-O2", f"-I{include}", build_define(f"native-host-{tag}"), str(SOURCE), "-o",
+                 str(work / SERVER),
                  f"-L{work}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,-rpath,$ORIGIN"],
                 capture_output=True, text=True)
             if build.returncode != 0:

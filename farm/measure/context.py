@@ -3,19 +3,21 @@ reads, the session's CPU threads, farm's helper functions on the device's server
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import tvm
 
 import farm
 from farm.devices import kind_of
+from farm.measure.manifest import run_manifest
 from farm.records import CPU_TARGETS, TARGET_KINDS, Artifact, Device, Threads
 
 DEVICE_TYPE = {target: "cpu" if target in CPU_TARGETS else target for target in TARGET_KINDS}  # a GPU kind's type: its name
 # What TVM's time_evaluator measures per device type: OpenCL sums kernel events (no launch overhead, no gaps)
 STEADY_CLOCK = {"cpu": "wall", "opencl": "kernel"}
 SERVER_HELPERS = ("farm.WallTimeEvaluator", "farm.ClearKernelCache", "farm.MemoryStats",
-                  "farm.ThreadsSet", "farm.KernelProfile")  # farm's servers have them
+                  "farm.ThreadsSet", "farm.KernelProfile", "farm.ServerBuild")  # farm's servers have them
 THREADS_BY_FARM = "farm's server (TVM_NUM_THREADS)"
 THREADS_BY_ENV = "farm, in the stock server's environment (TVM_NUM_THREADS)"
 THREADS_NOT_SET = "threads not set by farm: the server's own default (a stock TVM server)"
@@ -30,6 +32,9 @@ def measurement_context(device: Device, artifact: Artifact) -> dict[str, Any]:
         "pipeline_version": artifact.pipeline_version,
         "device_kind": device.kind, "emulated": device.emulated, "thermal": None,
     }
+    started = time.perf_counter()
+    context["manifest"] = run_manifest(device, artifact)
+    context["manifest_s"] = time.perf_counter() - started  # its cost in the cell (docs/benchmarks.md "What changed")
     return {**context, **kind_of(device).measurement_context(device)}
 
 

@@ -20,6 +20,7 @@ from farm.measure.context import DEVICE_TYPE, STEADY_CLOCK, measurement_context,
 from farm.measure.copies import time_copy
 from farm.measure.draft import Progress, RunDraft
 from farm.measure.failures import StepFailed, device_hint, failure_reason, raised_in_farm
+from farm.measure.manifest import session_part
 from farm.measure.memory import Memory
 from farm.measure.profile import profile_loaded, profile_runs
 from farm.measure.vm import SteadyTimer, calibrate_number, first_run, load_vm, remove_quietly, unpack, wall_timer
@@ -93,6 +94,7 @@ def load(run: Run) -> None:
     draft.steady_clock = STEADY_CLOCK.get(device_type, "device")
     threads = session_threads(session, helpers, run.device)
     draft.threads, context["threads_by"] = threads.count, threads.set_by
+    context["manifest"].update(session_part(helpers, session.device(device_type, 0), device_type))
     run.memory = Memory(helpers.get("farm.MemoryStats"), draft, run.device.emulated)
     draft.rss_before_load_bytes = run.read_memory(reset_peak=True)
     t0 = time.perf_counter()

@@ -35,7 +35,9 @@
 //   main timed between device syncs in this process, as JSON (farm/measure/profile.py); on a GPU with an event
 //   timer (runtime.timer.opencl, .cuda) each kernel on that timer instead;
 // - farm.DeviceRuntimes(): which device runtimes this server has, as JSON {"cuda": "loaded", "opencl": "not
-//   loaded: <why>"}, so a client can tell a server without a GPU runtime from one whose GPU is busy or broken.
+//   loaded: <why>"}, so a client can tell a server without a GPU runtime from one whose GPU is busy or broken;
+// - farm.ServerBuild(): what this binary was built from (FARM_SERVER_BUILD, set by farm's build: the source's
+//   digest and the TVM wheels' versions), a field of each run's manifest (farm/manifest.py).
 //
 // usage: farm-rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090] [--load LIB]...
 //                        [--kernel-cache DIR] [--threads N]
@@ -70,6 +72,10 @@
 #include <tvm/ffi/device.h>
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
+
+#ifndef FARM_SERVER_BUILD
+#define FARM_SERVER_BUILD "unknown: built outside farm"
+#endif
 
 namespace {
 
@@ -332,7 +338,7 @@ std::map<std::string, double> KernelDeviceTimes(tvm::ffi::Module executable, DLD
 }
 
 // farm.KernelProfile(module, dev_type, dev_id, runs, inputs...) -> JSON, as farm's Python server answers it
-// (farm/rpc/server.py): the module's main run `runs` times (after one not counted) under a VM instrument that syncs
+// (farm/rpc/server.py): the module's main run `runs` times (after one not counted; runs 0: the first run, counted) under a VM instrument that syncs
 // the device and reads the clock around each call, here in the session's process; sums over the runs. On a GPU
 // with an event timer each kernel's time is its own on that timer (KernelDeviceTimes).
 void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
@@ -376,18 +382,26 @@ void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
   vm->GetFunction("set_instrument").value()(instrument);
   ffi::Function main_func = vm->GetFunction("main").value();
   ffi::Any unused;
-  main_func.CallPacked(args.data() + 4, args.size() - 4, &unused);  // not counted: the first run allocates
+  bool count_first = runs == 0;  // runs 0: one run, the first, counted (a slow model's profile within its share)
+  if (count_first) runs = 1;
+  SyncDevice(dev);
+  Clock::time_point first_begun = Clock::now();
+  main_func.CallPacked(args.data() + 4, args.size() - 4, &unused);  // else not counted: the first run allocates
+  SyncDevice(dev);
+  double main_s = std::chrono::duration<double>(Clock::now() - first_begun).count();
   capture = false;
   std::map<std::string, double> on_device = KernelDeviceTimes(executable, dev, runs, first_calls);
   first_calls.clear();  // the first run's tensors go back to the VM's pool before the counted runs
-  order.clear();
-  seconds.clear();
-  calls.clear();
-  SyncDevice(dev);
-  Clock::time_point begun = Clock::now();
-  for (int r = 0; r < runs; ++r) main_func.CallPacked(args.data() + 4, args.size() - 4, &unused);
-  SyncDevice(dev);
-  double main_s = std::chrono::duration<double>(Clock::now() - begun).count();
+  if (!count_first) {
+    order.clear();
+    seconds.clear();
+    calls.clear();
+    SyncDevice(dev);
+    Clock::time_point begun = Clock::now();
+    for (int r = 0; r < runs; ++r) main_func.CallPacked(args.data() + 4, args.size() - 4, &unused);
+    SyncDevice(dev);
+    main_s = std::chrono::duration<double>(Clock::now() - begun).count();
+  }
   vm->GetFunction("set_instrument").value()(ffi::Function(nullptr));
   for (const auto& [symbol, per_call] : on_device) seconds[symbol] = per_call * calls[symbol];
   std::string clock = on_device.empty() ? "wall, the device synced before and after each call"
@@ -451,6 +465,9 @@ int g_threads = 0;  // --threads, or the CPUs online here
 void RegisterServerEnv() {
   namespace ffi = tvm::ffi;
   ffi::Function::SetGlobal("farm.ThreadsSet", ffi::Function::FromTyped([]() -> int { return g_threads; }), true);
+  ffi::Function::SetGlobal("farm.ServerBuild", ffi::Function::FromTyped([]() -> ffi::String {
+    return FARM_SERVER_BUILD;
+  }), true);
   ffi::Function::SetGlobal("farm.DeviceRuntimes", ffi::Function::FromTyped([]() -> ffi::String {
     return "{\"cuda\": " + Quote(RuntimeState(g_cuda_missing)) + ", \"opencl\": " +
            Quote(RuntimeState(g_opencl_missing)) + "}";

@@ -29,12 +29,15 @@ It registers, before any session forks from this process:
   says farm set it. farm's native server answers the same.
 
 - ``farm.KernelProfile(module, dev_type, dev_id, runs, *inputs)`` → JSON: the module's ``main`` run ``runs``
-  times (after one not counted) with a VM instrument that syncs the device and reads the clock around each call, in
+  times (after one not counted; ``runs`` 0: the first run alone, counted) with a VM instrument that syncs the device and reads the clock around each call, in
   this process (no round trip per call): ``{"clock", "runs", "main_s", "kernels": [{"name", "calls", "time_s"}]}``,
   sums over the runs (``farm/measure/profile.py``). On a GPU whose runtime registers an event timer
   (``runtime.timer.opencl``, ``.cuda``) each kernel's time is its own on that timer instead: TVM's ``time_evaluator``
   on the arguments of its first call, so launches, syncs and the gaps between kernels are not in it; ``clock`` says
   which. farm's native server answers the same.
+
+- ``farm.ServerBuild()`` → what this server runs: a digest of its files (``server_build``); farm's native server
+  answers what it was built from (the source's digest, TVM's versions). A run's manifest field ``device.server``.
 
 The device runtime's library is loaded here too, before any session; no OpenCL or CUDA context is made here, so
 each session's is created fresh in its own child.
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -146,7 +150,8 @@ def kernel_device_times(module, dev, runs: int, first_calls: dict) -> dict[str, 
 
 
 def kernel_profile(module, dev_type: int, dev_id: int, runs: int, *inputs) -> str:
-    """``farm.KernelProfile``: each call of ``main`` timed between device syncs, summed over ``runs`` runs; on a GPU
+    """``farm.KernelProfile``: each call of ``main`` timed between device syncs, summed over ``runs`` runs after one
+    not counted (``runs`` 0: the first run alone, counted: ``measure.profile.profile_runs``); on a GPU
     with an event timer, each kernel's time is its own on that timer (``kernel_device_times``)."""
     import tvm
     from tvm.runtime.vm import VirtualMachine
@@ -173,18 +178,25 @@ def kernel_profile(module, dev_type: int, dev_id: int, runs: int, *inputs) -> st
         return 0
 
     vm.set_instrument(instrument)
-    vm["main"](*inputs)  # not counted: the first run allocates, and builds kernels where the driver does so lazily
+    count_first = int(runs) == 0  # runs 0: one run, the first, counted (a slow model's profile within its share)
+    runs = max(int(runs), 1)
+    dev.sync()
+    begun = time.perf_counter()
+    vm["main"](*inputs)  # else not counted: the first run allocates, and builds kernels where the driver is lazy
+    dev.sync()
+    main_s = time.perf_counter() - begun
     capture = False
     on_device = kernel_device_times(module, dev, runs, first_calls)
     first_calls.clear()  # the first run's tensors go back to the VM's pool before the counted runs
-    times.clear()
-    calls.clear()
-    dev.sync()
-    begun = time.perf_counter()
-    for _ in range(int(runs)):
-        vm["main"](*inputs)
-    dev.sync()
-    main_s = time.perf_counter() - begun
+    if not count_first:
+        times.clear()
+        calls.clear()
+        dev.sync()
+        begun = time.perf_counter()
+        for _ in range(runs):
+            vm["main"](*inputs)
+        dev.sync()
+        main_s = time.perf_counter() - begun
     for symbol, per_call in on_device.items():
         times[symbol] = per_call * calls.get(symbol, 0)
     return json.dumps({"clock": device_clock(timer) if on_device else WALL_CLOCK,
@@ -228,6 +240,27 @@ def register(library: str | None, threads: int = 0) -> None:
     tvm.register_global_func("farm.MemoryStats", memory_stats, override=True)
     tvm.register_global_func("farm.ThreadsSet", lambda: threads, override=True)
     tvm.register_global_func("farm.KernelProfile", kernel_profile, override=True)
+    tvm.register_global_func("farm.ServerBuild", server_build, override=True)
+    server_build()  # once, before sessions fork
+
+
+def server_build() -> str:
+    """``farm.ServerBuild``: what this server runs, as a digest of its files (this module, TVM's runtime and tvm-ffi's
+    libraries), computed once per server: a run's manifest field ``device.server`` (farm/manifest.py)."""
+    global SERVER_BUILD  # pylint: disable=global-statement
+    if SERVER_BUILD is None:
+        import tvm
+        import tvm_ffi
+
+        digest = hashlib.sha256()
+        for lib in (Path(__file__), *sorted(Path(tvm.__file__).parent.glob("lib/libtvm_runtime*.so")),
+                    *sorted(Path(tvm_ffi.__file__).parent.glob("lib/libtvm_ffi.so"))):
+            digest.update(lib.name.encode() + b"\0" + lib.read_bytes())
+        SERVER_BUILD = f"python-server-{digest.hexdigest()}"
+    return SERVER_BUILD
+
+
+SERVER_BUILD: str | None = None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ import zlib
 from dataclasses import asdict, fields, replace
 from typing import Any, Sequence
 
+from farm.manifest import manifest_digest
 from farm.records import (OFFLINE_ATTEMPT, Artifact, BenchResult, CopyCurve, Device, KernelProfile, KernelTime, Lease,
                           ModelSource, RunToStore)
 from farm.stats import Summary, summarize_groups
@@ -39,7 +40,7 @@ RUN_TABLE = (
     "r.emulated", "r.tuned", "COALESCE(a.tuned_tasks, 0)", "COALESCE(a.total_tasks, 0)", "r.sweep_id", "r.attempt",
     "r.artifact_key", "r.tvm_version", "r.farm_version", "r.runtime", "r.runtime_version", "r.context",
     "r.params_bytes", "r.planned_host_bytes", "r.planned_device_bytes", "r.rss_before_load_bytes",
-    "r.rss_after_load_bytes", "r.rss_peak_bytes", "r.threads",
+    "r.rss_after_load_bytes", "r.rss_peak_bytes", "r.threads", "r.manifest",
 )
 
 
@@ -92,6 +93,16 @@ def cell_key(result: BenchResult, sweep_id: int | None, attempt: int, token: str
         return f"write/{token}/{result.device}/{result.runtime}"
     return f"{sweep_id}/{result.device}/{result.model}/{result.runtime}/{attempt}"
 
+
+
+def _store_manifest(db: Backend, manifest: dict[str, Any] | None, stamp: str) -> str | None:
+    """A run's manifest (``farm.manifest``), stored once by its digest; the digest the run names (None: none read)."""
+    if not manifest:
+        return None
+    digest = manifest_digest(manifest)
+    db.execute("INSERT INTO manifests (digest, body, first_seen) VALUES (?,?,?) ON CONFLICT DO NOTHING",
+               (digest, json.dumps(manifest, sort_keys=True), stamp))
+    return digest
 
 
 def _upsert_artifact(db: Backend, artifact: Artifact, stamp: str) -> None:
@@ -168,25 +179,27 @@ class RunsMixin:
             _upsert_artifact(db, artifact, stamp)
         config = result.config
         key = cell_key(result, sweep_id, attempt, token)
+        context = dict(result.context)
+        manifest = _store_manifest(db, context.pop("manifest", None), stamp)
         inserted = db.execute(
             """INSERT INTO runs (started_at, device, key, model, model_digest, artifact_key, status,
                failed_step, reason, upload_s, load_s, first_run_s, steady_number, steady_repeat,
                min_repeat_ms, emulated, farm_version, tvm_version, context, config, tuned, sweep_id, attempt,
                load_warm_s, first_run_warm_s, steady_clock, steady_wall_number, fallback_of, runtime,
                runtime_version, params_bytes, planned_host_bytes, planned_device_bytes, rss_before_load_bytes,
-               rss_after_load_bytes, rss_peak_bytes, threads, cell_key)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+               rss_after_load_bytes, rss_peak_bytes, threads, cell_key, manifest)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT DO NOTHING RETURNING id""",
             (result.started_at or stamp, result.device, result.key, result.model, result.model_digest,
              result.artifact_key, result.status, result.failed_step, result.reason, result.upload_s,
              result.load_s, result.first_run_s, result.steady_number, config.repeat, config.min_repeat_ms,
              int(device.emulated), result.context.get("farm_version", ""),
-             result.context.get("tvm_version", ""), json.dumps(result.context), json.dumps(asdict(config)),
+             result.context.get("tvm_version", ""), json.dumps(context), json.dumps(asdict(config)),
              int(bool(artifact and artifact.tuned_tasks)), sweep_id, attempt, result.load_warm_s,
              result.first_run_warm_s, result.steady_clock, result.steady_wall_number, result.fallback_of,
              result.runtime, result.runtime_version, result.params_bytes, result.planned_host_bytes,
              result.planned_device_bytes, result.rss_before_load_bytes, result.rss_after_load_bytes,
-             result.rss_peak_bytes, result.threads, key)).fetchall()
+             result.rss_peak_bytes, result.threads, key, manifest)).fetchall()
         if not inserted:  # this attempt of this cell is stored already (its job was delivered again)
             return int(db.execute("SELECT id FROM runs WHERE cell_key = ?", (key,)).fetchone()[0])
         run_id = int(inserted[0][0])
@@ -274,6 +287,17 @@ class RunsMixin:
                  FROM runs r LEFT JOIN checks c ON c.run_id = r.id LEFT JOIN artifacts a ON a.cache_key = r.artifact_key
                  WHERE r.id IN ({where}) ORDER BY r.id DESC"""
         return self._db.dicts(sql, params)
+
+    def manifests(self, digests: Sequence[str | None]) -> dict[str, dict[str, Any]]:
+        """The manifests (``farm.manifest``) of these digests, by digest (runs name theirs: ``Run.manifest``)."""
+        wanted = sorted({d for d in digests if d})
+        out: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            for row in self._db.dicts(f"SELECT digest, body FROM manifests WHERE digest IN "
+                                      f"({','.join('?' * len(chunk))})", tuple(chunk)):
+                out[row["digest"]] = json.loads(row["body"])
+        return out
 
     def run(self, run_id: int) -> dict[str, Any] | None:
         """One run as ``runs`` gives it (joined with its check), or None."""

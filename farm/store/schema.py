@@ -57,13 +57,16 @@ SCHEMA_VERSION history:
      and for offline cells: 'write/TOKEN/DEVICE/RUNTIME', a token made once per write. A write run again after a
      reconnect (``backends.retried``) whose first commit had landed finds its rows, and stores nothing twice: a
      retried farm bench no longer stored a second run, nor a retried start_sweep an orphan sweep "running"
+ 22  run manifests (#63): manifests, each distinct manifest (``farm.manifest``: what could move a run besides the code
+     under test: farm's commit, TVM's build, the toolchain, the records applied, the device's software) once, by its
+     sha256; runs.manifest names it (NULL: stored before farm read one, all unknown)
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 22
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -263,6 +266,10 @@ MIGRATIONS: dict[int, str] = {
     21: """
     ALTER TABLE sweeps ADD COLUMN start_key TEXT;
     CREATE UNIQUE INDEX sweeps_start_key ON sweeps (start_key);
+    """,
+    22: """
+    CREATE TABLE manifests (digest TEXT PRIMARY KEY, body TEXT NOT NULL, first_seen TEXT NOT NULL);
+    ALTER TABLE runs ADD COLUMN manifest TEXT;
     """,
 }
 

@@ -79,6 +79,13 @@ class TuningMixin:
                                (tuning_key,)).fetchone()
         return None if row is None else SavedCostModel(base64.b64decode(row["body"]), row["format"], int(row["samples"]))
 
+    def tuning_sessions(self, tuning_key: str, without_session: int | None = None) -> list[int | None]:
+        """The session that added each of ``tuning_lines``' record lines, in their order (None: added without one)."""
+        return [row[0] for row in self._db.execute(
+            "SELECT session_id FROM tune_records WHERE tuning_key=? AND (session_id IS NULL OR session_id "
+            "NOT IN (SELECT id FROM tune_sessions WHERE status='rejected' OR id=?)) ORDER BY rowid",
+            (tuning_key, -1 if without_session is None else without_session)).fetchall()]
+
     def tuning_lines(self, tuning_key: str, without_session: int | None = None) -> tuple[list[str], list[str]]:
         """The JSON database files' lines for ``tuning_key``: (workload lines, record lines). Records a rejected
         session added (``judge_tune_session``) are left out: they made a model slower; so are ``without_session``'s

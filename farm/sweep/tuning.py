@@ -23,7 +23,8 @@ def tuning_set(store: Store, device: Device, without_session: int | None = None)
     workloads, records = store.tuning_lines(key, without_session)
     if not records:
         warn_records_that_do_not_apply(store, device, target)
-    return TuningSet(key, tuple(workloads), tuple(records))
+    sessions = tuple(store.tuning_sessions(key, without_session))
+    return TuningSet(key, tuple(workloads), tuple(records), sessions if len(sessions) == len(records) else ())
 
 
 _TOLD: set[str] = set()  # devices whose records that no longer apply this process has explained
