@@ -24,7 +24,7 @@ COPY_S = 1.4e-6  # an output copy of a few bytes: its nightly swings are noise b
 def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "0.27.0", same_artifact=lambda d, m: False,
           reference: bool = False, tuned=lambda night, device, model: 0, nights: int = NIGHTS, seed: int = 3,
           copy_effect=lambda night, device: 1.25 if night == NIGHTS and device == "dev0" else 1.0,
-          records=lambda night: "t", profile=None, night_noise: float = 0.004) -> None:
+          records=lambda night: "t", profile=None, night_noise: float = 0.004, manifest=None) -> None:
     """NIGHTS sweeps of DEVICES × MODELS: steady levels of 1-10 ms with 0.4 % night-to-night noise and 1 % sample
     noise, load and first run steady, one output copy of ~1.4 µs swinging by 8 % (noise); ``effect`` multiplies a
     series' level on a night; ``tvm`` names each night's TVM; a series whose effect moved it gets a new artifact
@@ -65,7 +65,8 @@ def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "
                             * (1 + rng.normal(0, 0.01, 5)))),),
                         runtime=runtime, runtime_version="1.20.0" if runtime != "tvm" else "",
                         check=CheckResult("passed", 1e-6), config=config, started_at=f"2026-01-{night:02d}T02:00:00+00:00",
-                        context={"farm_version": "1.0", "tvm_version": version, "target": target, "pipeline_version": 2},
+                        context={"farm_version": "1.0", "tvm_version": version, "target": target, "pipeline_version": 2,
+                                 **({"manifest": manifest(night, device, model)} if manifest else {})},
                         profile=profile(night, device, model, level, value) if profile and runtime == "tvm" else None)
                     store.record_result(result, devices[device], sources[model], artifact, sweep_id=sweep_id)
             store.finish_sweep(sweep_id, "done")
@@ -508,3 +509,48 @@ def test_the_screen_s_second_tier_is_rerun_and_stored_only_when_confirmed(tmp_pa
     assert {a.status for a in steady} <= {"unknown", "drift", "improved"} and "screened" not in {a.status for a in out.alerts}
     reruns = sum(1 for a in steady if "rounds" in a.confirmation or a.confirmation.get("reason"))
     assert out.budget["rerun"] == len(screened) + reruns  # every screened series was rerun, and each candidate once
+
+
+def _manifest(night, device, model, ota=(), commit_night=NIGHTS, records=(), model_change=()):
+    """A run's manifest on a planted night: an OTA update of ``ota`` devices, farm's commit moving on
+    ``commit_night`` everywhere, new records for ``records`` models, a new model file for ``model_change``."""
+    last = night == NIGHTS
+    return {"farm.version": "0.1.0", "farm.commit": "c2" if night >= commit_night else "c1",
+            "tvm.version": "0.27.0", "tvm.build": "b1", "model.digest": f"{model}-{'v2' if last and model in model_change else 'v1'}",
+            "records.digest": f"r-{model}-{'2' if last and model in records else '1'}",
+            "device.os_build": f"{device}/RQ3A" if last and device in ota else f"{device}/QP1A",
+            "device.kernel": "5.4"}
+
+
+def test_a_finding_names_the_ota_update_it_started_with_before_a_commit_that_moved_everywhere(tmp_path):
+    """An OTA update on two devices that slowed them, and farm's commit moving on every device the same night: the
+    finding names the OS build first (it changed on every moved series and on no unmoved one), the commit as another
+    candidate, and says TVM, model and records did not change."""
+    db = tmp_path / "results.db"
+    ota = ("dev2", "dev3")
+    plant(db, lambda night, device, model: 1.15 if night == NIGHTS and device in ota else 1.0,
+          same_artifact=lambda d, m: True, manifest=lambda n, d, m: _manifest(n, d, m, ota=ota))
+    (finding,) = [f for f in regressions(db)["findings"] if f["direction"] == "slower"]
+    assert finding["devices"] == list(ota)
+    cause = finding["cause"]
+    assert cause.startswith(f"started with sweep {NIGHTS}: OS build dev2/QP1A → dev2/RQ3A, dev3/QP1A → dev3/RQ3A "
+                            "(16/16 moved, 0/")
+    assert "other candidates: farm commit c1 → c2 (16/16 moved, 32/32 unmoved series)" in cause
+    assert cause.endswith("; TVM, model and records unchanged"), cause
+    assert "OS build" in finding["sentence"]
+
+
+def test_a_records_change_and_a_model_change_are_each_named_and_a_commit_that_slowed_nothing_is_no_finding(tmp_path):
+    """New records for m1 slowed it everywhere; m2's model file changed and slowed it by as much; farm's commit moved a
+    night earlier and slowed nothing. The night's one finding (two models on every device) names both causes, each
+    on its own series, and the commit nowhere; the commit's night has no finding."""
+    db = tmp_path / "results.db"
+    plant(db, lambda night, device, model: (1.2 if model in ("m1", "m2") else 1.0) if night == NIGHTS else 1.0,
+          manifest=lambda n, d, m: _manifest(n, d, m, commit_night=NIGHTS - 1, records=("m1",), model_change=("m2",)))
+    (finding,) = [f for f in regressions(db)["findings"] if f["direction"] == "slower"]
+    assert finding["models"] == ["m1", "m2"]
+    assert finding["cause"] == (f"started with sweep {NIGHTS}: model m2-v1 → m2-v2 (6/12 moved, 0/36 unmoved series); "
+                                "tuning records r-m1-1 → r-m1-2 (6/12 moved, 0/36 unmoved series); TVM unchanged")
+    assert "farm commit" not in json.dumps(finding)
+    night_before = regressions(db, "--sweep", str(NIGHTS - 1))
+    assert [f for f in night_before["findings"] if f["direction"] == "slower"] == []

@@ -96,11 +96,12 @@ def sweep_findings(store: "Store", sweep_id: int, rows: list["Run"],
     state where the sweep was reviewed (read only: ``record`` stores them)."""
     verdicts = verdicts if verdicts is not None else sweep_verdicts(rows, sweep_id)
     alerts = store.alerts(sweep_id)
-    wanted = {a.run_id for a in alerts} | {a.baseline_run_id for a in alerts if a.baseline_run_id is not None}
+    wanted = {i for row in (*alerts, *verdicts) for i in (row.run_id, row.baseline_run_id) if i is not None}
     runs = {r.run_id: r for r in rows if r.run_id in wanted}
     tonight = [r for r in rows if r.sweep_id == sweep_id]
     traits = series_traits(tonight, store.devices(), store.model_ops())
-    findings = name_kernels(store, find_findings(alerts, verdicts, runs, traits), alerts)
+    manifests = store.manifests([r.manifest for r in runs.values()])
+    findings = name_kernels(store, find_findings(alerts, verdicts, runs, traits, manifests), alerts)
     states = store.finding_states([f.key for f in findings], sweep_id)
     return [with_state(f, states.get(f.key)) for f in findings]
 

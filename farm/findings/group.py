@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from farm.findings.causes import candidates, cause_words, pairs_of
 from farm.findings.explain import Block, Cell, Scatter, Side, explain, special
 from farm.findings.finding import (REPRESENTATIVES, SINGLE_ALPHA, SLOWER_STATUSES, UNCONFIRMABLE, Z_CAP, Finding,
                                    absolute_change, fraction, noise_floor)
@@ -18,13 +19,17 @@ from farm.regress import METHOD, SeriesVerdict
 from farm.runs import Run
 from farm.stats import model_label
 
+Manifests = Mapping[str, Mapping[str, Any]]  # a run's manifest by its digest (Run.manifest; Store.manifests)
+
 
 def find_findings(alerts: Iterable[Alert], verdicts: Iterable[SeriesVerdict], runs: Mapping[int, Run],
-                  traits: SeriesTraits = NO_TRAITS) -> list[Finding]:
+                  traits: SeriesTraits = NO_TRAITS, manifests: Manifests | None = None) -> list[Finding]:
     """Group ``alerts`` (one sweep's, as stored) into findings, best first. ``verdicts``: the sweep's verdicts of
     every judged series (``regress.detect`` and ``regress.detect_upgrades``: the denominators and the controls);
-    ``runs``: run id → ``Run`` for the alerts' runs and their baselines' last runs; ``traits``: what a finding may
-    name its devices and models by (``traits.series_traits``)."""
+    ``runs``: run id → ``Run`` for the alerts' runs and their baselines' last runs (and the verdicts', for the
+    causes a manifest names); ``traits``: what a finding may name its devices and models by
+    (``traits.series_traits``); ``manifests``: the runs' manifests by digest (``Store.manifests``), whose changes
+    name what a finding started with (``causes``)."""
     verdicts = list(verdicts)
     findings: list[Finding] = []
     by_group: dict[tuple[str, str], list[Alert]] = {}
@@ -38,12 +43,12 @@ def find_findings(alerts: Iterable[Alert], verdicts: Iterable[SeriesVerdict], ru
             by_group.setdefault((alert.metric, direction), []).append(alert)
     for (metric, direction), group in sorted(by_group.items()):
         judged = [v for v in verdicts if v.metric == metric and v.status != "no-baseline"]
-        findings += _group(metric, direction, group, judged, runs, traits)
+        findings += _group(metric, direction, group, judged, runs, traits, manifests or {})
     return sorted(findings, key=lambda f: (f.direction != "slower", -f.rank_score, f.key))
 
 
 def _group(metric: str, direction: str, alerts: list[Alert], judged: list[SeriesVerdict],
-           runs: Mapping[int, Run], traits: SeriesTraits) -> list[Finding]:
+           runs: Mapping[int, Run], traits: SeriesTraits, manifests: Manifests) -> list[Finding]:
     out: list[Finding] = []
     upgrades: dict[tuple[str, str], list[Alert]] = {}
     tuning: list[Alert] = []
@@ -68,12 +73,12 @@ def _group(metric: str, direction: str, alerts: list[Alert], judged: list[Series
         out.append(_finding("tuning" if len(tuning) > 1 else "series", metric, direction, tuning, plain_judged, runs,
                             cause="tuning records changed",
                             key_scope="tuning" if len(tuning) > 1 else _series_scope(tuning[0])))
-    out += _explained(metric, direction, rest, plain_judged, runs, traits)
+    out += _explained(metric, direction, rest, plain_judged, runs, traits, manifests)
     return [f for f in out if f.k]
 
 
 def _explained(metric: str, direction: str, alerts: list[Alert], judged: list[SeriesVerdict],
-               runs: Mapping[int, Run], traits: SeriesTraits) -> list[Finding]:
+               runs: Mapping[int, Run], traits: SeriesTraits, manifests: Manifests) -> list[Finding]:
     """Findings of the alerts with no context or tuning change: ``explain``'s blocks, its scatter, and the single
     series left whose z passes Bonferroni's bound over the night's judged series (``SINGLE_ALPHA``)."""
     by_cell = {_cell(a): a for a in alerts}
@@ -84,7 +89,7 @@ def _explained(metric: str, direction: str, alerts: list[Alert], judged: list[Se
         members = [by_cell[c] for c in block.cells]
         kind = _kind(block)
         out.append(_finding(kind, metric, direction, members, scope, runs, key_scope=_block_key(block),
-                            cause=_context_cause([by_cell[c] for c in block.own], runs),
+                            cause=_context_cause([by_cell[c] for c in block.own], runs, judged, manifests),
                             own=[by_cell[c] for c in block.own], words=_words(block)))
     if found.scatter is not None:
         out.append(_scatter_finding(metric, direction, found.scatter, by_cell, judged, runs))
@@ -93,7 +98,8 @@ def _explained(metric: str, direction: str, alerts: list[Alert], judged: list[Se
         if not _alone(alert, len(judged), runs):
             continue
         scope = [v for v in judged if v.device == alert.device and _label(v) == _label(alert)]
-        out.append(_finding("series", metric, direction, [alert], scope, runs, cause=_context_cause([alert], runs),
+        out.append(_finding("series", metric, direction, [alert], scope, runs,
+                            cause=_context_cause([alert], runs, judged, manifests),
                             key_scope=_series_scope(alert)))
     return out
 
@@ -312,11 +318,17 @@ def _tuning_changed(alert: Alert, runs: Mapping[int, Run]) -> bool:
     return (now.tuned_tasks, now.total_tasks) != (before.tuned_tasks, before.total_tasks)
 
 
-def _context_cause(alerts: list[Alert], runs: Mapping[int, Run]) -> str:
-    """What changed between the alerts' runs and their baselines' last runs, beyond the series' context: farm's
-    version, the model file; or nothing but the device (the same artifacts)."""
-    pairs = [(now, before) for a in alerts
-             if (now := runs.get(a.run_id)) is not None and (before := runs.get(a.baseline_run_id or -1)) is not None]
+def _context_cause(alerts: list[Alert], runs: Mapping[int, Run], judged: list[SeriesVerdict] = (),  # type: ignore[assignment]
+                   manifests: Manifests | None = None) -> str:
+    """What changed between the alerts' runs and their baselines' last runs, beyond the series' context: the fields
+    of their manifests, ranked against the judged series that did not move (``causes``); for runs stored without
+    manifests, farm's version, the model file, or nothing but the device (the same artifacts)."""
+    moved = pairs_of(alerts, runs)
+    if manifests and moved:
+        still = pairs_of([v for v in judged if v.status == "ok"], runs)
+        if words := cause_words(alerts[0].sweep_id, moved, candidates(moved, still, manifests), manifests):
+            return words
+    pairs = [(now, before) for before, now in moved]
     if not pairs:
         return ""
     farm = sorted({f"farm {b.farm_version} → {n.farm_version}" for n, b in pairs if n.farm_version != b.farm_version})
