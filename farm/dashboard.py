@@ -18,6 +18,7 @@ import tornado.web
 
 from farm.errors import FarmError, StoreError, message_line
 from farm.kernel_diff import alert_headlines
+from farm.manifest import known
 from farm.queue import HOST_COLUMNS, LabQueue, host_row
 from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import key_state, query_summary
@@ -90,8 +91,9 @@ async function refresh() {
     fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change", "kernels"], state.alerts, {status: 1});
     fill("profiles", ["run", "device", "model", "runtime", "threads", "main", "kernels", "by op class", "top kernels"],
          state.profiles);
-    fill("runs", ["id", "started_at", "device", "model", "runtime", "threads", "status", "steady", "reason"],
-         state.runs.map(r => Object.assign({}, r, {steady: ms(r.steady_median_s)})), {status: 1});
+    fill("runs", ["id", "started_at", "device", "model", "runtime", "threads", "status", "steady", "manifest", "reason"],
+         state.runs.map(r => Object.assign({}, r, {steady: ms(r.steady_median_s),
+                                                  manifest: (r.manifest_digest || "not read").slice(0, 10)})), {status: 1});
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString() +
       (state.tracker_error ? " · tracker: " + state.tracker_error : "");
   } catch (e) {
@@ -132,7 +134,10 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
         try:
             with Store(db_path, readonly=True) as store:
                 probes = store.latest_probes()
-                runs = [{"id": row.run_id, **{k: row[k] for k in RUN_FIELDS}} for row in run_rows(store, limit=20)]
+                latest = run_rows(store, limit=20)
+                manifests = store.manifests([row.manifest for row in latest])
+                runs = [{"id": row.run_id, **{k: row[k] for k in RUN_FIELDS}, "manifest_digest": row.manifest,
+                         "manifest": known(manifests.get(row.manifest or "", {}))} for row in latest]
                 sweep = store.sweep()
                 if sweep is not None:
                     spec = SweepSpec.from_json(sweep["spec"])

@@ -138,23 +138,33 @@ def _merged(raw: np.ndarray, ends: list[int], sigma: float, min_change: float) -
     return Drift(tuple(merged), sigma)
 
 
+def manifest_changes(runs: Sequence["Run"]) -> list[dict[str, Any]]:
+    """The nights (runs oldest first) whose run names another manifest than the night before (``farm.manifest``):
+    {"sweep", "from", "to"} digests; a night without one (stored before farm read manifests) is no change."""
+    out = []
+    for before, now in zip(runs, runs[1:]):
+        if before.manifest and now.manifest and before.manifest != now.manifest:
+            out.append({"sweep": now.sweep_id, "from": before.manifest, "to": now.manifest})
+    return out
+
+
 def drift_rows(rows: list[Run], metric_value: Callable[[Run], float | None],
                min_nights: int = MIN_NIGHTS) -> list[dict[str, Any]]:
     """Per series (``series.by_sweep``: device, model, tuned and their context: target, TVM, pipeline, runtime,
     threads) with enough sweeps: its runtime and threads (the last sweep's run: a change of either is another
-    series), its segments and total change.
+    series), its segments and total change, and the nights its manifest changed (``manifest_changes``).
 
     ``rows``: results.run_rows; one value per sweep (its last ok, stable run); ``metric_value(row)``."""
     out = []
-    kept = []
+    kept: list[tuple] = []
     for (device, model, tuned, _), accepted in sorted(by_sweep(rows).items(), key=lambda item: item[0]):
         sweeps = sorted(accepted)
         measured = [metric_value(accepted[s]) for s in sweeps]
         values = [v for v in measured if v is not None]
         if len(values) < min_nights or len(values) < len(measured):  # a sweep without the metric: no series
             continue
-        kept.append((device, model, tuned, accepted[sweeps[-1]], sweeps, values))
-    for (device, model, tuned, last, sweeps, values), drift in zip(kept, find_drifts([k[-1] for k in kept])):
+        kept.append((device, model, tuned, accepted[sweeps[-1]], sweeps, values, accepted))
+    for (device, model, tuned, last, sweeps, values, accepted), drift in zip(kept, find_drifts([k[5] for k in kept])):
         if drift is None:
             continue
         out.append({
@@ -164,5 +174,6 @@ def drift_rows(rows: list[Run], metric_value: Callable[[Run], float | None],
             "change_points": [sweeps[i] for i in drift.change_points],
             "segments": [{"first_sweep": sweeps[s.start], "last_sweep": sweeps[s.end - 1], "nights": s.end - s.start,
                           "median": s.median} for s in drift.segments],
+            "manifest_changes": manifest_changes([accepted[s] for s in sweeps]),
         })
     return out

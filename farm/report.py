@@ -15,6 +15,7 @@ from farm.review import PLOTTED_CELLS, format_metric, review_figures, stacked_pn
 from farm.records import split_variant, utc_now
 from farm.stats import format_bytes, format_duration, gb_per_s, memory_text, model_label, nonempty_median
 from farm.store import Store
+from farm.manifest import known, label, shown
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
 PROFILED_CELLS = 12  # cells drawn in "Where the time goes: kernels", the slowest profiled ones
@@ -46,6 +47,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     env.filters["model_label"] = model_label  # {{ a.model|model_label(a.tuned) }}
     env.filters["memory"] = run_memory_text  # {{ r|memory }}
     env.filters["value"] = lambda value, metric: format_metric(metric, value)  # {{ a.value|value(a.metric) }}
+    env.filters["manifest"] = manifest_text  # {{ manifests[r.manifest]|manifest }}
     curves = _copy_curves(store)
     alerts = sorted(store.alerts(sweep_id), key=worst_first) if sweep_id is not None else []
     profiled = profiled_cells(store, ok, versus)
@@ -78,6 +80,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
             trajectories_png=trajectories_png.result() if trajectories_png else "",
             profiled=[{**cell, "png": png.result()} for cell, png in zip(profiled, kernel_pngs)],
             profiled_cells=PROFILED_CELLS, profiled_ids={cell["run"].run_id for cell in profiled},
+            manifests=store.manifests([r.manifest for r in latest]),
         )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +88,12 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out_path)
     return out_path
+
+
+def manifest_text(manifest: dict[str, Any]) -> str:
+    """A run's manifest in one line, its known fields in ``farm.manifest.FIELDS``' order: "farm 0.1.0 · farm commit
+    330910ed4b · TVM 0.27.0 · …"."""
+    return " · ".join(f"{label(field)} {shown(field, value)}" for field, value in known(manifest).items())
 
 
 def run_memory_text(run: Run) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
 from farm.figures import InlineExecutor, figure_png, pyplot
 from farm.findings import Finding, sweep_findings, sweep_verdicts
+from farm.manifest import changes
 from farm.records import Alert
 from farm.regress import BYTE_METRICS, METHOD, SeriesVerdict, series_value
 from farm.results import run_rows
@@ -183,10 +184,23 @@ def alert_evidence(store: Store, rows: list[Run], alert: Alert, accepted_by_seri
     else:
         old, new, current_ci = list(base["values"]), [alert.value], (None, None)
     z_limit = METHOD.thresholds[alert.metric].z if alert.metric in METHOD.thresholds else 0.0  # planned: no band
-    evidence = {"id": alert.id, "baseline_ci": ci, "current_ci": current_ci,
-                "trend_png": pool.submit(trend_png, alert, history, z_limit),
+    marks = manifest_marks(store, rows, history)
+    evidence = {"id": alert.id, "baseline_ci": ci, "current_ci": current_ci, "manifest_changes": marks,
+                "trend_png": pool.submit(trend_png, alert, history, z_limit, [sweep for sweep, _ in marks]),
                 "distribution_png": pool.submit(distribution_png, alert, old, new)}
     return evidence
+
+
+def manifest_marks(store: Store, rows: list[Run], history: list[tuple[int, float, int]]) -> list[tuple[int, str]]:
+    """(sweep, what changed in words) for each night of ``history`` whose run names another manifest than the night
+    before's (``farm.manifest``): the lines a trend draws."""
+    wanted = {run_id for _, _, run_id in history}
+    digest = {r.run_id: r.manifest for r in rows if r.run_id in wanted}
+    steps = [(now[0], digest.get(before[2]), digest.get(now[2])) for before, now in zip(history, history[1:])]
+    steps = [(sweep, old, new) for sweep, old, new in steps if old and new and old != new]
+    manifests = store.manifests([d for _, old, new in steps for d in (old, new)])
+    return [(sweep, ", ".join(c.words for c in changes(manifests.get(old, {}), manifests.get(new, {}))[:3])
+             or "another manifest") for sweep, old, new in steps]
 
 
 def unit_of(metric: str, values: list[float]):
@@ -200,7 +214,10 @@ def format_metric(metric: str, value: float | None) -> str:
     return format_bytes(value) if metric in BYTE_METRICS else format_duration(value)
 
 
-def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float) -> str:
+def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: float, marks: list[int] = ()  # type: ignore[assignment]
+              ) -> str:
+    """The series' nights, its baseline band and this sweep; a dotted line at each night in ``marks`` (its manifest
+    changed: ``manifest_marks``)."""
     plt = pyplot()
     base = baseline_of_alert(alert)
     fig, ax = plt.subplots(figsize=(5.2, 2.6))
@@ -213,6 +230,9 @@ def trend_png(alert: Alert, history: list[tuple[int, float, int]], z_limit: floa
     ax.axhspan(low, high, color="tab:green", alpha=0.15, label=f"baseline ± {z_limit:g}·spread")
     ax.axhline(base["centre"] / unit.seconds, color="tab:green", linewidth=1)
     ax.plot([alert.sweep_id], [alert.value / unit.seconds], "o", color="tab:red", markersize=7, label="this sweep")
+    for i, sweep in enumerate(marks):
+        ax.axvline(sweep - 0.5, color="tab:purple", linestyle=":", linewidth=1.2,
+                   label="manifest changed" if i == 0 else None)
     ax.set_xlabel("sweep")
     ax.set_ylabel(f"{alert.metric} ({unit.name})")
     ax.legend(fontsize=7, loc="best")

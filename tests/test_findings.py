@@ -538,6 +538,16 @@ def test_a_finding_names_the_ota_update_it_started_with_before_a_commit_that_mov
     assert "other candidates: farm commit c1 → c2 (16/16 moved, 32/32 unmoved series)" in cause
     assert cause.endswith("; TVM, model and records unchanged"), cause
     assert "OS build" in finding["sentence"]
+    # farm drift and the report's history mark the night each series' manifest changed, in words
+    out = run_farm("--json", "drift", "--all", "--device", "dev2", env={**env_in(db.parent), "FARM_DB": str(db)})
+    assert out.returncode == 0, out.stderr
+    marks = [c for s in json.loads(out.stdout)["series"] for c in s["manifest_changes"]]
+    assert len(marks) == len(MODELS) and {c["sweep"] for c in marks} == {NIGHTS}
+    assert all(c["changed"] == ["farm commit c1 → c2", "OS build dev2/QP1A → dev2/RQ3A"] for c in marks), marks
+    html = report(db)
+    assert re.search(f"Manifest changed \\(dotted lines\\): sweep {NIGHTS}: farm commit c1 → c2, OS build dev[23]/QP1A → "
+                     "dev[23]/RQ3A", html)
+    assert "farm commit c2 · TVM 0.27.0 · TVM build b1 · tuning records r-m0-1 · model m0-v1 · OS build dev2/RQ3A" in html
 
 
 def test_a_records_change_and_a_model_change_are_each_named_and_a_commit_that_slowed_nothing_is_no_finding(tmp_path):

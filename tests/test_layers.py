@@ -38,8 +38,8 @@ ALLOWED = {
     "sweep_file": {"errors", "records", "tune"},  # the sweep file's schema; [tune] is TuneBudget's fields
     "figures": set(),
     "findings": {"kernel_diff", "manifest", "records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
-    "review": {"drift", "figures", "findings", "records", "regress", "results", "runs", "series", "stats", "store"},
-    "report": {"figures", "kernel_diff", "records", "results", "review", "stats", "store", "__init__"},
+    "review": {"drift", "figures", "findings", "manifest", "records", "regress", "results", "runs", "series", "stats", "store"},
+    "report": {"figures", "kernel_diff", "manifest", "records", "results", "review", "stats", "store", "__init__"},
     "costmodel": {"errors", "tvm_private"},  # MetaSchedule's XGBoost model as data (its state: tvm_private)
     "task_profile": {"errors", "measure", "records", "rpc"},  # each task's untuned time (measure's timer), the trials it gets
     "tvm_private": set(),  # TVM's private names farm relies on, each checked by tests/test_tvm_private.py
@@ -50,7 +50,7 @@ ALLOWED = {
     "confirmation": {"errors", "findings", "kernel_diff", "measure", "models", "records", "regress", "results", "series",
                      "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
-    "dashboard": {"errors", "kernel_diff", "records", "queue", "results", "rpc", "stats", "store"},
+    "dashboard": {"errors", "kernel_diff", "manifest", "records", "queue", "results", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
 }

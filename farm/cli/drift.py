@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from farm.drift import MIN_CHANGE, MIN_NIGHTS, MIN_SIZE, PENALTY
+from farm.manifest import changes
 from farm.regress import METRICS
 from farm.stats import model_label
 
@@ -17,7 +18,9 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                  "Segments every series' whole sweep history (one accepted value per sweep) with PELT's objective\n"
                  f"(L2 cost on log values, penalty {PENALTY:g}·σ²·ln n with σ the series' own night-to-night noise, "
                  f"≥ {MIN_SIZE} sweeps\nper segment, shifts under {MIN_CHANGE * 100:g} % merged). Catches a creep that "
-                 f"no single night's z-score flags.\nNeeds ≥ {MIN_NIGHTS} sweeps per series.")
+                 f"no single night's z-score flags.\nNeeds ≥ {MIN_NIGHTS} sweeps per series. Each series lists the sweeps "
+                 "where its runs' manifest changed\n(farm's commit, TVM's build, records, the device's software): "
+                 "what a change point may have started with.")
     p.add_argument("--metric", choices=list(METRICS), default="steady")
     p.add_argument("--device", help="only this device")
     p.add_argument("--model", help="only this model")
@@ -35,7 +38,12 @@ def run(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         series = drift_rows(run_rows(store, device=args.device, model=args.model),
                             lambda r: series_value(args.metric, r))
-    shown = series if args.all else [s for s in series if s["change_points"]]
+        shown = series if args.all else [s for s in series if s["change_points"]]
+        manifests = store.manifests([d for s in shown for c in s["manifest_changes"] for d in (c["from"], c["to"])])
+    for s in shown:  # each manifest change in words: what a change point may have started with
+        for change in s["manifest_changes"]:
+            change["changed"] = [c.words for c in changes(manifests.get(change["from"], {}),
+                                                          manifests.get(change["to"], {}))]
     if args.json:
         emit_json({"metric": args.metric, "series_checked": len(series), "series": shown})
         return 0
@@ -46,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
                   "change_points": ",".join(map(str, s["change_points"])) or "-",
                   "segments": "; ".join(f"{g['first_sweep']}-{g['last_sweep']}: {format_metric(args.metric, g['median'])}"
                                         for g in s["segments"]),
-                  "first_to_last": f"{s['total_change']:+.1%}"} for s in shown],
-                ["device", "model", "runtime", "threads", "change_points", "segments", "first_to_last"])
+                  "first_to_last": f"{s['total_change']:+.1%}",
+                  "manifest_changed": "; ".join(f"{c['sweep']}: {', '.join(c['changed'][:2]) or 'another manifest'}"
+                                                for c in s["manifest_changes"]) or "-"} for s in shown],
+                ["device", "model", "runtime", "threads", "change_points", "segments", "first_to_last",
+                 "manifest_changed"])
     return 0
