@@ -73,6 +73,7 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
                                "manifest": run_manifest(device, None, model.digest),
                                **kind_of(device).measurement_context(device)}
     started_at = utc_now()
+    started = time.perf_counter()
     version, step = "", "load"
     try:
         say(f"{runtime} load", model.name)
@@ -111,7 +112,7 @@ def bench_reference(device: Device, model: ModelSource, inputs: dict[str, np.nda
             raise FarmError(f"{runtime}'s outputs differ from {reference_name}: {fields['check'].detail}",
                             "the reference runtime computes something else than the reference outputs")
         if config.profile:
-            runs = profile_runs(fields["steady_samples_s"])
+            runs = max(1, profile_runs(fields["steady_samples_s"], time.perf_counter() - started))
             say(f"{runtime} profile", f"{runs} runs, each node timed by {runtime}'s profiler")
             fields["profile"] = reference_profile(model, threads.count, inputs, runs)
     except FarmError as exc:

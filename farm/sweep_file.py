@@ -35,8 +35,8 @@ class SweepFile:
     shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # model -> {input name: shape}
     tune: dict[str, Any] | None = None  # [tune]: the keyword arguments of TuneBudget
     # profile = true: every cell profiled ([bench] profile); profile = ["mate10", "resnet50"]: the cells of those
-    # devices and models only
-    profile: bool | tuple[str, ...] = False
+    # devices and models only; None: not said (farm sweep profiles every cell by default)
+    profile: bool | tuple[str, ...] | None = None
 
 
 def load_sweep_file(path: str) -> SweepFile:
@@ -55,8 +55,8 @@ def load_sweep_file(path: str) -> SweepFile:
     for key in ("devices", "models", "variants"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(v, str) for v in data[key])):
             raise bad(f"{key} must be a list of names")
-    profile = data.get("profile", False)
-    if not (isinstance(profile, bool) or isinstance(profile, list) and all(isinstance(v, str) for v in profile)):
+    profile = data.get("profile")
+    if not (profile is None or isinstance(profile, bool) or isinstance(profile, list) and all(isinstance(v, str) for v in profile)):
         raise bad('profile must be true, false or a list of device and model names: profile = ["mate10", "resnet50"]')
     if "reference" in data and not isinstance(data["reference"], str):
         raise bad('reference must be a model name (or "none")')
@@ -84,7 +84,7 @@ def load_sweep_file(path: str) -> SweepFile:
     return SweepFile(devices=tuple(data.get("devices", ())), models=tuple(data.get("models", ())),
                      variants=tuple(data.get("variants", ())), reference=data.get("reference"), bench=dict(bench),
                      shapes={m: {k: tuple(v) for k, v in d.items()} for m, d in shapes.items()}, tune=tune,
-                     profile=profile if isinstance(profile, bool) else tuple(profile))
+                     profile=profile if profile is None or isinstance(profile, bool) else tuple(profile))
 
 
 def _read_toml(path: str) -> dict[str, Any]:

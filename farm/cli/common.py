@@ -270,7 +270,8 @@ BENCH_OPTIONS = (
 )
 
 
-def add_bench_options(p: argparse.ArgumentParser, profile: bool = False) -> None:
+def add_bench_options(p: argparse.ArgumentParser, profile: bool = False, profile_default: bool = False) -> None:
+    """The measurement options; ``profile``: and --profile (``profile_default``: on unless --no-profile, a sweep's)."""
     defaults = BenchConfig()
     g = p.add_argument_group("measurement")
     for field, option, kind, help_text in BENCH_OPTIONS:
@@ -279,17 +280,18 @@ def add_bench_options(p: argparse.ArgumentParser, profile: bool = False) -> None
                        help=help_text if default is None else help_text.format(f"{default:g}"))
     if not profile:  # the verbs that measure cells (bench, sweep) offer it
         return
-    g.add_argument("--profile", action="store_true",
+    g.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None if profile_default else False,
                    help="then where the time goes: each kernel of the model timed on the device, in runs of its own "
                         "after the timed ones (farm's servers; a stock TVM server's run is stored with the profile "
                         "'not available'), stored with the run: by op class, the top kernels, their sum against the "
-                        "steady median")
+                        "steady median" + (" (default: on; its runs take at most a share of each cell: "
+                                           "docs/measurement.md)" if profile_default else ""))
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
     """The measurement options as a BenchConfig (its other fields keep their defaults)."""
     return BenchConfig(**{field: getattr(args, option[2:].replace("-", "_")) for field, option, _, _ in BENCH_OPTIONS},
-                       profile=getattr(args, "profile", False))
+                       profile=bool(getattr(args, "profile", False)))
 
 
 def require_db(path: str) -> None:

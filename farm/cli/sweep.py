@@ -37,13 +37,14 @@ DESCRIPTION = (
     "  farm sweep                                   # every device × the built-in models\n"
     "  farm sweep --device x86-local --model convnet --model my.onnx\n"
     "  farm sweep --file nightly.toml               # devices = [...], models = [...], [bench] repeat = 30\n"
-    "  farm sweep --profile                         # and where each cell's time goes, kernel by kernel\n"
+    "  farm sweep --no-profile                      # without where each cell's time goes (on by default)\n"
     "  farm sweep --resume                          # the latest sweep (or --resume ID)\n"
     "  farm sweep --resume --if-incomplete          # only if it never finished (cron: after a reboot)\n\n"
     "A device with no server on the tracker when the sweep starts has its cells stored 'offline' at\n"
     "once (no wait, no retry spent); farm sweep --resume ID measures them once it is up.\n\n"
-    "A sweep file's profile = true profiles every cell (as --profile), profile = [\"mate10\", \"resnet50\"]\n"
-    "the cells of those devices and models: stored with each run (farm results --kernels, the report).\n\n"
+    "Every cell is profiled by default (each kernel timed on the device, in a share of the cell's time:\n"
+    "farm results --kernels, the report, a finding's kernels); a sweep file's profile = false turns it off,\n"
+    "profile = [\"mate10\", \"resnet50\"] keeps the cells of those devices and models.\n\n"
     "Over lab hosts (devices with lab_host, a postgresql:// --db): the cells are queued for each host's\n"
     "farm worker, and the sweep follows them; --detach leaves them to run, --status ID shows where they are.")
 
@@ -82,7 +83,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                         f"them stored offline, with the reason (default {HOST_WAIT_S / 60:g}; --resume measures them later)")
     add_budget_option(p)
     add_progress(p)
-    add_bench_options(p, profile=True)
+    add_bench_options(p, profile=True, profile_default=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -236,6 +237,8 @@ def _fresh_spec(args: argparse.Namespace, inventory: Inventory) -> tuple[SweepSp
     budget = _tune_budget(sweep_file.tune, args.file, inventory) if sweep_file.tune is not None else None
     reference = next((r for r in (args.reference, sweep_file.reference) if r is not None),
                      record_default(SweepSpec, "reference"))
+    # profiles by default (#63): unless --no-profile or the sweep file says otherwise; its list: those cells only
+    profile = args.profile if args.profile is not None else sweep_file.profile if sweep_file.profile is not None else True
     spec = SweepSpec(tuple(args.device or sweep_file.devices or inventory.devices),
                      tuple(args.model or sweep_file.models or BUILTINS),
                      None if reference in ("", "none") else reference,
@@ -243,9 +246,8 @@ def _fresh_spec(args: argparse.Namespace, inventory: Inventory) -> tuple[SweepSp
                      retries=args.retries, tuned=not args.untuned,
                      variants=tuple(args.variant or sweep_file.variants or record_default(SweepSpec, "variants")),
                      shapes=sweep_file.shapes, reference_runtime=not args.tvm_only,
-                     profile_cells=() if isinstance(sweep_file.profile, bool) else sweep_file.profile)
-    if sweep_file.profile is True:
-        spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, profile=True))
+                     profile_cells=() if isinstance(profile, bool) else profile)
+    spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, profile=profile is True))
     return spec, budget
 
 

@@ -31,19 +31,26 @@ from farm.stats import median
 log = logging.getLogger(__name__)
 
 PROFILE_RUNS = 10  # runs of main the profile averages at most (after one not counted)
-MIN_PROFILE_RUNS = 3
-PROFILE_BUDGET_S = 1.0  # ... and no more than fill about this long at the steady median: a 4.7 s model runs 3
+PROFILE_BUDGET_S = 1.0  # ... and no more than fill about this long at the steady median
+# ... nor more than this share of the cell's device time before it (session to profile step): the profile's cost in
+# a cell stays under 10 % (#63: squeezenet, resnet50, the stand-in phone; docs/benchmarks.md "What changed"), so a
+# sweep profiles every cell by default. Where not even one run after the uncounted one fits, the profile is the
+# first run alone, counted (``ONE_COUNTED_RUN``): an untuned resnet50's 4.8 s run in a 74 s cell
+PROFILE_SHARE = 0.06
+ONE_COUNTED_RUN = 0  # the helper's ``runs`` that counts its first run (farm/rpc/server.py, farm/native/rpc_server.cc)
 HELPER = "farm.KernelProfile"
 
 
-def profile_runs(steady_samples_s: Sequence[float]) -> int:
-    """How many runs the profile averages, by the median of the run's steady samples: ``PROFILE_RUNS``, fewer for a
-    slow model (its runs' clock reads are precise already; tools/bench_profile.py: 10 runs of an untuned resnet50
-    were half its cell's time)."""
+def profile_runs(steady_samples_s: Sequence[float], cell_s: float | None = None) -> int:
+    """How many runs the profile averages after one not counted, by the median of the run's steady samples and the
+    cell's device time so far (``cell_s``; None: no share, only ``PROFILE_BUDGET_S``): as many as fit the budget with
+    the uncounted one, at most ``PROFILE_RUNS``; ``ONE_COUNTED_RUN`` where none fits (the first run, counted)."""
     steady_s = median(steady_samples_s)
     if not steady_s:
         return PROFILE_RUNS
-    return max(MIN_PROFILE_RUNS, min(PROFILE_RUNS, int(PROFILE_BUDGET_S / steady_s)))
+    budget_s = PROFILE_BUDGET_S if cell_s is None else min(PROFILE_BUDGET_S, PROFILE_SHARE * cell_s)
+    after_one = int(budget_s / steady_s) - 1
+    return min(PROFILE_RUNS, after_one) if after_one >= 1 else ONE_COUNTED_RUN
 
 
 def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> KernelProfile:

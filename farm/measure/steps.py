@@ -53,6 +53,7 @@ class Run:
     args: list = field(default_factory=list)  # 4 first: the inputs, on the device
     outputs: list = field(default_factory=list)  # 4 first: the first run's outputs (copied in 7, checked in 8)
     warm_result: Any = None  # 5 warm: its run's outputs, held to the end of the run (the steady peak counts them)
+    started: float = field(default_factory=time.perf_counter)  # the cell's start (its device time: the profile's share)
 
     def read_memory(self, reset_peak: bool = False, peak: bool = False) -> int | None:
         """A reading of the session process's memory (``Memory.read``); None before the load or without one."""
@@ -164,8 +165,10 @@ def profile(run: Run) -> None:
     runs of its own, after the timed ones (``measure.profile``); never fails the run."""
     if not run.config.profile:
         return
-    runs = profile_runs(run.draft.steady_wall_samples_s or run.draft.steady_samples_s)
-    run.say("profile", f"{runs} runs, each kernel timed on the device")
+    runs = profile_runs(run.draft.steady_wall_samples_s or run.draft.steady_samples_s,
+                        time.perf_counter() - run.started)
+    run.say("profile", f"{runs} runs after one not counted, each kernel timed on the device" if runs else
+            "the first run, counted (a slow model: its profile within its share of the cell)")
     started = time.perf_counter()
     run.draft.profile = profile_loaded(run.session, run.helpers, run.remote_name, run.dev, run.args, run.artifact,
                                        runs)
