@@ -4,12 +4,16 @@ kernel where they are the same kernels, by op class where they are not (two arti
 comparison says so).
 
 The change is the kernels' (their sum per run, the VM's own calls left out: those are not kernels, and on a small
-model their noise would blur every share), from the old profile to the new; each kernel's share is its own change
-over it. Kernels are matched by name: a tuning record removed or replaced keeps a kernel's name and moves its time,
-and a kernel whose record packed its weights (``fused_conv2d_add_relu_prepacked``) is the same kernel as its
-unpacked self (``fused_conv2d_add_relu``), the record gone; a fusion change makes kernels appear and disappear, and
-those are listed. Ranked by how much of the change each one carries (a slowdown's largest increases first, a
-speedup's largest decreases).
+model their noise would blur every share), from the old profile to the new. A shift every kernel shares (the device's
+clock, a neighbour's load, a session that ran warmer) is taken out first (#63): the *common factor* is the median of
+the kernels' new/old ratios (``common_factor``), and each kernel's share is its change beyond that factor, new −
+factor × old, over the sum of those: so a planted kernel keeps its share when the two sessions differ by 20 %, where
+before every kernel's 20 % diluted it (a plant got 32 % and 63 % of two changes). Where every kernel moved alike, none
+stands out, and the headline says so. Kernels are matched by name: a tuning record removed or replaced keeps a
+kernel's name and moves its time, and a kernel whose record packed its weights (``fused_conv2d_add_relu_prepacked``)
+is the same kernel as its unpacked self (``fused_conv2d_add_relu``), the record gone; a fusion change makes kernels
+appear and disappear, and those are listed. Ranked by how much of the change each one carries (a slowdown's largest
+increases first, a speedup's largest decreases).
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ from farm.records import Alert, KernelProfile
 from farm.stats import format_duration
 
 MATCHED_NAMES = 0.5  # kernels compared by name when at least this share of them is in both profiles; else op classes
+# The common factor is the median new/old ratio of the kernels (or op classes) in both profiles that hold at least
+# COMMON_MIN_SHARE of the old time, when there are COMMON_MIN_KERNELS of them (fewer: no factor, 1.0): a median of
+# five is still right with two of them planted or noisy
+COMMON_MIN_KERNELS = 5
+COMMON_MIN_SHARE = 0.005
+COMMON_SHOWN = 0.02  # a common factor further than this from 1 is said in the headline
+STANDS_OUT = 0.25  # ... and when what is left beyond it is under this share of the change, no kernel stands out
 PREPACKED = "_prepacked"  # a kernel whose tuning record packed its weights (compile.frontends.prepack_calls)
 
 
@@ -49,24 +60,40 @@ class KernelDiff:
 
     old_kernels_s: float = 0.0  # the kernels' sum per run (the VM's calls left out)
     new_kernels_s: float = 0.0
+    common: float = 1.0  # the shift every kernel shared (common_factor): new/old
 
     @property
     def change_s(self) -> float:
-        """The kernels' change per run: what the shares divide."""
+        """The kernels' change per run."""
         return self.new_kernels_s - self.old_kernels_s
 
+    @property
+    def attributed_s(self) -> float:
+        """The change beyond the common factor: what the shares divide."""
+        return self.new_kernels_s - self.common * self.old_kernels_s
+
+    @property
+    def common_shown(self) -> bool:
+        return abs(self.common - 1.0) >= COMMON_SHOWN
+
     def headline(self, top: int = 1) -> str:
-        """'92 % of the +1.3 ms is fused_conv2d16 (1.06 → 1.31 ms)'; the op class when compared by class."""
+        """'92 % of the +1.3 ms is fused_conv2d16 (1.06 → 1.31 ms)'; with a common factor '92 % of the +1.1 ms beyond
+        every kernel's +20 % is …'; the op class when compared by class."""
         if not self.moves:
             return "no kernel moved"
-        parts = [f"{m.share:.0%} of the {_signed(self.change_s)} is {m.name} "
+        beyond = f" beyond every kernel's {self.common - 1:+.0%}" if self.common_shown else ""
+        if self.common_shown and abs(self.attributed_s) < STANDS_OUT * abs(self.change_s):
+            return (f"every kernel moved alike ({self.common - 1:+.0%}, {_signed(self.change_s)}): none stands out"
+                    + (f" ({self.note})" if self.note else ""))
+        parts = [f"{m.share:.0%} of the {_signed(self.attributed_s)}{beyond} is {m.name} "
                  f"({_time(m.old_s)} → {_time(m.new_s)})" for m in self.moves[:top]]
         return "; ".join(parts) + (f" ({self.note})" if self.note else "")
 
     def to_json(self) -> dict:
         return {"by": self.by, "note": self.note, "old_main_s": self.old_main_s, "new_main_s": self.new_main_s,
                 "old_kernels_s": self.old_kernels_s, "new_kernels_s": self.new_kernels_s,
-                "change_s": self.change_s, "headline": self.headline(),
+                "change_s": self.change_s, "common": self.common, "attributed_s": self.attributed_s,
+                "headline": self.headline(),
                 "moves": [{"name": m.name, "op_class": m.op_class, "old_s": m.old_s, "new_s": m.new_s,
                            "delta_s": m.delta_s, "share": m.share} for m in self.moves],
                 "appeared": list(self.appeared), "disappeared": list(self.disappeared)}
@@ -79,7 +106,6 @@ def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | No
     new_k = _by_kernel(new)
     both = old_k.keys() & new_k.keys()
     overlap = len(both) / max(1, len(old_k.keys() | new_k.keys()))
-    change = new.kernel_sum_s - old.kernel_sum_s
     if same_artifact or overlap >= MATCHED_NAMES:
         names = sorted(old_k.keys() | new_k.keys())
         rows = [(_shown(old_k.get(n), new_k.get(n)), (old_k.get(n) or new_k[n]).op_class,
@@ -94,12 +120,27 @@ def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | No
         note = (f"different kernels ({len(both)} of {len(old_k.keys() | new_k.keys())} names in both: another "
                 "schedule or fusion), compared by op class")
         by, appeared, disappeared = "op class", (), ()
-    moves = [KernelMove(name, cls, a, b, ((b or 0.0) - (a or 0.0)) / change if change else 0.0)
-             for name, cls, a, b in rows]
-    sign = 1.0 if change >= 0 else -1.0
-    moves.sort(key=lambda m: -sign * m.delta_s)
+    common = common_factor([(a, b) for _, _, a, b in rows], old.kernel_sum_s)
+    attributed = new.kernel_sum_s - common * old.kernel_sum_s
+
+    def beyond(a: float | None, b: float | None) -> float:
+        return (b or 0.0) - common * (a or 0.0)
+
+    moves = [KernelMove(name, cls, a, b, beyond(a, b) / attributed if attributed else 0.0) for name, cls, a, b in rows]
+    sign = 1.0 if attributed >= 0 else -1.0
+    moves.sort(key=lambda m: -sign * beyond(m.old_s, m.new_s))
     return KernelDiff(by, note, old.main_s, new.main_s, tuple(moves), appeared, disappeared, old.kernel_sum_s,
-                      new.kernel_sum_s)
+                      new.kernel_sum_s, common)
+
+
+def common_factor(pairs: Iterable[tuple[float | None, float | None]], old_total_s: float) -> float:
+    """The shift every kernel shared: the median new/old ratio of the (old, new) times in both profiles whose old time
+    is at least ``COMMON_MIN_SHARE`` of ``old_total_s``; 1.0 with fewer than ``COMMON_MIN_KERNELS`` of them."""
+    ratios = sorted(b / a for a, b in pairs if a and b is not None and a >= COMMON_MIN_SHARE * old_total_s)
+    if len(ratios) < COMMON_MIN_KERNELS:
+        return 1.0
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 def kernel_key(name: str) -> str:

@@ -15,7 +15,7 @@ from farm.review import PLOTTED_CELLS, format_metric, review_figures, stacked_pn
 from farm.records import split_variant, utc_now
 from farm.stats import format_bytes, format_duration, gb_per_s, memory_text, model_label, nonempty_median
 from farm.store import Store
-from farm.manifest import known, label, shown
+from farm.manifest import known, label as field_label, shown
 
 FOLDED_ROWS = 60  # a longer table is folded (<details>): the summaries above it are what to read first
 PROFILED_CELLS = 12  # cells drawn in "Where the time goes: kernels", the slowest profiled ones
@@ -93,7 +93,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
 def manifest_text(manifest: dict[str, Any]) -> str:
     """A run's manifest in one line, its known fields in ``farm.manifest.FIELDS``' order: "farm 0.1.0 · farm commit
     330910ed4b · TVM 0.27.0 · …"."""
-    return " · ".join(f"{label(field)} {shown(field, value)}" for field, value in known(manifest).items())
+    return " · ".join(f"{field_label(field)} {shown(field, value)}" for field, value in known(manifest).items())
 
 
 def run_memory_text(run: Run) -> str:

@@ -199,7 +199,7 @@ def manifest_marks(store: Store, rows: list[Run], history: list[tuple[int, float
     steps = [(now[0], digest.get(before[2]), digest.get(now[2])) for before, now in zip(history, history[1:])]
     steps = [(sweep, old, new) for sweep, old, new in steps if old and new and old != new]
     manifests = store.manifests([d for _, old, new in steps for d in (old, new)])
-    return [(sweep, ", ".join(c.words for c in changes(manifests.get(old, {}), manifests.get(new, {}))[:3])
+    return [(sweep, ", ".join(c.words for c in changes(manifests.get(old or "", {}), manifests.get(new or "", {}))[:3])
              or "another manifest") for sweep, old, new in steps]
 
 

@@ -56,7 +56,8 @@ def load_sweep_file(path: str) -> SweepFile:
         if key in data and not (isinstance(data[key], list) and all(isinstance(v, str) for v in data[key])):
             raise bad(f"{key} must be a list of names")
     profile = data.get("profile")
-    if not (profile is None or isinstance(profile, bool) or isinstance(profile, list) and all(isinstance(v, str) for v in profile)):
+    listed = isinstance(profile, list) and all(isinstance(v, str) for v in profile)
+    if not (profile is None or isinstance(profile, bool) or listed):
         raise bad('profile must be true, false or a list of device and model names: profile = ["mate10", "resnet50"]')
     if "reference" in data and not isinstance(data["reference"], str):
         raise bad('reference must be a model name (or "none")')

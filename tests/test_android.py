@@ -55,6 +55,14 @@ def probe_state(env) -> str:
     return data["devices"][0]["state"]
 
 
+def ota(tmp_path, build: str) -> None:
+    """The stand-in phone's build fingerprint (its getprop reads the props file each time)."""
+    props = tmp_path / "phone-system" / "bin" / "props.json"
+    data = json.loads(props.read_text())
+    data["props"]["ro.build.fingerprint"] = f"farm/standin/standin:14/{build}/1:user/release-keys"
+    props.write_text(json.dumps(data))
+
+
 def test_standin_phone_brought_up_over_adb_benchmarked_and_restarted(phone, tmp_path, farm_env):
     serial, adb = phone
     inventory = standin_inventory(tmp_path, "test-phone", phone, free_port(), extra="min_battery_pct = 20\n")
@@ -75,6 +83,7 @@ def test_standin_phone_brought_up_over_adb_benchmarked_and_restarted(phone, tmp_
             (serial, "device", "Stand-in Phone", "arm64-v8a", "14", 87)]
         assert listed[0]["opencl"] is False  # the stand-in has no libOpenCL.so
 
+        ota(tmp_path, "QP1A.190711.020")
         bench = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
                          "--profile", "--json", env=env)
         assert bench.returncode == 0, bench.stderr
@@ -104,9 +113,17 @@ def test_standin_phone_brought_up_over_adb_benchmarked_and_restarted(phone, tmp_
         third = wait_until(lambda: (r := server_record(home)) and r["pid"] not in (first["pid"], second["pid"]) and r,
                            120, "the watchdog to restart the server")
         wait_until(lambda: probe_state(env) == "online", 120, "the restarted server to register")
+        ota(tmp_path, "RQ3A.211001.001")  # an OTA update: the phone's build fingerprint changes
         again = run_farm("bench", "--device", "phone", "--model", "mlp", "--repeat", "3", "--min-repeat-ms", "5",
                          "--json", env=env)
         assert again.returncode == 0 and json.loads(again.stdout)["status"] == "ok", again.stderr
+        # each run's manifest: the phone's software read over adb at session time, the server farm pushed
+        after, before = [r["manifest"] for r in json.loads(run_farm("results", "--json", env=env).stdout)
+                         if r["runtime"] == "tvm"]
+        assert before["device.os_build"] == "farm/standin/standin:14/QP1A.190711.020/1:user/release-keys"
+        assert after["device.os_build"] == "farm/standin/standin:14/RQ3A.211001.001/1:user/release-keys"
+        assert before["device.kernel"] and before["device.server"].startswith("board-aarch64-")
+        assert {k for k in before if before[k] != after.get(k)} == {"device.os_build"}, (before, after)
         assert f"server pid {second['pid']} was gone; restarted as pid {third['pid']}" in (tmp_path / "watch.log").read_text()
     finally:
         down = run_farm("down", "--json", env=env)

@@ -516,7 +516,8 @@ def _manifest(night, device, model, ota=(), commit_night=NIGHTS, records=(), mod
     ``commit_night`` everywhere, new records for ``records`` models, a new model file for ``model_change``."""
     last = night == NIGHTS
     return {"farm.version": "0.1.0", "farm.commit": "c2" if night >= commit_night else "c1",
-            "tvm.version": "0.27.0", "tvm.build": "b1", "model.digest": f"{model}-{'v2' if last and model in model_change else 'v1'}",
+            "tvm.version": "0.27.0", "tvm.build": "b1",
+            "model.digest": f"{model}-{'v2' if last and model in model_change else 'v1'}",
             "records.digest": f"r-{model}-{'2' if last and model in records else '1'}",
             "device.os_build": f"{device}/RQ3A" if last and device in ota else f"{device}/QP1A",
             "device.kernel": "5.4"}

@@ -37,7 +37,7 @@ ALLOWED = {
     "signing": set(),  # the lab key's HMAC: the standard library only
     "sweep_file": {"errors", "records", "tune"},  # the sweep file's schema; [tune] is TuneBudget's fields
     "figures": set(),
-    "findings": {"kernel_diff", "manifest", "records", "regress", "runs", "series", "stats", "store"},  # store: its type, for sweep_findings
+    "findings": {"kernel_diff", "manifest", "records", "regress", "runs", "series", "stats", "store"},  # store: its type
     "review": {"drift", "figures", "findings", "manifest", "records", "regress", "results", "runs", "series", "stats", "store"},
     "report": {"figures", "kernel_diff", "manifest", "records", "results", "review", "stats", "store", "__init__"},
     "costmodel": {"errors", "tvm_private"},  # MetaSchedule's XGBoost model as data (its state: tvm_private)

@@ -5,6 +5,9 @@ own after the stored ones; a stock TVM server says "not available" and the run s
 import csv
 import io
 import json
+from dataclasses import replace
+
+import pytest
 
 from farm.measure.profile import parse_profile
 from farm.op_classes import onnx_op_class, op_class
@@ -231,3 +234,50 @@ def test_the_profile_takes_a_share_of_the_cell_and_one_counted_run_for_a_slow_mo
     assert profile_runs([0.0274], cell_s=3.1) == 5  # the stand-in phone's convnet: 0.186 s / 27.4 ms, less one
     assert profile_runs([0.335], cell_s=11.0) == 0  # squeezenet: 0.66 s is under two runs
     assert profile_runs([4.82], cell_s=69.0) == 0  # an untuned resnet50: 4.1 s, not one run: the first, counted
+
+
+def test_a_cell_whose_one_run_is_over_its_share_is_not_profiled_and_says_why():
+    from farm.measure.profile import PROFILE_MAX_SHARE, skipped
+
+    assert PROFILE_MAX_SHARE == 0.10 and skipped([4.82], 69.0) is None and skipped((), 1.0) is None
+    too_slow = skipped([4.82], 29.0)  # resnet50 at 3 repeats: one run is 17 % of the cell
+    assert too_slow is not None and too_slow.status == "not available"
+    assert too_slow.reason.startswith("not profiled: one run (4.82 s) is over 10% of the cell's device time (29 s)")
+
+
+def _as_profile(said: dict):
+    from farm.records import KernelProfile, KernelTime
+
+    return KernelProfile(said["status"], said["reason"], said["clock"], said["runs"], said["main_s"], tuple(
+        KernelTime(k["name"], k["op_class"], k["calls"], k["time_s"]) for k in said["kernels"]))
+
+
+@pytest.mark.parametrize("drift", [1.10, 1.20, 1.30])
+def test_a_planted_kernel_keeps_its_share_when_the_whole_session_drifted(inventory_file, farm_env, drift):
+    """Two real profiles of convnet on cpu-a, one session after the other; the second session then slower by a
+    uniform ``drift`` on every kernel (the device's clock, a neighbour's load), and its largest conv planted 25 %
+    slower on top. The plant is named first with >= 80 % of the change beyond the common shift, which the headline
+    states; the plain share (each kernel's change over the whole change) gave it far less."""
+    from farm.kernel_diff import kernel_diff
+    from farm.records import KernelTime
+
+    runs = []
+    for _ in range(2):
+        done = run_farm("--devices", str(inventory_file), "bench", "--device", "cpu-a", "--model", "convnet", "--profile",
+                        "--tvm-only", "--json", env=farm_env)
+        assert done.returncode == 0, done.stderr
+        runs.append(_as_profile(json.loads(done.stdout)["profile"]))
+    before, session = runs
+    planted = max((k for k in session.kernels if k.op_class == "conv"), key=lambda k: k.time_s)
+    night = replace(session, kernels=tuple(
+        KernelTime(k.name, k.op_class, k.calls, k.time_s * drift * (1.25 if k.name == planted.name else 1.0))
+        for k in session.kernels))
+    diff = kernel_diff(before, night, same_artifact=True)
+    assert len([k for k in before.kernels if k.op_class != "vm"]) >= 5
+    assert diff.moves[0].name == planted.name and diff.moves[0].share >= 0.80, diff.to_json()
+    assert abs(diff.common - drift) < 0.1 and f"beyond every kernel's {diff.common - 1:+.0%}" in diff.headline()
+    diluted = (diff.moves[0].new_s - diff.moves[0].old_s) / diff.change_s
+    assert diluted < 0.8 * diff.moves[0].share, (diluted, diff.moves[0].share)
+    alike = kernel_diff(before, replace(session, kernels=tuple(
+        KernelTime(k.name, k.op_class, k.calls, k.time_s * drift) for k in session.kernels)), same_artifact=True)
+    assert alike.headline().startswith(f"every kernel moved alike ({alike.common - 1:+.0%}"), alike.headline()

@@ -124,29 +124,35 @@ def sum_against_steady(tracker, devices, work: Path, repeat: int, cells=SUM_CELL
     print(f"\n1{title}. the kernels' sum against the steady median (untuned; on a GPU each kernel on its event "
           "timer, against the steady figure's kernel clock)")
     print(f"{'device':12s} {'model':16s} {'threads':>7s} {'steady':>11s} {'main':>11s} {'kernels':>11s} "
-          f"{'kernels/steady':>14s} {'profile s':>9s} {'cell s':>7s} {'cost':>6s}")
+          f"{'kernels/steady':>14s} {'profile s':>9s} {'cell s':>7s} {'cost':>6s} {'device s':>8s} {'of dev':>7s} "
+          f"{'manif ms':>8s}")
     ok = True
     with Store(work / "results.db") as store:
         for name, model_name in cells:
             device = devices[name]
             model = load_model(model_name)
-            config = BenchConfig(repeat=repeat if "resnet" not in model_name else 3, min_repeat_ms=50, timeout_s=120,
+            config = BenchConfig(repeat=repeat, min_repeat_ms=50, timeout_s=120,
                                  profile=True)
             begun = time.perf_counter()
             cell = bench_cell(tracker, device, model, store, work / "cache", config, tuned=False,
                               reference_runtime=False)
             cell_s = time.perf_counter() - begun
             r, p = cell.result, cell.result.profile
+            if r.status == "ok" and p is not None and p.reason.startswith("not profiled"):  # over its share: said
+                print(f"{name:12s} {model_name:16s} {p.reason}")
+                continue
             if r.status != "ok" or p is None or p.status != "ok":
                 print(f"{name:12s} {model_name:16s} failed: {r.reason or (p.reason if p else 'no profile')}")
                 ok = False
                 continue
             steady = median(r.steady_samples_s)  # GPUs: the kernel clock (event sums), as the profile's kernels
             profile_s = r.context.get("profile_s") or 0.0
+            device_s = (r.context.get("cell_s_before_profile") or 0.0) + profile_s  # session to the profile's end
             print(f"{name:12s} {model_name:16s} {r.threads!s:>7s} {ms(steady):>11s} {ms(p.main_s):>11s} "
                   f"{ms(p.kernel_sum_s):>11s} {p.kernel_sum_s / steady:14.3f} {profile_s:9.2f} {cell_s:7.1f} "
-                  f"{profile_s / cell_s:6.1%}   ({r.steady_clock} steady; {p.runs} profiled runs, {p.clock})",
-                  flush=True)
+                  f"{profile_s / cell_s:6.1%} {device_s:8.1f} {profile_s / device_s if device_s else 0:7.1%} "
+                  f"{r.context.get('manifest_s', 0.0) * 1e3:8.1f}   ({r.steady_clock} steady; "
+                  f"{p.runs or 'first, counted'} profiled runs, {p.clock})", flush=True)
     return ok
 
 

@@ -93,6 +93,9 @@ def print_kernel_diff(diff, why: str, named: bool, verdict: str, same_library: b
               "session's, not a kernel's code; how each kernel moved:")
     else:
         print(f"kernels: none named: the samples show no change ({verdict}); how each kernel moved:")
+    if diff.common_shown:
+        print(f"  every kernel shared a {diff.common - 1:+.1%} shift (the median kernel's: the device or the session); "
+              "each share below is of the change beyond it")
     for move in diff.moves[:top]:
         old = duration(move.old_s) if move.old_s is not None else "absent"
         new = duration(move.new_s) if move.new_s is not None else "absent"

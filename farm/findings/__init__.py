@@ -96,7 +96,8 @@ def sweep_findings(store: "Store", sweep_id: int, rows: list["Run"],
     state where the sweep was reviewed (read only: ``record`` stores them)."""
     verdicts = verdicts if verdicts is not None else sweep_verdicts(rows, sweep_id)
     alerts = store.alerts(sweep_id)
-    wanted = {i for row in (*alerts, *verdicts) for i in (row.run_id, row.baseline_run_id) if i is not None}
+    wanted = {i for a in alerts for i in (a.run_id, a.baseline_run_id) if i is not None} | {
+        i for v in verdicts for i in (v.run_id, v.baseline_run_id) if i is not None}
     runs = {r.run_id: r for r in rows if r.run_id in wanted}
     tonight = [r for r in rows if r.sweep_id == sweep_id]
     traits = series_traits(tonight, store.devices(), store.model_ops())

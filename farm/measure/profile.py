@@ -38,6 +38,9 @@ PROFILE_BUDGET_S = 1.0  # ... and no more than fill about this long at the stead
 # first run alone, counted (``ONE_COUNTED_RUN``): an untuned resnet50's 4.8 s run in a 74 s cell
 PROFILE_SHARE = 0.06
 ONE_COUNTED_RUN = 0  # the helper's ``runs`` that counts its first run (farm/rpc/server.py, farm/native/rpc_server.cc)
+# ... and where even that one run is more than this share of the cell so far (a few repeats of a slow model), the cell
+# is not profiled: its profile says why, and a night's confirmation profiles the series that moved (its reruns)
+PROFILE_MAX_SHARE = 0.10
 HELPER = "farm.KernelProfile"
 
 
@@ -51,6 +54,17 @@ def profile_runs(steady_samples_s: Sequence[float], cell_s: float | None = None)
     budget_s = PROFILE_BUDGET_S if cell_s is None else min(PROFILE_BUDGET_S, PROFILE_SHARE * cell_s)
     after_one = int(budget_s / steady_s) - 1
     return min(PROFILE_RUNS, after_one) if after_one >= 1 else ONE_COUNTED_RUN
+
+
+def skipped(steady_samples_s: Sequence[float], cell_s: float) -> KernelProfile | None:
+    """The profile "not available" when one run of the model is over ``PROFILE_MAX_SHARE`` of the cell's device time
+    so far (``cell_s``); None when the profile fits."""
+    steady_s = median(steady_samples_s)
+    if not steady_s or steady_s <= PROFILE_MAX_SHARE * cell_s:
+        return None
+    return KernelProfile("not available", f"not profiled: one run ({steady_s:.3g} s) is over {PROFILE_MAX_SHARE:.0%} of "
+                         f"the cell's device time ({cell_s:.3g} s); more repeats make room for it, and a night's "
+                         "confirmation profiles a series that moved")
 
 
 def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> KernelProfile:

@@ -22,7 +22,7 @@ from farm.measure.draft import Progress, RunDraft
 from farm.measure.failures import StepFailed, device_hint, failure_reason, raised_in_farm
 from farm.measure.manifest import session_part
 from farm.measure.memory import Memory
-from farm.measure.profile import profile_loaded, profile_runs
+from farm.measure.profile import profile_loaded, profile_runs, skipped
 from farm.measure.vm import SteadyTimer, calibrate_number, first_run, load_vm, remove_quietly, unpack, wall_timer
 from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, TrackerAddress, target_kind, utc_now
 from farm.rpc.session import request_session
@@ -165,8 +165,13 @@ def profile(run: Run) -> None:
     runs of its own, after the timed ones (``measure.profile``); never fails the run."""
     if not run.config.profile:
         return
-    runs = profile_runs(run.draft.steady_wall_samples_s or run.draft.steady_samples_s,
-                        time.perf_counter() - run.started)
+    steady_s, cell_s = run.draft.steady_wall_samples_s or run.draft.steady_samples_s, time.perf_counter() - run.started
+    run.draft.context["cell_s_before_profile"] = cell_s  # the device time the profile's share is of
+    if (too_slow := skipped(steady_s, cell_s)) is not None:
+        run.draft.profile = too_slow
+        run.say("profile", too_slow.reason)
+        return
+    runs = profile_runs(steady_s, cell_s)
     run.say("profile", f"{runs} runs after one not counted, each kernel timed on the device" if runs else
             "the first run, counted (a slow model: its profile within its share of the cell)")
     started = time.perf_counter()

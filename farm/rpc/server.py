@@ -28,13 +28,13 @@ It registers, before any session forks from this process:
   default (half the CPUs on x86). A run stores what the session reports (``runtime.NumThreads``); this helper
   says farm set it. farm's native server answers the same.
 
-- ``farm.KernelProfile(module, dev_type, dev_id, runs, *inputs)`` → JSON: the module's ``main`` run ``runs``
-  times (after one not counted; ``runs`` 0: the first run alone, counted) with a VM instrument that syncs the device and reads the clock around each call, in
-  this process (no round trip per call): ``{"clock", "runs", "main_s", "kernels": [{"name", "calls", "time_s"}]}``,
-  sums over the runs (``farm/measure/profile.py``). On a GPU whose runtime registers an event timer
-  (``runtime.timer.opencl``, ``.cuda``) each kernel's time is its own on that timer instead: TVM's ``time_evaluator``
-  on the arguments of its first call, so launches, syncs and the gaps between kernels are not in it; ``clock`` says
-  which. farm's native server answers the same.
+- ``farm.KernelProfile(module, dev_type, dev_id, runs, *inputs)`` → JSON: the module's ``main`` run ``runs`` times
+  (after one not counted; ``runs`` 0: the first run alone, counted) with a VM instrument that syncs the device and
+  reads the clock around each call, in this process (no round trip per call): ``{"clock", "runs", "main_s", "kernels":
+  [{"name", "calls", "time_s"}]}``, sums over the runs (``farm/measure/profile.py``). On a GPU whose runtime registers
+  an event timer (``runtime.timer.opencl``, ``.cuda``) each kernel's time is its own on that timer instead: TVM's
+  ``time_evaluator`` on the arguments of its first call, so launches, syncs and the gaps between kernels are not in
+  it; ``clock`` says which. farm's native server answers the same.
 
 - ``farm.ServerBuild()`` → what this server runs: a digest of its files (``server_build``); farm's native server
   answers what it was built from (the source's digest, TVM's versions). A run's manifest field ``device.server``.
