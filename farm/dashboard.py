@@ -2,12 +2,14 @@
 
 Devices (tracker state, last probe, temperature of the last local run), the running sweep's
 progress, the lab's queue on a PostgreSQL database (each lab host's workers, waiting, running and stalled jobs:
-``farm.queue``), recent results and open alerts. The page polls ``/api/state`` every 5 s; every
-request opens the store read-only, so the dashboard never blocks or changes a sweep.
+``farm.queue``), the last reviewed night's findings (as stored: ``farm.pages`` draws each one's series), recent
+results. The page polls ``/api/state`` every 5 s; every request opens the store read-only, so the dashboard never
+blocks or changes a sweep.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -17,8 +19,9 @@ import tornado.ioloop
 import tornado.web
 
 from farm.errors import FarmError, StoreError, message_line
-from farm.kernel_diff import alert_headlines
+from farm.compare import compare_nights, compare_runs
 from farm.manifest import known
+from farm.pages import finding_page, findings_page, new_nonce, series_view
 from farm.queue import HOST_COLUMNS, LabQueue, host_row
 from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import key_state, query_summary
@@ -27,8 +30,8 @@ from farm.stats import format_duration, hottest
 from farm.store import Store, exists
 from farm.store.backends import is_url
 
-RUN_FIELDS = ("started_at", "device", "model", "runtime", "threads", "status", "failed_step", "reason", "sweep_id",
-              "steady_median_s", "context")
+RUN_FIELDS = ("started_at", "device", "model", "tuned", "runtime", "threads", "status", "failed_step", "reason",
+              "sweep_id", "steady_median_s", "context")
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>farm dashboard</title><link rel="icon" href="data:,">
@@ -47,17 +50,19 @@ th { background: #f3f3f3; }
 <h2>Devices</h2><table id="devices"></table>
 <h2>Sweep</h2><div id="sweep"></div>
 <section id="lab" hidden><h2>Lab hosts</h2><table id="hosts"></table><p id="workers"></p></section>
-<h2>Open alerts</h2><table id="alerts"></table>
+<h2>Findings</h2><p id="findings-of"></p><table id="findings"></table>
 <h2>Recent results</h2><table id="runs"></table>
 <h2>Where the time goes: latest profiles</h2><table id="profiles"></table>
 <script>
-function cell(value, cls) {
+function cell(value, cls, href) {
   const td = document.createElement("td");
-  td.textContent = value === null || value === undefined ? "" : String(value);
+  const text = value === null || value === undefined ? "" : String(value);
+  if (href) { const a = document.createElement("a"); a.href = href; a.textContent = text; td.appendChild(a); }
+  else td.textContent = text;
   if (cls) td.className = cls;
   return td;
 }
-function fill(id, columns, rows, classOf) {
+function fill(id, columns, rows, classOf, links) {
   const table = document.getElementById(id);
   table.replaceChildren();
   const head = document.createElement("tr");
@@ -66,7 +71,7 @@ function fill(id, columns, rows, classOf) {
   if (!rows.length) { const tr = document.createElement("tr"); tr.appendChild(cell("none")); table.appendChild(tr); return; }
   rows.forEach(r => {
     const tr = document.createElement("tr");
-    columns.forEach(c => tr.appendChild(cell(r[c], classOf && classOf[c] ? r[c] : "")));
+    columns.forEach(c => tr.appendChild(cell(r[c], classOf && classOf[c] ? r[c] : "", links && links[c] ? links[c](r) : "")));
     table.appendChild(tr);
   });
 }
@@ -88,12 +93,17 @@ async function refresh() {
       document.getElementById("workers").textContent = state.lab.error ? "the lab's queue: " + state.lab.error
         : `${state.lab.live_workers} live worker(s) in the lab`;
     }
-    fill("alerts", ["sweep_id", "device", "model", "metric", "status", "change", "kernels"], state.alerts, {status: 1});
+    document.getElementById("findings-of").textContent = state.findings_sweep === null ? "no night reviewed yet"
+      : `sweep ${state.findings_sweep}, as its review stored them: all findings and their series on /findings`;
+    fill("findings", ["sentence", "state", "age", "kernels"], state.findings, {state: 1},
+         {sentence: r => "finding/" + r.id + "?sweep=" + state.findings_sweep});
     fill("profiles", ["run", "device", "model", "runtime", "threads", "main", "kernels", "by op class", "top kernels"],
          state.profiles);
     fill("runs", ["id", "started_at", "device", "model", "runtime", "threads", "status", "steady", "manifest", "reason"],
          state.runs.map(r => Object.assign({}, r, {steady: ms(r.steady_median_s),
-                                                  manifest: (r.manifest_digest || "not read").slice(0, 10)})), {status: 1});
+                                                  manifest: (r.manifest_digest || "not read").slice(0, 10)})), {status: 1},
+         {model: r => "series?" + new URLSearchParams({device: r.device, model: r.model, tuned: r.tuned ? 1 : 0,
+                                                      runtime: r.runtime})});
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString() +
       (state.tracker_error ? " · tracker: " + state.tracker_error : "");
   } catch (e) {
@@ -122,7 +132,8 @@ def profile_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data."""
-    state: dict[str, Any] = {"devices": [], "sweep": None, "alerts": [], "runs": [], "tracker_error": None,
+    state: dict[str, Any] = {"devices": [], "sweep": None, "findings": [], "findings_sweep": None, "runs": [],
+                             "tracker_error": None,
                              "lab": None, "profiles": []}
     try:
         summary = query_summary(inventory.tracker, timeout_s=2.0)
@@ -145,11 +156,10 @@ def collect_state(inventory: Inventory, db_path: str | Path) -> dict[str, Any]:
                     total, done = len(cells), sum(1 for attempts in cells.values() if spec.cell_done(attempts))
                     state["sweep"] = {"id": sweep["id"], "status": sweep["status"], "started_at": sweep["started_at"],
                                       "cells_done": done, "cells_total": total}
-                    open_alerts = [a for a in store.alerts(sweep["id"]) if a.status in ("candidate", "confirmed", "unknown")]
-                    moved = alert_headlines(open_alerts, store.profiles)
-                    state["alerts"] = [{"sweep_id": a.sweep_id, "device": a.device, "model": a.model,
-                                        "metric": a.metric, "status": a.status, "change": f"{a.change:+.1%}",
-                                        "kernels": moved.get(a.id, "")} for a in open_alerts]
+                reviewed = findings_page(store)
+                state["findings_sweep"] = reviewed["sweep_id"]
+                state["findings"] = [{**f, "age": "new tonight" if f["age"] == 0 else f"since sweep {f['first_sweep']}"}
+                                     for f in reviewed["findings"]]
                 state["profiles"] = [profile_row(row) for row in store.latest_profiled()]
         except StoreError as exc:
             state["tracker_error"] = exc.message
@@ -237,10 +247,125 @@ class StateHandler(Guarded):
         self.write(json.dumps(collect_state(self.inventory, self.db_path), default=str))
 
 
+class StoredPage(Guarded):
+    """A page of findings, a series or a comparison (``farm.pages``), rendered from the store read-only, with a
+    policy that runs only this page's own script (its nonce) and loads nothing from elsewhere."""
+
+    page = ""
+
+    def initialize(self, allowed_hosts: frozenset[str], **kwargs: Any) -> None:
+        super().initialize(allowed_hosts)
+        self.db_path = kwargs["db_path"]
+
+    def render_page(self, title: str, **values: Any) -> None:
+        nonce = new_nonce()
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Content-Security-Policy", f"default-src 'self'; script-src 'nonce-{nonce}'; "
+                        "style-src 'unsafe-inline'; img-src data:")
+        self.write(templates().get_template("pages.html").render(page=self.page, title=title, nonce=nonce, **values))
+
+    def missing(self, what: str) -> None:
+        self.set_status(404)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(f"404: {what}\n")
+
+    def store(self) -> Store:
+        return Store(self.db_path, readonly=True)
+
+    def number(self, name: str) -> int | None:
+        text = self.get_argument(name, "")
+        return int(text) if text.isdigit() else None
+
+
+class FindingsPage(StoredPage):
+    page = "findings"
+
+    def get(self) -> None:
+        if not exists(self.db_path):
+            return self.missing("no results database yet")
+        with self.store() as store:
+            values = findings_page(store, self.number("sweep"))
+        self.render_page(f"Findings of sweep {values['sweep_id']}" if values["sweep_id"] else "Findings", **values)
+
+
+class FindingPage(StoredPage):
+    page = "finding"
+
+    def get(self, finding_id: str) -> None:
+        if not exists(self.db_path):
+            return self.missing("no results database yet")
+        with self.store() as store:
+            values = finding_page(store, int(finding_id), self.number("sweep"))
+        if values is None:
+            return self.missing(f"no finding {finding_id}")
+        self.render_page(f"Finding {finding_id}", **values)
+
+
+class SeriesPage(StoredPage):
+    page = "series"
+
+    def get(self) -> None:
+        device, model = self.get_argument("device", ""), self.get_argument("model", "")
+        tuned, runtime = self.get_argument("tuned", "0") == "1", self.get_argument("runtime", "tvm")
+        if not exists(self.db_path):
+            return self.missing("no results database yet")
+        with self.store() as store:
+            view = series_view(store, device, model, tuned, runtime)
+        if not view["points"]:
+            return self.missing(f"no nights of {device} · {model}")
+        self.render_page(f"{device} · {view['label']}", view=view)
+
+
+class ComparePage(StoredPage):
+    page = "compare"
+
+    def get(self) -> None:
+        a, b = self.number("a"), self.number("b")
+        if a is None or b is None or not exists(self.db_path):
+            return self.missing("give two runs: /compare?a=RUN&b=RUN")
+        try:
+            with self.store() as store:
+                data = compare_runs(store, a, b)
+        except FarmError as exc:
+            return self.missing(f"{exc.message} ({exc.hint})")
+        self.render_page(f"Run {a} against run {b}", data=data)
+
+
+class NightsPage(StoredPage):
+    page = "nights"
+
+    def get(self) -> None:
+        a, b = self.number("a"), self.number("b")
+        if a is None or b is None or not exists(self.db_path):
+            return self.missing("give two sweeps: /nights?a=SWEEP&b=SWEEP")
+        try:
+            with self.store() as store:
+                data = compare_nights(store, a, b)
+        except FarmError as exc:
+            return self.missing(f"{exc.message} ({exc.hint})")
+        self.render_page(f"Sweep {a} against sweep {b}", data=data)
+
+
+@functools.cache
+def templates():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("farm", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["ms"] = format_duration
+    return env
+
+
 def make_app(inventory: Inventory, db_path: str | Path, hosts: frozenset[str]) -> tornado.web.Application:
+    stored = {"allowed_hosts": hosts, "db_path": db_path}
     return tornado.web.Application([
         (r"/", PageHandler, {"allowed_hosts": hosts}),
         (r"/api/state", StateHandler, {"allowed_hosts": hosts, "inventory": inventory, "db_path": db_path}),
+        (r"/findings", FindingsPage, stored),
+        (r"/finding/([0-9]+)", FindingPage, stored),
+        (r"/series", SeriesPage, stored),
+        (r"/compare", ComparePage, stored),
+        (r"/nights", NightsPage, stored),
     ])
 
 

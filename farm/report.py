@@ -33,11 +33,17 @@ def report_file(folder: str | Path, prefix: str = "report") -> Path:
     return Path(folder) / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.html"
 
 
-def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None) -> Path:
-    """Write the report for the latest run of every device × model (and the sweep's alerts); returns its path."""
-    latest, versus = versus_reference(run_rows(store, latest_only=True))
+def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None,
+                  dashboard_url: str | None = None) -> Path:
+    """Write the report for the latest run of every device × model, or with ``sweep_id`` that night's (and its
+    alerts and findings); returns its path."""
+    if sweep_id is None:
+        latest, versus = versus_reference(run_rows(store, latest_only=True))
+        failures = run_rows(store, status="failed")
+    else:  # an old night's report shows that night's runs, not the latest ones (#64)
+        latest, versus = versus_reference(latest_per_cell(run_rows(store, sweep_id=sweep_id)))
+        failures = run_rows(store, status="failed", sweep_id=sweep_id)
     latest.sort(key=lambda r: (r.device, r.model, r.tuned))
-    failures = run_rows(store, status="failed")
     ok = [r for r in latest if r.status == "ok"]
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("farm", "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
@@ -81,6 +87,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
             profiled=[{**cell, "png": png.result()} for cell, png in zip(profiled, kernel_pngs)],
             profiled_cells=PROFILED_CELLS, profiled_ids={cell["run"].run_id for cell in profiled},
             manifests=store.manifests([r.manifest for r in latest]),
+            series_url=series_url(dashboard_url),
         )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +95,27 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out_path)
     return out_path
+
+
+def series_url(dashboard_url: str | None):
+    """A run's series page on the lab's dashboard (``farm.pages``), or None without a dashboard URL."""
+    if not dashboard_url:
+        return None
+    from urllib.parse import urlencode
+
+    base = dashboard_url.rstrip("/")
+    return lambda r: f"{base}/series?" + urlencode({"device": r.device, "model": r.model, "tuned": int(r.tuned),
+                                                     "runtime": r.runtime})
+
+
+def latest_per_cell(rows: list[Run]) -> list[Run]:
+    """Each cell's (device, model, tuned, runtime) last run among ``rows``, newest first."""
+    last: dict[tuple, Run] = {}
+    for row in rows:
+        key = (row.device, row.model, row.tuned, row.runtime)
+        if key not in last or row.run_id > last[key].run_id:
+            last[key] = row
+    return sorted(last.values(), key=lambda r: -r.run_id)
 
 
 def manifest_text(manifest: dict[str, Any]) -> str:

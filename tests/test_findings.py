@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from farm.records import (Alert, Artifact, BenchConfig, BenchResult, CheckResult, CopyTiming, Device, InputSpec,
-                          ModelSource)
+                          ModelSource, SweepSpec)
 from farm.store import Store
 from tests.conftest import env_in, make_run, run_farm
 
@@ -41,7 +41,7 @@ def plant(db: Path, effect=lambda night, device, model: 1.0, tvm=lambda night: "
     config = BenchConfig(repeat=20)
     with Store(db) as store:
         for night in range(1, nights + 1):
-            sweep_id = store.start_sweep({"devices": DEVICES, "models": MODELS})
+            sweep_id = store.start_sweep(SweepSpec(tuple(DEVICES), tuple(MODELS), None, config).to_json())
             version = tvm(night)
             for (device, model), level in base.items():
                 factor = effect(night, device, model)

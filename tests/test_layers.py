@@ -50,7 +50,9 @@ ALLOWED = {
     "confirmation": {"errors", "findings", "kernel_diff", "measure", "models", "records", "regress", "results", "series",
                      "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
-    "dashboard": {"errors", "kernel_diff", "manifest", "records", "queue", "results", "rpc", "stats", "store"},
+    "compare": {"errors", "kernel_diff", "records", "regress", "results", "runs", "series", "stats", "store"},  # two runs, two nights
+    "pages": {"manifest", "records", "regress", "results", "runs", "series", "stats", "store"},  # finding pages
+    "dashboard": {"compare", "errors", "kernel_diff", "manifest", "pages", "records", "queue", "results", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
 }

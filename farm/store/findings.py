@@ -62,6 +62,26 @@ class FindingsMixin:
         return [{**json.loads(r["body"]), "finding_id": r["id"], "state": r["state"], "note": r["note"],
                  "first_sweep": r["first_sweep"]} for r in rows]
 
+    def last_reviewed(self) -> int | None:
+        """The latest sweep whose findings are stored (``record_findings``), None when none is."""
+        row = self._db.execute("SELECT MAX(sweep_id) FROM reviewed_sweeps").fetchone()
+        return row[0] if row and row[0] is not None else None
+
+    def finding(self, finding_id: int, sweep_id: int | None = None) -> dict[str, Any] | None:
+        """One stored finding as a sweep ranked it (default: its last), with its id, state, note, first and last sweep
+        and its position that night; None when there is no such finding."""
+        rows = self._db.dicts(
+            "SELECT f.id, f.state, f.note, f.first_sweep, f.last_sweep, s.sweep_id, s.position, s.body"
+            " FROM finding_sweeps s JOIN findings f ON f.id = s.finding_id WHERE f.id=?"
+            + (" AND s.sweep_id=?" if sweep_id is not None else "") + " ORDER BY s.sweep_id DESC LIMIT 1",
+            [finding_id] + ([sweep_id] if sweep_id is not None else []))
+        if not rows:
+            return None
+        r = rows[0]
+        return {**json.loads(r["body"]), "finding_id": r["id"], "state": r["state"], "note": r["note"],
+                "first_sweep": r["first_sweep"], "last_sweep": r["last_sweep"], "sweep_id": r["sweep_id"],
+                "position": r["position"]}
+
     def finding_states(self, keys: list[str], sweep_id: int) -> dict[str, dict[str, Any]]:
         """Stored id, state, note and first sweep of the findings of ``sweep_id`` with these keys (read only)."""
         out = {}

@@ -91,10 +91,19 @@ class SweepsMixin:
                 ids.append(int(row[0]))
         return ids
 
+    def series_alerts(self, device: str, model: str, tuned: bool, runtime: str, metric: str = "steady") -> list[Alert]:
+        """Every stored alert of one series and metric, oldest sweep first (a finding page's markers)."""
+        rows = self._db.dicts("SELECT * FROM alerts WHERE device=? AND model=? AND tuned=? AND runtime=? AND metric=?"
+                              " ORDER BY sweep_id, id", [device, model, int(tuned), runtime, metric])
+        return [_alert(r) for r in rows]
+
     def alerts(self, sweep_id: int | None = None) -> list[Alert]:
         sql, params = "SELECT * FROM alerts", []
         if sweep_id is not None:
             sql, params = sql + " WHERE sweep_id=?", [sweep_id]
-        return [Alert(**{**r, "tuned": bool(r["tuned"]), "baseline": json.loads(r["baseline"]),
-                         "method": json.loads(r["method"]), "confirmation": json.loads(r["confirmation"])})
-                for r in self._db.dicts(sql + " ORDER BY id", params)]
+        return [_alert(r) for r in self._db.dicts(sql + " ORDER BY id", params)]
+
+
+def _alert(row: dict[str, Any]) -> Alert:
+    return Alert(**{**row, "tuned": bool(row["tuned"]), "baseline": json.loads(row["baseline"]),
+                    "method": json.loads(row["method"]), "confirmation": json.loads(row["confirmation"])})
