@@ -10,13 +10,16 @@ blocks or changes a sweep.
 from __future__ import annotations
 
 import functools
+import hmac
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import tornado.ioloop
 import tornado.web
+from markupsafe import Markup
 
 from farm.errors import FarmError, StoreError, message_line
 from farm.compare import compare_nights, compare_runs
@@ -255,7 +258,7 @@ class StoredPage(Guarded):
 
     def initialize(self, allowed_hosts: frozenset[str], **kwargs: Any) -> None:
         super().initialize(allowed_hosts)
-        self.db_path = kwargs["db_path"]
+        self.db_path, self.token = kwargs["db_path"], kwargs.get("token")
 
     def render_page(self, title: str, **values: Any) -> None:
         nonce = new_nonce()
@@ -298,7 +301,33 @@ class FindingPage(StoredPage):
             values = finding_page(store, int(finding_id), self.number("sweep"))
         if values is None:
             return self.missing(f"no finding {finding_id}")
-        self.render_page(f"Finding {finding_id}", **values)
+        form = Markup(self.xsrf_form_html()) if self.token else None  # read-only without the lab's triage token
+        self.render_page(f"Finding {finding_id}", triage_form=form, **values)
+
+
+class TriageHandler(StoredPage):
+    """POST /finding/<id>/triage: a triage event, only with the lab's token and tornado's XSRF check (a form this
+    dashboard served); 403 and nothing changed without either. The dashboard is read-only without a token."""
+
+    def post(self, finding_id: str) -> None:
+        given = self.get_body_argument("token", "")
+        if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):
+            self.set_status(403)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish("403: triage needs the lab's token (the dashboard is read-only without one)\n")
+            return
+        duplicate = self.get_body_argument("duplicate_of", "").strip()
+        try:
+            with Store(self.db_path) as store:
+                store.triage(int(finding_id), self.get_body_argument("state", ""), self.get_body_argument("by", ""),
+                             self.get_body_argument("note", ""), self.get_body_argument("bug", ""),
+                             int(duplicate) if duplicate.isdigit() else None)
+        except FarmError as exc:
+            self.set_status(400)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(f"400: {exc.message} ({exc.hint})\n")
+            return
+        self.redirect(f"/finding/{finding_id}", status=303)
 
 
 class SeriesPage(StoredPage):
@@ -356,17 +385,41 @@ def templates():
     return env
 
 
+def triage_token(inventory: Inventory) -> str | None:
+    """The lab's triage token: FARM_TRIAGE_TOKEN, else the inventory's [dashboard] token_file's first line; None:
+    the dashboard changes nothing."""
+    if token := os.environ.get("FARM_TRIAGE_TOKEN", "").strip():
+        return token
+    if inventory.triage_token_file:
+        path = Path(inventory.triage_token_file).expanduser()
+        try:
+            words = path.read_text().split()
+        except OSError as exc:
+            raise FarmError(f"cannot read the triage token {path}: {exc.strerror}",
+                            "fix [dashboard] token_file in the inventory, or set FARM_TRIAGE_TOKEN") from exc
+        token = words[0] if words else ""
+        if len(token) < MIN_TOKEN:
+            raise FarmError(f"the triage token in {path} is shorter than {MIN_TOKEN} characters",
+                            "write a long random one: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
+        return token
+    return None
+
+
+MIN_TOKEN = 16
+
+
 def make_app(inventory: Inventory, db_path: str | Path, hosts: frozenset[str]) -> tornado.web.Application:
-    stored = {"allowed_hosts": hosts, "db_path": db_path}
+    stored = {"allowed_hosts": hosts, "db_path": db_path, "token": triage_token(inventory)}
     return tornado.web.Application([
         (r"/", PageHandler, {"allowed_hosts": hosts}),
         (r"/api/state", StateHandler, {"allowed_hosts": hosts, "inventory": inventory, "db_path": db_path}),
         (r"/findings", FindingsPage, stored),
         (r"/finding/([0-9]+)", FindingPage, stored),
+        (r"/finding/([0-9]+)/triage", TriageHandler, stored),
         (r"/series", SeriesPage, stored),
         (r"/compare", ComparePage, stored),
         (r"/nights", NightsPage, stored),
-    ])
+    ], xsrf_cookies=True)
 
 
 def serve_dashboard(inventory: Inventory, db_path: str | Path, host: str, port: int, on_ready=None,

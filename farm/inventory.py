@@ -64,12 +64,16 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
             f"{path}: not valid TOML: {exc}",
             "fix the syntax at that line; each device is a [devices.NAME] table",
         ) from exc
-    unknown = set(data) - {"tracker", "devices", "store"}
+    unknown = set(data) - {"tracker", "devices", "store", "dashboard", "notify"}
     if unknown:
         raise InventoryError(
             f"{path}: unknown top-level table {sorted(unknown)[0]!r}",
-            "only [tracker], [store] and [devices.NAME] tables are allowed",
+            "only [tracker], [store], [dashboard], [notify] and [devices.NAME] tables are allowed",
         )
+    dashboard = _parse_strings(data.get("dashboard", {}), path, "dashboard", ("url", "token_file"),
+                               'write [dashboard] url = "http://farm.lab:8080/" and token_file = "~/.farm/triage-token"')
+    notify = _parse_strings(data.get("notify", {}), path, "notify", ("url",),
+                            'write [notify] url = "https://chat.example/hooks/farm"')
     db = _parse_store(data.get("store", {}), path)
     tracker = _parse_tracker(data.get("tracker", {}), path)
     raw_devices = data.get("devices", {})
@@ -95,7 +99,9 @@ def parse_inventory(text: str, path: str = "devices.toml") -> Inventory:
             )
         keys[device.key] = device.name
     lab_hosts = _parse_lab_hosts(data.get("tracker", {}), devices, path)
-    return Inventory(path=path, tracker=tracker, devices=devices, db=db, lab_hosts=lab_hosts)
+    return Inventory(path=path, tracker=tracker, devices=devices, db=db, lab_hosts=lab_hosts,
+                     dashboard_url=dashboard.get("url"), triage_token_file=dashboard.get("token_file"),
+                     notify_url=notify.get("url"))
 
 
 def _parse_lab_hosts(raw: Any, devices: dict[str, Device], path: str) -> dict[str, str] | None:
@@ -131,6 +137,15 @@ def _where(path: str, text: str, name: str) -> str:
     if match is None:
         return path
     return f"{path}:{text.count(chr(10), 0, match.start()) + 1}"
+
+
+def _parse_strings(raw: Any, path: str, table: str, fields: tuple[str, ...], hint: str) -> dict[str, str]:
+    """A table of a few string fields ([dashboard], [notify]), each checked."""
+    if not isinstance(raw, dict) or set(raw) - set(fields):
+        raise InventoryError(f"{path}: [{table}] takes {', '.join(fields)}", hint)
+    if any(not isinstance(v, str) or not v for v in raw.values()):
+        raise InventoryError(f"{path}: [{table}]'s fields are strings", hint)
+    return dict(raw)
 
 
 def _parse_store(raw: Any, path: str) -> str | None:

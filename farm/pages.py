@@ -25,6 +25,7 @@ from urllib.parse import urlencode
 from markupsafe import Markup, escape
 
 from farm.manifest import changes
+from farm.records import TRIAGE_STATES
 from farm.regress import METHOD
 from farm.results import run_rows
 from farm.runs import Run
@@ -146,9 +147,9 @@ def findings_page(store: Store, sweep_id: int | None = None) -> dict[str, Any]:
     nights (reviewed sweeps since its first)."""
     sweep_id = sweep_id if sweep_id is not None else store.last_reviewed()
     if sweep_id is None:
-        return {"sweep_id": None, "findings": []}
+        return {"sweep_id": None, "findings": [], "invalid_by_month": []}
     rows = store.findings(sweep_id)
-    return {"sweep_id": sweep_id, "findings": [
+    return {"sweep_id": sweep_id, "invalid_by_month": store.invalid_by_month(), "findings": [
         {"id": f["finding_id"], "sentence": f["sentence"], "state": f["state"], "kind": f["kind"],
          "first_sweep": f["first_sweep"], "age": sweep_id - f["first_sweep"], "kernels": f.get("kernels", ""),
          "direction": f["direction"]} for f in rows]}
@@ -163,7 +164,8 @@ def finding_page(store: Store, finding_id: int, sweep_id: int | None = None) -> 
     night = finding["sweep_id"]
     alerts = {a.id: a for a in store.alerts(night)}
     shown = sorted(finding["series"], key=lambda s: -abs(s.get("change") or 0.0))[:SERIES_SHOWN]
-    return {"finding": finding, "series": [series_view(store, s["device"], s["model"], bool(s["tuned"]), s["runtime"],
+    return {"finding": finding, "events": store.finding_events([finding_id]).get(finding_id, []),
+            "states": TRIAGE_STATES, "series": [series_view(store, s["device"], s["model"], bool(s["tuned"]), s["runtime"],
                                                        alerts.get(s.get("alert")), finding["first_sweep"], night)
                                            for s in shown], "hidden": max(0, len(finding["series"]) - SERIES_SHOWN)}
 

@@ -108,7 +108,9 @@ class Alert(Record):
 
 
 # a finding's triage state (findings.Finding.state): the store checks it, the CLI parses it, each from here
-TRIAGE_STATES = ("new", "acknowledged", "expected", "fixed")
+# new | acknowledged | invalid (a false alert) | duplicate (of another finding) | expected (an accepted change) |
+# fixed | wontfix (won't fix); each change is an event with its author, note and bug (Store.triage)
+TRIAGE_STATES = ("new", "acknowledged", "invalid", "duplicate", "expected", "fixed", "wontfix")
 
 
 @dataclass(frozen=True)
@@ -295,6 +297,9 @@ class Inventory:
     # [tracker] lab_hosts: each lab host's address; when given, the tracker takes registrations only from where
     # each key's server runs (``rpc.registrations``: a rogue server cannot register under a device's key)
     lab_hosts: dict[str, str] | None = None
+    dashboard_url: str | None = None  # [dashboard] url: where the lab's farm dashboard is read (digests link to it)
+    triage_token_file: str | None = None  # [dashboard] token_file: the lab's triage token (FARM_TRIAGE_TOKEN overrides)
+    notify_url: str | None = None  # [notify] url: the webhook a night's digest is POSTed to when it has new findings
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ def test_triage_state_carries_across_nights_and_fail_on_new(tmp_path):
     failing = run_farm("regressions", "--sweep", str(NIGHTS - 1), "--fail-on", "new-any", env=env)
     assert failing.returncode == 1 and "error: 1 new finding(s)" in failing.stderr
     acked = run_farm("--json", "regressions", "--sweep", str(NIGHTS - 1), "--triage", f"{first[0]['finding_id']}:acknowledged",
-                     env=env)
+                     "--by", "ana", env=env)
     assert json.loads(acked.stdout)["findings"][0]["state"] == "acknowledged"
     # the next night the slowdown persists: the same finding, still acknowledged, ongoing
     later = json.loads(run_farm("--json", "regressions", "--sweep", str(NIGHTS), env=env).stdout)["findings"]
@@ -195,6 +195,8 @@ def test_triage_state_carries_across_nights_and_fail_on_new(tmp_path):
     assert run_farm("regressions", "--fail-on", "new-any", env=env).returncode == 0
     bad = run_farm("regressions", "--triage", "1:done", env=env)
     assert bad.returncode == 2 and "is not ID:STATE" in bad.stderr
+    nobody = run_farm("regressions", "--triage", "1:invalid", env={**env, "FARM_USER": ""})
+    assert nobody.returncode == 1 and nobody.stderr.startswith("error: a triage needs its author")
 
 
 def test_the_report_shows_tuning_per_night_and_the_night_coverage_dropped(tmp_path):
@@ -252,9 +254,10 @@ def test_an_upgrade_that_dropped_the_records_is_compared_with_the_tuned_nights_b
     assert "slower" in findings[0]["sentence"] and "(tuning records dropped)" in findings[0]["sentence"]
 
 
-def test_a_finding_gone_for_a_reviewed_night_that_returns_is_new_again(tmp_path):
-    """Night 6 slows one series (triaged: fixed); night 7 is quiet and reviewed; night 8 slows it again: a new
-    finding, not the old one shown as fixed, and --fail-on new-any fails on it."""
+def test_a_fixed_finding_that_returns_after_a_quiet_night_is_reopened_and_says_so(tmp_path):
+    """Night 6 slows one series (triaged: fixed); night 7 is quiet and reviewed; night 8 slows it again: the same
+    finding (schema 23: a state carries across a night without it), reopened (new), with the event saying so, and
+    --fail-on new-any fails on it."""
     db = tmp_path / "results.db"
     plant(db, lambda night, device, model: 1.3 if night in (NIGHTS - 2, NIGHTS) and (device, model) == SINGLE else 1.0)
     env = {**env_in(tmp_path), "FARM_DB": str(db)}
@@ -262,12 +265,16 @@ def test_a_finding_gone_for_a_reviewed_night_that_returns_is_new_again(tmp_path)
     def review(sweep: int, *args: str) -> list[dict]:
         return json.loads(run_farm("--json", "regressions", "--sweep", str(sweep), *args, env=env).stdout)["findings"]
     (first,) = review(NIGHTS - 2)
-    (fixed,) = review(NIGHTS - 2, "--triage", f"{first['finding_id']}:fixed")
+    (fixed,) = review(NIGHTS - 2, "--triage", f"{first['finding_id']}:fixed", "--by", "ana")
     assert fixed["state"] == "fixed"
     assert review(NIGHTS - 1) == []  # quiet, reviewed
     (again,) = review(NIGHTS)
-    assert again["key"] == first["key"] and again["finding_id"] != first["finding_id"]
-    assert (again["state"], again["first_sweep"]) == ("new", NIGHTS)
+    assert again["key"] == first["key"] and again["finding_id"] == first["finding_id"]
+    assert (again["state"], again["first_sweep"]) == ("new", NIGHTS - 2)
+    events = json.loads(run_farm("--json", "regressions", "--events", str(first["finding_id"]), env=env).stdout)["events"]
+    assert [(e["author"], e["from_state"], e["to_state"], e["sweep_id"]) for e in events] == [
+        ("ana", "new", "fixed", NIGHTS - 2), ("farm", "fixed", "new", NIGHTS)]
+    assert events[1]["note"] == f"reopened: back on sweep {NIGHTS} after it was marked fixed"
     failing = run_farm("regressions", "--sweep", str(NIGHTS), "--fail-on", "new-any", env=env)
     assert failing.returncode == 1 and "error: 1 new finding(s)" in failing.stderr
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm.errors import FarmError
+from farm.records import TRIAGE_STATES
 from farm.regress import CONFIRM_ROUNDS, METHOD, METRICS
 from farm.stats import MAD_TO_SD
 
 from farm.cli.common import (add_bench_options, add_budget_option, add_progress, add_verb, bench_config, emit_json,
-                             load_inventory_of, print_table, progress_printer, require_db, sweep_id, triage)
+                             load_inventory_of, positive_int, print_table, progress_printer, require_db, sweep_id,
+                             triage)
 
 if TYPE_CHECKING:  # the store and the confirmation are imported where a verb needs them
     from farm.confirmation import SweepRegressions
@@ -47,15 +50,32 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
                  "target changed: its new nights compared with the old context's last nights, unconfirmable by rounds,\n"
                  "the reference runtime as control), changed tuning records, several models across the sweep, a model\n"
                  "across devices, a device across models, a single series. --confirm reruns a few representatives of\n"
-                 "each finding within --confirm-budget device-minutes. Findings keep a triage state across nights:\n\n"
-                 "  farm regressions --triage 12:acknowledged     # or expected, fixed, new\n"
-                 "  farm regressions --fail-on new               # CI: exit 1 on a new (untriaged) confirmed finding")
+                 "each finding within --confirm-budget device-minutes. Findings keep a triage state on every night\n"
+                 "they return on; each change is an event (who, when, why, the bug), a fixed one that returns is\n"
+                 "reopened:\n\n"
+                 "  farm regressions --triage 12:invalid --by ana --note 'thermal: the phone was charging'\n"
+                 "  farm regressions --triage 12:duplicate --duplicate-of 9 --by ana\n"
+                 "  farm regressions --triage 12:acknowledged --by ana --bug https://bugs.example/4711\n"
+                 "  farm regressions --events 12                 # a finding's triage history\n"
+                 "  farm regressions --digest md                 # the night in a few lines (a CI job summary, a mail)\n"
+                 "  farm regressions --fail-on new               # CI: exit 1 on a new (untriaged) confirmed finding\n\n"
+                 f"States: {', '.join(TRIAGE_STATES)}.")
     p.add_argument("--sweep", type=sweep_id, help="sweep id (default: the latest)")
     p.add_argument("--confirm", action="store_true",
                    help=f"rerun findings' representatives, old and new artifacts interleaved on the device ({rounds_text()})")
     add_budget_option(p)
     p.add_argument("--triage", action="append", type=triage, default=[], metavar="ID:STATE",
-                   help="set a finding's triage state: new, acknowledged, expected or fixed (repeatable)")
+                   help=f"set a finding's triage state, one of {', '.join(TRIAGE_STATES)} (repeatable); needs --by")
+    p.add_argument("--by", default=os.environ.get("FARM_USER"), help="who triages (env FARM_USER): stored with the event")
+    p.add_argument("--note", default="", help="why, stored with the triage event")
+    p.add_argument("--bug", default="", help="the bug's URL, stored with the triage event")
+    p.add_argument("--duplicate-of", type=positive_int, help="with ID:duplicate: the finding it duplicates")
+    p.add_argument("--events", type=positive_int, metavar="ID", help="print a finding's triage events and exit")
+    p.add_argument("--digest", choices=["md", "json"],
+                   help="print the night's findings as a digest (Markdown or JSON) instead of the review; with the "
+                        "dashboard's address ([dashboard] url, --dashboard-url) each links to its page")
+    p.add_argument("--dashboard-url", default=os.environ.get("FARM_DASHBOARD_URL"),
+                   help="the lab's farm dashboard (env FARM_DASHBOARD_URL; default: the inventory's [dashboard] url)")
     p.add_argument("--fail-on", choices=["new", "new-any"],
                    help="exit 1 when a finding in triage state new exists: confirmed (new) or any the reruns did not "
                         "reject (new-any: upgrades cannot be confirmed)")
@@ -70,10 +90,17 @@ def run(args: argparse.Namespace) -> int:
     from farm.store import Store
 
     require_db(args.db)
-    inventory = load_inventory_of(args) if args.confirm else None
+    if args.triage and not (args.by or "").strip():
+        raise FarmError("a triage needs its author", "say who: --by NAME (or set FARM_USER)")
+    wants_inventory = args.confirm or (args.digest and not args.dashboard_url and Path(args.devices).exists())
+    inventory = load_inventory_of(args) if wants_inventory else None
     with Store(args.db) as store:
+        if args.events is not None:
+            return _print_events(args, store.finding_events([args.events]).get(args.events, []))
         for finding_id, state in args.triage:
-            store.set_finding_state(finding_id, state)
+            store.triage(finding_id, state, args.by, args.note, args.bug, args.duplicate_of)
+        if args.digest:
+            return _print_digest(args, store, inventory)
         reviewed = detect_and_confirm(store, args.sweep, args.confirm, inventory.tracker if inventory else None,
                                       inventory.devices if inventory else None, bench_config(args),
                                       progress_printer(args.progress), args.confirm_budget,
@@ -87,7 +114,31 @@ def run(args: argparse.Namespace) -> int:
     if failing:
         raise FarmError(f"{len(failing)} new {'confirmed ' if args.fail_on == 'new' else ''}finding(s) in sweep "
                         f"{reviewed.sweep_id}: {failing[0].sentence}",
-                        "triage them: farm regressions --triage ID:acknowledged (or expected, fixed)")
+                        "triage them: farm regressions --triage ID:acknowledged --by NAME (or invalid, expected, ...)")
+    return 0
+
+
+def _print_events(args: argparse.Namespace, events: list[dict]) -> int:
+    if args.json:
+        emit_json({"finding_id": args.events, "events": events})
+    elif not events:
+        print(f"finding {args.events}: no triage events")
+    else:
+        for e in events:
+            what = f"{e['from_state']} → {e['to_state']}" + (f" of {e['duplicate_of']}" if e["duplicate_of"] else "")
+            print(f"{e['at'][:19]}  {e['author']}: {what}" + (f"  ({e['note']})" if e["note"] else "")
+                  + (f"  bug {e['bug']}" if e["bug"] else ""))
+    return 0
+
+
+def _print_digest(args: argparse.Namespace, store, inventory) -> int:
+    from farm.digest import digest_markdown, night_digest
+
+    digest = night_digest(store, args.sweep, args.dashboard_url or (inventory.dashboard_url if inventory else None))
+    if args.digest == "json":
+        emit_json(digest)
+    else:
+        print(digest_markdown(digest), end="")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 from pathlib import Path
@@ -267,6 +268,7 @@ def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, out
     """After measuring: the sweep's alerts and findings (confirmed with --confirm), the [tune] budget spent (over lab
     hosts: a job per key on its host, ``nightly.tune_queued``), the report."""
     from farm.confirmation import detect_and_confirm
+    from farm.digest import notify_night
     from farm.store import Store
     from farm.sweep.leases import device_holds
 
@@ -275,13 +277,16 @@ def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, out
         reviewed = detect_and_confirm(store, outcome.sweep_id, args.confirm, inventory.tracker, inventory.devices,
                                       spec.config, progress_printer(args.progress), args.confirm_budget,
                                       device_holds(args.db, store, f"farm sweep {outcome.sweep_id} --confirm"))
+        if said := notify_night(store, outcome.sweep_id, inventory.notify_url, inventory.dashboard_url):
+            print(f"notify: {said}", file=sys.stderr)  # the webhook ([notify] url): never the night's fate
         tuning = [] if not budget else _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) \
             if not queued else _queued_tuning(args, inventory, spec, outcome.sweep_id, budget)
         if not args.no_report:
             from farm.report import render_report
 
             report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
-                                   title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id)
+                                   title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id,
+                                   dashboard_url=inventory.dashboard_url or os.environ.get("FARM_DASHBOARD_URL"))
     return reviewed, tuning, report
 
 

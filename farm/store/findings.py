@@ -1,6 +1,6 @@
-"""Findings as records with a life (#22): each finding (``farm/findings.py``) of a reviewed sweep, its triage state
-(new | acknowledged | expected | fixed) carried across nights while the finding persists, and each sweep's
-confirmation budget (what was spent, what was left unconfirmed)."""
+"""Findings as records with a life (#22, #65): each finding (``farm.findings``) of a reviewed sweep, its triage state
+(``records.TRIAGE_STATES``) carried to every night it returns on, each change of it an event (who, when, why, the
+bug), and each sweep's confirmation budget (what was spent, what was left unconfirmed)."""
 
 from __future__ import annotations
 
@@ -20,24 +20,20 @@ class FindingsMixin:
     @retried
     def record_findings(self, sweep_id: int, findings: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """Store a sweep's findings (each a mapping with ``key``, ``kind``, ``metric``: ``findings.Finding``); returns
-        key → {id, state, note, first_sweep}. A finding persists when its key was a finding of the last sweep reviewed
-        before this one (or spans this one, reviewed again): it keeps its id and triage state. Otherwise it is new.
-        Every review is recorded (``reviewed_sweeps``), a quiet one too: a finding missing from a reviewed night
-        that comes back the next is new again, not the old one with its old state ('fixed')."""
+        key → {id, state, note, first_sweep}. A finding whose key was a finding before (any earlier reviewed night, a
+        night without it between or not: schema 23) keeps its id and triage state; one marked fixed on an earlier
+        night is reopened (state new, with an event by "farm" saying so). Otherwise it is new. Every review is
+        recorded (``reviewed_sweeps``)."""
         stamp = now()
         out: dict[str, dict[str, Any]] = {}
         with self._db.transaction() as db:
-            row = db.execute("SELECT MAX(sweep_id) FROM reviewed_sweeps WHERE sweep_id < ?", (sweep_id,)).fetchone()
-            previous = row[0] if row and row[0] is not None else None
             db.execute("INSERT INTO reviewed_sweeps (sweep_id, reviewed_at) VALUES (?,?) ON CONFLICT (sweep_id)"
                        " DO UPDATE SET reviewed_at=excluded.reviewed_at", (sweep_id, stamp))
             db.execute("DELETE FROM finding_sweeps WHERE sweep_id=?", (sweep_id,))  # reviewed again: this review's
             for position, finding in enumerate(findings):
                 key = finding["key"]
-                found = db.execute(  # this sweep was in its span (reviewed again), or it lasted to the last review
-                    "SELECT id, state, note, first_sweep FROM findings WHERE key=? AND ((first_sweep<=? AND last_sweep>=?)"
-                    " OR last_sweep=?) ORDER BY id DESC LIMIT 1",
-                    (key, sweep_id, sweep_id, previous if previous is not None else sweep_id)).fetchone()
+                found = db.execute("SELECT id, state, note, first_sweep FROM findings WHERE key=? AND first_sweep<=?"
+                                   " ORDER BY id DESC LIMIT 1", (key, sweep_id)).fetchone()
                 if found is None:
                     finding_id = db.insert_id(
                         "INSERT INTO findings (key, kind, metric, first_sweep, last_sweep, state, note, created_at,"
@@ -46,6 +42,11 @@ class FindingsMixin:
                     state, note, first = "new", "", sweep_id
                 else:
                     finding_id, state, note, first = found[0], found[1], found[2], found[3]
+                    if state == "fixed" and sweep_id > _fixed_on(db, finding_id):  # back after its fix: reopened
+                        _event(db, finding_id, "farm", "fixed", "new", f"reopened: back on sweep {sweep_id} after "
+                               "it was marked fixed", "", None, sweep_id, stamp)
+                        db.execute("UPDATE findings SET state='new' WHERE id=?", (finding_id,))
+                        state = "new"
                     db.execute("UPDATE findings SET last_sweep=?, updated_at=? WHERE id=?",
                                (max(sweep_id, _last_sweep(db, finding_id)), stamp, finding_id))
                 db.execute("INSERT INTO finding_sweeps (finding_id, sweep_id, position, body) VALUES (?,?,?,?)",
@@ -57,10 +58,10 @@ class FindingsMixin:
         """A reviewed sweep's stored findings, in the order they were ranked, each its body with id, state, note and
         first_sweep."""
         rows = self._db.dicts(
-            "SELECT f.id, f.state, f.note, f.first_sweep, s.body FROM finding_sweeps s JOIN findings f"
-            " ON f.id = s.finding_id WHERE s.sweep_id=? ORDER BY s.position", [sweep_id])
+            "SELECT f.id, f.state, f.note, f.bug, f.duplicate_of, f.first_sweep, s.body FROM finding_sweeps s"
+            " JOIN findings f ON f.id = s.finding_id WHERE s.sweep_id=? ORDER BY s.position", [sweep_id])
         return [{**json.loads(r["body"]), "finding_id": r["id"], "state": r["state"], "note": r["note"],
-                 "first_sweep": r["first_sweep"]} for r in rows]
+                 "bug": r["bug"], "duplicate_of": r["duplicate_of"], "first_sweep": r["first_sweep"]} for r in rows]
 
     def last_reviewed(self) -> int | None:
         """The latest sweep whose findings are stored (``record_findings``), None when none is."""
@@ -71,7 +72,8 @@ class FindingsMixin:
         """One stored finding as a sweep ranked it (default: its last), with its id, state, note, first and last sweep
         and its position that night; None when there is no such finding."""
         rows = self._db.dicts(
-            "SELECT f.id, f.state, f.note, f.first_sweep, f.last_sweep, s.sweep_id, s.position, s.body"
+            "SELECT f.id, f.state, f.note, f.bug, f.duplicate_of, f.first_sweep, f.last_sweep, s.sweep_id, s.position,"
+            " s.body"
             " FROM finding_sweeps s JOIN findings f ON f.id = s.finding_id WHERE f.id=?"
             + (" AND s.sweep_id=?" if sweep_id is not None else "") + " ORDER BY s.sweep_id DESC LIMIT 1",
             [finding_id] + ([sweep_id] if sweep_id is not None else []))
@@ -79,8 +81,8 @@ class FindingsMixin:
             return None
         r = rows[0]
         return {**json.loads(r["body"]), "finding_id": r["id"], "state": r["state"], "note": r["note"],
-                "first_sweep": r["first_sweep"], "last_sweep": r["last_sweep"], "sweep_id": r["sweep_id"],
-                "position": r["position"]}
+                "bug": r["bug"], "duplicate_of": r["duplicate_of"], "first_sweep": r["first_sweep"],
+                "last_sweep": r["last_sweep"], "sweep_id": r["sweep_id"], "position": r["position"]}
 
     def finding_states(self, keys: list[str], sweep_id: int) -> dict[str, dict[str, Any]]:
         """Stored id, state, note and first sweep of the findings of ``sweep_id`` with these keys (read only)."""
@@ -93,14 +95,55 @@ class FindingsMixin:
         return out
 
     @retried
-    def set_finding_state(self, finding_id: int, state: str, note: str = "") -> None:
-        """Triage a finding: new, acknowledged, expected (a planned trade-off) or fixed."""
+    def triage(self, finding_id: int, state: str, author: str, note: str = "", bug: str = "",
+               duplicate_of: int | None = None) -> dict[str, Any]:
+        """Set a finding's triage state (``records.TRIAGE_STATES``), as one event: at, author, from → to, note, bug
+        URL, the finding it duplicates (state duplicate only, and then required). Returns the event."""
         if state not in TRIAGE_STATES:
             raise StoreError(f"unknown triage state {state!r}", f"one of {', '.join(TRIAGE_STATES)}")
+        if not author.strip():
+            raise StoreError("a triage needs its author", "say who: --by NAME (or FARM_USER)")
+        if (state == "duplicate") != (duplicate_of is not None):
+            raise StoreError("a duplicate names the finding it duplicates, and only a duplicate does",
+                             "--triage ID:duplicate --duplicate-of OTHER_ID")
+        stamp = now()
         with self._db.transaction() as db:
-            if db.execute("SELECT id FROM findings WHERE id=?", (finding_id,)).fetchone() is None:
+            row = db.execute("SELECT state, last_sweep FROM findings WHERE id=?", (finding_id,)).fetchone()
+            if row is None:
                 raise StoreError(f"there is no finding {finding_id}", "farm regressions lists each finding's id")
-            db.execute("UPDATE findings SET state=?, note=?, updated_at=? WHERE id=?", (state, note, now(), finding_id))
+            if duplicate_of is not None and (duplicate_of == finding_id or db.execute(
+                    "SELECT id FROM findings WHERE id=?", (duplicate_of,)).fetchone() is None):
+                raise StoreError(f"finding {finding_id} cannot duplicate {duplicate_of}: no such other finding",
+                                 "farm regressions lists each finding's id")
+            db.execute("UPDATE findings SET state=?, note=?, bug=?, duplicate_of=?, updated_at=? WHERE id=?",
+                       (state, note, bug, duplicate_of, stamp, finding_id))
+            _event(db, finding_id, author.strip(), row[0], state, note, bug, duplicate_of, row[1], stamp)
+        return {"finding_id": finding_id, "at": stamp, "author": author.strip(), "from_state": row[0],
+                "to_state": state, "note": note, "bug": bug, "duplicate_of": duplicate_of, "sweep_id": row[1]}
+
+    def set_finding_state(self, finding_id: int, state: str, note: str = "") -> None:
+        """``triage`` by farm itself (no person named): kept for the callers of schema 12's API."""
+        self.triage(finding_id, state, "farm", note)
+
+    def finding_events(self, finding_ids: list[int] | None = None) -> dict[int, list[dict[str, Any]]]:
+        """Each finding's triage events, oldest first (all findings' when ``finding_ids`` is None)."""
+        sql = "SELECT * FROM finding_events"
+        params: list[Any] = []
+        if finding_ids is not None:
+            if not finding_ids:
+                return {}
+            sql += f" WHERE finding_id IN ({','.join('?' * len(finding_ids))})"
+            params = list(finding_ids)
+        out: dict[int, list[dict[str, Any]]] = {}
+        for row in self._db.dicts(sql + " ORDER BY id", params):
+            out.setdefault(row["finding_id"], []).append(row)
+        return out
+
+    def invalid_by_month(self) -> list[tuple[str, int]]:
+        """(YYYY-MM, findings triaged invalid that month), oldest first: the false alerts that tune thresholds."""
+        rows = self._db.tuples("SELECT substr(at, 1, 7) AS month, COUNT(DISTINCT finding_id) FROM finding_events"
+                               " WHERE to_state='invalid' GROUP BY substr(at, 1, 7) ORDER BY month")
+        return [(str(m), int(n)) for m, n in rows]
 
     @retried
     def save_budget(self, sweep_id: int, budget_s: float, spent_s: float, rerun: int, left_unconfirmed: int) -> None:
@@ -115,6 +158,20 @@ class FindingsMixin:
         rows = self._db.dicts("SELECT budget_s, spent_s, rerun, left_unconfirmed FROM confirmation_budgets"
                               " WHERE sweep_id=?", [sweep_id])
         return rows[0] if rows else None
+
+
+def _event(db: Any, finding_id: int, author: str, old: str, new: str, note: str, bug: str, duplicate_of: int | None,
+           sweep_id: int | None, stamp: str) -> None:
+    db.execute("INSERT INTO finding_events (finding_id, at, author, from_state, to_state, note, bug, duplicate_of,"
+               " sweep_id) VALUES (?,?,?,?,?,?,?,?,?)", (finding_id, stamp, author, old, new, note, bug, duplicate_of,
+                                                         sweep_id))
+
+
+def _fixed_on(db: Any, finding_id: int) -> int:
+    """The night a finding was last marked fixed on (its last sweep then); 0 when no event says (stored before)."""
+    row = db.execute("SELECT MAX(sweep_id) FROM finding_events WHERE finding_id=? AND to_state='fixed'",
+                     (finding_id,)).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
 
 
 def _last_sweep(db: Any, finding_id: int) -> int:

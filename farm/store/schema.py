@@ -60,13 +60,17 @@ SCHEMA_VERSION history:
  22  run manifests (#63): manifests, each distinct manifest (``farm.manifest``: what could move a run besides the code
      under test: farm's commit, TVM's build, the toolchain, the records applied, the device's software) once, by its
      sha256; runs.manifest names it (NULL: stored before farm read one, all unknown)
+ 23  triage with an audit trail (#65): finding_events, each change of a finding's triage state (at, author, from, to,
+     note, bug URL, the finding it duplicates, the sweep it was on); findings.bug and findings.duplicate_of. A finding's
+     state now carries to every later night it returns on (schema 13 started a returning finding as new); a fixed one
+     that returns on a later night is reopened, with an event saying so
 """
 
 from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 22
+SCHEMA_VERSION = 23
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -270,6 +274,15 @@ MIGRATIONS: dict[int, str] = {
     22: """
     CREATE TABLE manifests (digest TEXT PRIMARY KEY, body TEXT NOT NULL, first_seen TEXT NOT NULL);
     ALTER TABLE runs ADD COLUMN manifest TEXT;
+    """,
+    23: """
+    CREATE TABLE finding_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, finding_id INTEGER NOT NULL REFERENCES findings(id), at TEXT NOT NULL,
+        author TEXT NOT NULL, from_state TEXT NOT NULL, to_state TEXT NOT NULL, note TEXT NOT NULL, bug TEXT NOT NULL,
+        duplicate_of INTEGER, sweep_id INTEGER);
+    CREATE INDEX finding_events_finding ON finding_events (finding_id, id);
+    ALTER TABLE findings ADD COLUMN bug TEXT NOT NULL DEFAULT '';
+    ALTER TABLE findings ADD COLUMN duplicate_of INTEGER;
     """,
 }
 
