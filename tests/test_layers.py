@@ -50,10 +50,10 @@ ALLOWED = {
     "confirmation": {"errors", "findings", "kernel_diff", "measure", "models", "records", "regress", "results", "series",
                      "store"},
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
-    "compare": {"errors", "kernel_diff", "records", "regress", "results", "runs", "series", "stats", "store"},  # two runs, two nights
+    "compare": {"errors", "kernel_diff", "records", "regress", "results", "runs", "series", "stats", "store"},  # runs, nights
     "digest": {"store"},  # a night's findings for the team, and its webhook
     "pages": {"manifest", "records", "regress", "results", "runs", "series", "stats", "store"},  # finding pages
-    "dashboard": {"compare", "errors", "kernel_diff", "manifest", "pages", "records", "queue", "results", "rpc", "stats", "store"},
+    "dashboard": {"compare", "errors", "manifest", "pages", "records", "queue", "results", "rpc", "stats", "store"},
     "cli": {"*"},
     "__init__": set(),
 }
