@@ -31,7 +31,7 @@ MATCHED_NAMES = 0.5  # kernels compared by name when at least this share of them
 COMMON_MIN_KERNELS = 5
 COMMON_MIN_SHARE = 0.005
 COMMON_SHOWN = 0.02  # a common factor further than this from 1 is said in the headline
-STANDS_OUT = 0.25  # ... and when what is left beyond it is under this share of the change, no kernel stands out
+STANDS_OUT = 0.02  # ... and when what is left beyond it is under this share of the kernels' time, none stands out
 PREPACKED = "_prepacked"  # a kernel whose tuning record packed its weights (compile.frontends.prepack_calls)
 
 
@@ -82,7 +82,7 @@ class KernelDiff:
         if not self.moves:
             return "no kernel moved"
         beyond = f" beyond every kernel's {self.common - 1:+.0%}" if self.common_shown else ""
-        if self.common_shown and abs(self.attributed_s) < STANDS_OUT * abs(self.change_s):
+        if self.common_shown and abs(self.attributed_s) < STANDS_OUT * self.old_kernels_s:
             return (f"every kernel moved alike ({self.common - 1:+.0%}, {_signed(self.change_s)}): none stands out"
                     + (f" ({self.note})" if self.note else ""))
         parts = [f"{m.share:.0%} of the {_signed(self.attributed_s)}{beyond} is {m.name} "
