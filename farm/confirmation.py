@@ -171,4 +171,4 @@ def _rerun_kernels(tracker: TrackerAddress, device: Device, old, new, inputs, co
     missing = next((p for p in (before, after) if p.status != "ok"), None)
     if missing is not None:
         return {"status": "not available", "reason": missing.reason}
-    return {"status": "ok", **kernel_diff(before, after, same_artifact=False).to_json()}
+    return {"status": "ok", **kernel_diff(before, after, same_artifact=False, sessions_apart=False).to_json()}

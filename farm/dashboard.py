@@ -264,20 +264,30 @@ class StoredPage(Guarded):
         nonce = new_nonce()
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Content-Security-Policy", f"default-src 'self'; script-src 'nonce-{nonce}'; "
-                        "style-src 'unsafe-inline'; img-src data:")
+                        "style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'; base-uri 'none'; "
+                        "form-action 'self'")
+        self.set_header("X-Content-Type-Options", "nosniff")
         self.write(templates().get_template("pages.html").render(page=self.page, title=title, nonce=nonce, **values))
 
-    def missing(self, what: str) -> None:
-        self.set_status(404)
+    def missing(self, what: str, status: int = 404) -> None:
+        self.set_status(status)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
-        self.finish(f"404: {what}\n")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.finish(f"{status}: {what}\n")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """A store this dashboard cannot read (an older schema, a database gone): its reason, not a traceback."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        said = f"{exc.message} ({exc.hint})" if isinstance(exc, FarmError) else self._reason
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(f"{status_code}: {said}\n")
 
     def store(self) -> Store:
         return Store(self.db_path, readonly=True)
 
     def number(self, name: str) -> int | None:
         text = self.get_argument(name, "")
-        return int(text) if text.isdigit() else None
+        return int(text) if text.isascii() and text.isdecimal() else None
 
 
 class FindingsPage(StoredPage):
@@ -312,21 +322,17 @@ class TriageHandler(StoredPage):
     def post(self, finding_id: str) -> None:
         given = self.get_body_argument("token", "")
         if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):
-            self.set_status(403)
-            self.set_header("Content-Type", "text/plain; charset=utf-8")
-            self.finish("403: triage needs the lab's token (the dashboard is read-only without one)\n")
-            return
+            return self.missing("triage needs the lab's token (the dashboard is read-only without one)", 403)
+        if not exists(self.db_path):
+            return self.missing("no results database yet")
         duplicate = self.get_body_argument("duplicate_of", "").strip()
         try:
             with Store(self.db_path) as store:
                 store.triage(int(finding_id), self.get_body_argument("state", ""), self.get_body_argument("by", ""),
                              self.get_body_argument("note", ""), self.get_body_argument("bug", ""),
-                             int(duplicate) if duplicate.isdigit() else None)
+                             int(duplicate) if duplicate.isascii() and duplicate.isdecimal() else None)
         except FarmError as exc:
-            self.set_status(400)
-            self.set_header("Content-Type", "text/plain; charset=utf-8")
-            self.finish(f"400: {exc.message} ({exc.hint})\n")
-            return
+            return self.missing(f"{exc.message} ({exc.hint})", 400)
         self.redirect(f"/finding/{finding_id}", status=303)
 
 
@@ -336,6 +342,8 @@ class SeriesPage(StoredPage):
     def get(self) -> None:
         device, model = self.get_argument("device", ""), self.get_argument("model", "")
         tuned, runtime = self.get_argument("tuned", "0") == "1", self.get_argument("runtime", "tvm")
+        if not device or not model:
+            return self.missing("name the series: /series?device=D&model=M&tuned=0&runtime=tvm")
         if not exists(self.db_path):
             return self.missing("no results database yet")
         with self.store() as store:
@@ -389,6 +397,9 @@ def triage_token(inventory: Inventory) -> str | None:
     """The lab's triage token: FARM_TRIAGE_TOKEN, else the inventory's [dashboard] token_file's first line; None:
     the dashboard changes nothing."""
     if token := os.environ.get("FARM_TRIAGE_TOKEN", "").strip():
+        if len(token) < MIN_TOKEN:
+            raise FarmError(f"FARM_TRIAGE_TOKEN is shorter than {MIN_TOKEN} characters",
+                            "set a long random one: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
         return token
     if inventory.triage_token_file:
         path = Path(inventory.triage_token_file).expanduser()

@@ -41,7 +41,7 @@ class KernelMove:
     op_class: str
     old_s: float | None  # per run of main; None: not in the old profile (appeared)
     new_s: float | None  # None: not in the new one (disappeared)
-    share: float  # of the change of main's time (signed: a kernel that moved against the change is negative)
+    share: float  # of the kernels' change beyond the common factor (signed: one that moved against it is negative)
 
     @property
     def delta_s(self) -> float:
@@ -72,6 +72,8 @@ class KernelDiff:
         """The change beyond the common factor: what the shares divide."""
         return self.new_kernels_s - self.common * self.old_kernels_s
 
+    spread_s: float = 0.0  # the sum of each kernel's |change beyond the common factor|
+
     @property
     def common_shown(self) -> bool:
         return abs(self.common - 1.0) >= COMMON_SHOWN
@@ -82,7 +84,7 @@ class KernelDiff:
         if not self.moves:
             return "no kernel moved"
         beyond = f" beyond every kernel's {self.common - 1:+.0%}" if self.common_shown else ""
-        if self.common_shown and abs(self.attributed_s) < STANDS_OUT * self.old_kernels_s:
+        if self.common_shown and self.spread_s < STANDS_OUT * self.old_kernels_s:
             return (f"every kernel moved alike ({self.common - 1:+.0%}, {_signed(self.change_s)}): none stands out"
                     + (f" ({self.note})" if self.note else ""))
         parts = [f"{m.share:.0%} of the {_signed(self.attributed_s)}{beyond} is {m.name} "
@@ -99,9 +101,13 @@ class KernelDiff:
                 "appeared": list(self.appeared), "disappeared": list(self.disappeared)}
 
 
-def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | None = None) -> KernelDiff:
+def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | None = None,
+                sessions_apart: bool = True) -> KernelDiff:
     """How ``new`` differs from ``old``, kernel by kernel (or by op class where the kernels are not the same ones).
-    ``same_artifact``: both runs ran one library (then kernels are compared by name whatever their overlap)."""
+    ``same_artifact``: both runs ran one library (then kernels are compared by name whatever their overlap).
+    ``sessions_apart``: the two profiles come from sessions apart (two nights, two benches), so a shift every kernel
+    shared is taken out first (``common_factor``); False for two profiled back to back (a confirmation's rerun),
+    and never for a comparison by op class (another fusion: a broad change is the change)."""
     old_k = _by_kernel(old)
     new_k = _by_kernel(new)
     both = old_k.keys() & new_k.keys()
@@ -120,8 +126,15 @@ def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | No
         note = (f"different kernels ({len(both)} of {len(old_k.keys() | new_k.keys())} names in both: another "
                 "schedule or fusion), compared by op class")
         by, appeared, disappeared = "op class", (), ()
-    common = common_factor([(a, b) for _, _, a, b in rows], old.kernel_sum_s)
+    if old.clock != new.clock:  # a cold first run against warm runs, another timer: said beside the moves
+        note = "; ".join(n for n in (note, f"the profiles were timed differently ({old.clock} against {new.clock})")
+                         if n)
+    common = common_factor([(a, b) for _, _, a, b in rows], old.kernel_sum_s) if sessions_apart and by == "kernel" \
+        else 1.0
+    change = new.kernel_sum_s - old.kernel_sum_s
     attributed = new.kernel_sum_s - common * old.kernel_sum_s
+    if attributed * change < 0:  # what is left beyond it goes against the change: no shift shared by the time
+        common, attributed = 1.0, change
 
     def beyond(a: float | None, b: float | None) -> float:
         return (b or 0.0) - common * (a or 0.0)
@@ -130,7 +143,7 @@ def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | No
     sign = 1.0 if attributed >= 0 else -1.0
     moves.sort(key=lambda m: -sign * beyond(m.old_s, m.new_s))
     return KernelDiff(by, note, old.main_s, new.main_s, tuple(moves), appeared, disappeared, old.kernel_sum_s,
-                      new.kernel_sum_s, common)
+                      new.kernel_sum_s, common, sum(abs(beyond(a, b)) for _, _, a, b in rows))
 
 
 def common_factor(pairs: Iterable[tuple[float | None, float | None]], old_total_s: float) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata
@@ -113,8 +114,10 @@ def label(field: str) -> str:
 
 
 def shown(field: str, value: Any) -> str:
+    """A value as words: a digest field's long hex runs cut to 10 characters ("python-server-00016761e5",
+    "330910ed4b+modified"), anything else as it is."""
     text = value if isinstance(value, str) else json.dumps(value)
-    return text[:10] if field in DIGESTS and len(text) > 12 else text
+    return re.sub(r"[0-9a-f]{16,}", lambda m: m.group(0)[:10], text) if field in DIGESTS else text
 
 
 def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:

@@ -60,12 +60,12 @@ class Point:
 
 
 def series_points(store: Store, device: str, model: str, tuned: bool, runtime: str,
-                  nights: int = NIGHTS_SHOWN) -> list[Point]:
+                  nights: int = NIGHTS_SHOWN, night: int | None = None) -> list[Point]:
     """The series' accepted run of each of its last ``nights`` sweeps, across context changes (an upgrade is one
-    line with a mark, not two series), oldest first."""
+    line with a mark, not two series), oldest first; ``night``'s run even when unstable (as its review judged it)."""
     rows = [r for r in run_rows(store, device=device, model=model) if r.tuned == tuned and r.runtime == runtime]
     best: dict[int, Run] = {}
-    for accepted in by_sweep(rows).values():
+    for accepted in by_sweep(rows, keep_unstable_of=night).values():
         for sweep, run in accepted.items():
             if sweep not in best or run.run_id > best[sweep].run_id:
                 best[sweep] = run
@@ -143,16 +143,16 @@ def series_svg(points: list[Point], band: tuple[float, float, float] | None = No
 
 
 def findings_page(store: Store, sweep_id: int | None = None) -> dict[str, Any]:
-    """The findings of a reviewed night (default: the last), as stored, in rank order, each with its age in
-    nights (reviewed sweeps since its first)."""
+    """The findings of a reviewed night (default: the last), as stored, in rank order, each with its age: the
+    reviewed nights it was a finding of before this one."""
     sweep_id = sweep_id if sweep_id is not None else store.last_reviewed()
     if sweep_id is None:
         return {"sweep_id": None, "findings": [], "invalid_by_month": []}
     rows = store.findings(sweep_id)
     return {"sweep_id": sweep_id, "invalid_by_month": store.invalid_by_month(), "findings": [
         {"id": f["finding_id"], "sentence": f["sentence"], "state": f["state"], "kind": f["kind"],
-         "first_sweep": f["first_sweep"], "age": sweep_id - f["first_sweep"], "kernels": f.get("kernels", ""),
-         "direction": f["direction"]} for f in rows]}
+         "first_sweep": f["first_sweep"], "age": len(store.finding_nights(f["finding_id"])) - 1,
+         "kernels": f.get("kernels", ""), "direction": f["direction"]} for f in rows]}
 
 
 def finding_page(store: Store, finding_id: int, sweep_id: int | None = None) -> dict[str, Any] | None:
@@ -164,24 +164,25 @@ def finding_page(store: Store, finding_id: int, sweep_id: int | None = None) -> 
     night = finding["sweep_id"]
     alerts = {a.id: a for a in store.alerts(night)}
     shown = sorted(finding["series"], key=lambda s: -abs(s.get("change") or 0.0))[:SERIES_SHOWN]
+    nights = tuple(store.finding_nights(finding_id))
     return {"finding": finding, "events": store.finding_events([finding_id]).get(finding_id, []),
             "states": TRIAGE_STATES, "series": [series_view(store, s["device"], s["model"], bool(s["tuned"]), s["runtime"],
-                                                       alerts.get(s.get("alert")), finding["first_sweep"], night)
+                                                       alerts.get(s.get("alert")), nights, night)
                                            for s in shown], "hidden": max(0, len(finding["series"]) - SERIES_SHOWN)}
 
 
 def series_view(store: Store, device: str, model: str, tuned: bool, runtime: str, alert=None,
-                first_sweep: int | None = None, night: int | None = None) -> dict[str, Any]:
-    """One series drawn: its points, band (``alert``'s baseline), marks; its link."""
-    points = series_points(store, device, model, tuned, runtime)
+                finding_nights: tuple[int, ...] = (), night: int | None = None) -> dict[str, Any]:
+    """One series drawn: its points, band (``alert``'s baseline, where it judged the steady figure drawn), the
+    finding's nights (``finding_nights``) and the series' other alerts, marks; its link."""
+    points = series_points(store, device, model, tuned, runtime, night=night)
     band = None
-    if alert is not None and alert.baseline and alert.metric in METHOD.thresholds:
+    if alert is not None and alert.baseline and alert.metric == "steady":
         z, base = METHOD.thresholds[alert.metric].z, alert.baseline
         band = (base["centre"] - z * base["spread"], base["centre"], base["centre"] + z * base["spread"])
     others = tuple(a.sweep_id for a in store.series_alerts(device, model, tuned, runtime)
                    if a.status in ("candidate", "confirmed", "unknown", "improved"))
-    finding = tuple(p.sweep_id for p in points if first_sweep is not None and night is not None
-                    and first_sweep <= p.sweep_id <= night)
+    finding = tuple(p.sweep_id for p in points if p.sweep_id in finding_nights)
     marks = context_marks(store, points)
     return {"device": device, "model": model, "label": model_label(model, tuned, runtime), "tuned": tuned,
             "runtime": runtime, "points": points, "marks": marks, "band": band,

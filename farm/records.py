@@ -407,6 +407,9 @@ class BenchConfig:
     atol: float = 1e-4
     seed: int = 0
     profile: bool = False  # then where the time goes: each kernel timed on the device, after the timed runs
+    # ... within a share of the cell's device time (a sweep's default profile, #63: measure.profile.profile_runs);
+    # False: as many runs as a profile asked for takes
+    profile_share: bool = False
 
 
 @dataclass(frozen=True)

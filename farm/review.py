@@ -199,8 +199,9 @@ def manifest_marks(store: Store, rows: list[Run], history: list[tuple[int, float
     steps = [(now[0], digest.get(before[2]), digest.get(now[2])) for before, now in zip(history, history[1:])]
     steps = [(sweep, old, new) for sweep, old, new in steps if old and new and old != new]
     manifests = store.manifests([d for _, old, new in steps for d in (old, new)])
-    return [(sweep, ", ".join(c.words for c in changes(manifests.get(old or "", {}), manifests.get(new or "", {}))[:3])
-             or "another manifest") for sweep, old, new in steps]
+    said = [(sweep, ", ".join(c.words for c in changes(manifests.get(old or "", {}), manifests.get(new or "", {}))[:3]))
+            for sweep, old, new in steps]
+    return [(sweep, words) for sweep, words in said if words]  # a field read one night and not the next: no change
 
 
 def unit_of(metric: str, values: list[float]):

@@ -14,7 +14,7 @@ from farm.tune.config import DEFAULT_TRIALS, TuneBudget
 
 # BenchConfig's fields, as a sweep file's [bench] writes them: a number, whole unless the field is a float
 BENCH_KEYS = {f.name: float if "float" in str(f.type) else bool if "bool" in str(f.type) else int
-              for f in fields(BenchConfig)}
+              for f in fields(BenchConfig) if f.name != "profile_share"}  # the share: how farm sweep profiles by default
 POSITIVE_BENCH_KEYS = ("repeat", "number", "copy_repeat", "timeout_s")  # the others may be 0
 SWEEP_FILE_HINT = ('a sweep file: devices = ["cpu"], models = ["mlp"], variants = ["fp32"], reference = "mlp", '
                    "[bench] repeat = 20, profile = true, [shapes.MODEL] input = [1, 3, 224, 224]")

@@ -196,7 +196,9 @@ def test_triage_state_carries_across_nights_and_fail_on_new(tmp_path):
     bad = run_farm("regressions", "--triage", "1:done", env=env)
     assert bad.returncode == 2 and "is not ID:STATE" in bad.stderr
     nobody = run_farm("regressions", "--triage", "1:invalid", env={**env, "FARM_USER": ""})
-    assert nobody.returncode == 1 and nobody.stderr.startswith("error: a triage needs its author")
+    assert nobody.returncode == 2 and nobody.stderr.startswith("error: farm regressions: a triage needs its author")
+    stray = run_farm("regressions", "--note", "why", "--by", "ana", env=env)
+    assert stray.returncode == 2 and "--note, --bug and --duplicate-of go with --triage" in stray.stderr
 
 
 def test_the_report_shows_tuning_per_night_and_the_night_coverage_dropped(tmp_path):
@@ -562,11 +564,26 @@ def test_a_records_change_and_a_model_change_are_each_named_and_a_commit_that_sl
     """New records for m1 slowed it everywhere; m2's model file changed and slowed it by as much; farm's commit moved a
     night earlier and slowed nothing. The night's one finding (two models on every device) names both causes, each
     on its own series, and the commit nowhere; the commit's night has no finding."""
+    from farm.records import KernelProfile, KernelTime
+
+    def profile(night, device, model, level, value):  # m1's runs on dev1 profiled: its step all in one kernel
+        if (device, model) != ("dev1", "m1"):
+            return None
+        return KernelProfile("ok", "", "wall", 10, value + 2e-5, (
+            KernelTime("fused_conv2d_add_relu", "conv", 1.0, 0.3 * level),
+            KernelTime("fused_conv2d1_add", "conv", 1.0, 0.2 * level + value - level),
+            KernelTime("softmax", "reduction", 1.0, 0.1 * level), KernelTime("add", "elementwise", 1.0, 0.2 * level),
+            KernelTime("relu", "elementwise", 1.0, 0.1 * level), KernelTime("mean", "reduction", 1.0, 0.1 * level)))
+
     db = tmp_path / "results.db"
     plant(db, lambda night, device, model: (1.2 if model in ("m1", "m2") else 1.0) if night == NIGHTS else 1.0,
-          manifest=lambda n, d, m: _manifest(n, d, m, commit_night=NIGHTS - 1, records=("m1",), model_change=("m2",)))
+          manifest=lambda n, d, m: _manifest(n, d, m, commit_night=NIGHTS - 1, records=("m1",), model_change=("m2",)),
+          profile=profile)
     (finding,) = [f for f in regressions(db)["findings"] if f["direction"] == "slower"]
     assert finding["models"] == ["m1", "m2"]
+    # the records' change slowed one kernel, which the profiles of the night name
+    assert re.fullmatch(r"m1 on dev1: 100% of the \+[\d.]+ (ms|µs) is fused_conv2d1_add \([\d.]+ (ms|µs) → [\d.]+ (ms|µs)\)",
+                        finding["kernels"]), finding["kernels"]
     assert finding["cause"] == (f"started with sweep {NIGHTS}: model m2-v1 → m2-v2 (6/12 moved, 0/36 unmoved series); "
                                 "tuning records r-m1-1 → r-m1-2 (6/12 moved, 0/36 unmoved series); TVM unchanged")
     assert "farm commit" not in json.dumps(finding)

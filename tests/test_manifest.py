@@ -21,6 +21,9 @@ def test_changes_name_only_fields_known_on_both_sides_in_the_reader_s_order():
     assert known(new) == {"farm.commit": "b" * 40, "tvm.version": "0.27.0", "device.os_build": "RQ3A",
                           "device.kernel": "5.4"}
     assert manifest_digest(old) == manifest_digest(dict(reversed(list(old.items())))) != manifest_digest(new)
+    server = Change("device.server", "python-server-" + "0" * 64, "python-server-" + "1" * 64)
+    assert server.words == "server binary python-server-0000000000 → python-server-1111111111"
+    assert Change("farm.commit", "c" * 40, "c" * 40 + "+modified").words.endswith("cccccccccc+modified")
     same = {"tvm.version": "0.27", "model.digest": "m", "records.digest": "r"}
     assert unchanged_words([(same, same)]) == "TVM, model and records unchanged"
     assert unchanged_words([(same, {**same, "model.digest": "m2"})]) == "TVM and records unchanged"

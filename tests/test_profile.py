@@ -224,13 +224,16 @@ def test_a_sweep_file_profiles_the_cells_of_the_models_it_names(inventory_file, 
 
 
 def test_the_profile_takes_a_share_of_the_cell_and_one_counted_run_for_a_slow_model():
-    """At most a second's worth at the steady median (farm's median: numpy's) and PROFILE_SHARE of the cell so far,
-    after one run not counted, up to 10 runs; a model of which not two runs fit: its first run, counted (0)."""
+    """A sweep's default profile: at most a second's worth at the steady median (farm's median: numpy's) and
+    PROFILE_SHARE of the cell so far, after one run not counted, up to 10 runs; a model of which not two runs fit: its
+    first run, counted (0). A profile asked for: about a second's worth, 3 to 10 runs."""
     from farm.measure.profile import ONE_COUNTED_RUN, PROFILE_SHARE, profile_runs
 
     assert PROFILE_SHARE == 0.06 and ONE_COUNTED_RUN == 0
     assert profile_runs(()) == 10 and profile_runs([0.001] * 5) == 10  # no samples; a fast model
-    assert profile_runs([0.2, 0.25, 0.3]) == 3 and profile_runs([0.2, 0.3]) == 3  # 1 s / 0.25 s, one not counted
+    assert profile_runs([0.2, 0.25, 0.3]) == 4 and profile_runs([0.2, 0.3]) == 4  # asked for: 1 s / 0.25 s
+    assert profile_runs([4.82]) == 3  # asked for: an untuned resnet50, the floor
+    assert profile_runs([0.2, 0.25, 0.3], cell_s=100.0) == 3  # a sweep's: 1 s / 0.25 s, less the one not counted
     assert profile_runs([0.0274], cell_s=3.1) == 5  # the stand-in phone's convnet: 0.186 s / 27.4 ms, less one
     assert profile_runs([0.335], cell_s=11.0) == 0  # squeezenet: 0.66 s is under two runs
     assert profile_runs([4.82], cell_s=69.0) == 0  # an untuned resnet50: 4.1 s, not one run: the first, counted

@@ -2,14 +2,14 @@
 """Where the time goes, measured: the per-kernel profile's sum against the steady figure, its cost per cell, and
 whether a planted regression is put on the kernel it was planted in (#52). One run; its figures.
 
-1. Sum against steady (``--part sum``): each (device, model) below benched as `farm bench --profile` benches it, on
-   the repository's own devices.toml devices, brought up here on a private tracker: this host's CPU (x86-local:
-   onnx:squeezenet and onnx:resnet50, untuned), the emulated arm64 board (arm64-qemu: mlp, convnet) and OpenCL on
-   POCL (pocl-gpu: mlp, convnet); then (unless --no-phone) the stand-in phone's CPU and arm64 OpenCL (phone-cpu,
-   phone-gpu: mlp, convnet), as tests/test_android.py brings it up. Printed: the steady median (on a GPU its kernel
-   clock, the OpenCL events' sum), main's time as the profile measured it, the kernels' sum (on a GPU each kernel on
-   the device's event timer) and its ratio to the steady median, the profile step's cost in seconds and its share of
-   the cell.
+1. Sum against steady (``--part sum``): each (device, model) below benched as a sweep profiles it by default (a
+   share of the cell: ``BenchConfig.profile_share``), on the repository's own devices.toml devices, brought up here
+   on a private tracker: this host's CPU (x86-local: onnx:squeezenet and onnx:resnet50, untuned), the emulated arm64
+   board (arm64-qemu: mlp, convnet) and OpenCL on POCL (pocl-gpu: mlp, convnet); then (unless --no-phone) the stand-
+   in phone's CPU and arm64 OpenCL (phone-cpu, phone-gpu: mlp, convnet), as tests/test_android.py brings it up.
+   Printed: the steady median (on a GPU its kernel clock, the OpenCL events' sum), main's time as the profile
+   measured it, the kernels' sum (on a GPU each kernel on the device's event timer) and its ratio to the steady
+   median, the profile step's cost in seconds and its share of the cell.
 2. Planted regressions (``--part planted``): each model tuned on x86-local (--trials, --minutes), compiled with all
    its records and measured with its profile; then, for its --plants tasks holding the most time, compiled again
    with that task's records removed (the kernel goes back to TVM's default schedule) and measured again. Which
@@ -137,7 +137,7 @@ def sum_against_steady(tracker, devices, work: Path, repeat: int, cells=SUM_CELL
             device = devices[name]
             model = load_model(model_name)
             config = BenchConfig(repeat=repeat, min_repeat_ms=50, timeout_s=120,
-                                 profile=True)
+                                 profile=True, profile_share=True)  # as a sweep profiles by default
             begun = time.perf_counter()
             cell = bench_cell(tracker, device, model, store, work / "cache", config, tuned=False,
                               reference_runtime=False)

@@ -40,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
                             lambda r: series_value(args.metric, r))
         shown = series if args.all else [s for s in series if s["change_points"]]
         manifests = store.manifests([d for s in shown for c in s["manifest_changes"] for d in (c["from"], c["to"])])
-    for s in shown:  # each manifest change in words: what a change point may have started with
-        for change in s["manifest_changes"]:
+    for s in shown:  # each manifest change in words: what a change point may have started with; a field known one
+        for change in s["manifest_changes"]:  # night and unknown the next is no change
             change["changed"] = [c.words for c in changes(manifests.get(change["from"], {}),
                                                           manifests.get(change["to"], {}))]
+        s["manifest_changes"] = [c for c in s["manifest_changes"] if c["changed"]]
     if args.json:
         emit_json({"metric": args.metric, "series_checked": len(series), "series": shown})
         return 0

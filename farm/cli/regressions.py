@@ -13,8 +13,8 @@ from farm.regress import CONFIRM_ROUNDS, METHOD, METRICS
 from farm.stats import MAD_TO_SD
 
 from farm.cli.common import (add_bench_options, add_budget_option, add_progress, add_verb, bench_config, emit_json,
-                             load_inventory_of, positive_int, print_table, progress_printer, require_db, sweep_id,
-                             triage)
+                             load_inventory_of, positive_int, print_error, print_table, progress_printer, require_db,
+                             sweep_id, triage)
 
 if TYPE_CHECKING:  # the store and the confirmation are imported where a verb needs them
     from farm.confirmation import SweepRegressions
@@ -89,16 +89,16 @@ def run(args: argparse.Namespace) -> int:
     from farm.sweep.leases import device_holds
     from farm.store import Store
 
+    _check_triage(args)
     require_db(args.db)
-    if args.triage and not (args.by or "").strip():
-        raise FarmError("a triage needs its author", "say who: --by NAME (or set FARM_USER)")
     wants_inventory = args.confirm or (args.digest and not args.dashboard_url and Path(args.devices).exists())
     inventory = load_inventory_of(args) if wants_inventory else None
     with Store(args.db) as store:
+        for finding_id, state in args.triage:
+            store.triage(finding_id, state, args.by, args.note, args.bug,
+                         args.duplicate_of if state == "duplicate" else None)
         if args.events is not None:
             return _print_events(args, store.finding_events([args.events]).get(args.events, []))
-        for finding_id, state in args.triage:
-            store.triage(finding_id, state, args.by, args.note, args.bug, args.duplicate_of)
         if args.digest:
             return _print_digest(args, store, inventory)
         reviewed = detect_and_confirm(store, args.sweep, args.confirm, inventory.tracker if inventory else None,
@@ -116,6 +116,20 @@ def run(args: argparse.Namespace) -> int:
                         f"{reviewed.sweep_id}: {failing[0].sentence}",
                         "triage them: farm regressions --triage ID:acknowledged --by NAME (or invalid, expected, ...)")
     return 0
+
+
+def _check_triage(args: argparse.Namespace) -> None:
+    """Usage errors of the triage options (exit 2), before anything is written."""
+    problem = ""
+    if args.triage and not (args.by or "").strip():
+        problem = "a triage needs its author: --by NAME (or set FARM_USER)"
+    elif (args.note or args.bug or args.duplicate_of) and not args.triage:
+        problem = "--note, --bug and --duplicate-of go with --triage ID:STATE"
+    elif (args.duplicate_of is not None) != any(state == "duplicate" for _, state in args.triage):
+        problem = "a duplicate names the finding it duplicates: --triage ID:duplicate --duplicate-of OTHER_ID"
+    if problem:
+        print_error(f"farm regressions: {problem}", "see farm regressions --help")
+        raise SystemExit(2)
 
 
 def _print_events(args: argparse.Namespace, events: list[dict]) -> int:

@@ -238,8 +238,10 @@ def _fresh_spec(args: argparse.Namespace, inventory: Inventory) -> tuple[SweepSp
     budget = _tune_budget(sweep_file.tune, args.file, inventory) if sweep_file.tune is not None else None
     reference = next((r for r in (args.reference, sweep_file.reference) if r is not None),
                      record_default(SweepSpec, "reference"))
-    # profiles by default (#63): unless --no-profile or the sweep file says otherwise; its list: those cells only
-    profile = args.profile if args.profile is not None else sweep_file.profile if sweep_file.profile is not None else True
+    # profiles by default (#63), within a share of each cell; --profile or a sweep file that asks: as asked;
+    # --no-profile, profile = false or [bench] profile = false: none; a sweep file's list: those cells only
+    said = next((p for p in (args.profile, sweep_file.profile, sweep_file.bench.get("profile")) if p is not None), None)
+    profile = True if said is None else said
     spec = SweepSpec(tuple(args.device or sweep_file.devices or inventory.devices),
                      tuple(args.model or sweep_file.models or BUILTINS),
                      None if reference in ("", "none") else reference,
@@ -248,7 +250,8 @@ def _fresh_spec(args: argparse.Namespace, inventory: Inventory) -> tuple[SweepSp
                      variants=tuple(args.variant or sweep_file.variants or record_default(SweepSpec, "variants")),
                      shapes=sweep_file.shapes, reference_runtime=not args.tvm_only,
                      profile_cells=() if isinstance(profile, bool) else profile)
-    spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, profile=profile is True))
+    spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, profile=profile is True,
+                                                                profile_share=said is None))
     return spec, budget
 
 
@@ -277,7 +280,8 @@ def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, out
         reviewed = detect_and_confirm(store, outcome.sweep_id, args.confirm, inventory.tracker, inventory.devices,
                                       spec.config, progress_printer(args.progress), args.confirm_budget,
                                       device_holds(args.db, store, f"farm sweep {outcome.sweep_id} --confirm"))
-        if said := notify_night(store, outcome.sweep_id, inventory.notify_url, inventory.dashboard_url):
+        dashboard_url = inventory.dashboard_url or os.environ.get("FARM_DASHBOARD_URL")
+        if said := notify_night(store, outcome.sweep_id, inventory.notify_url, dashboard_url):
             print(f"notify: {said}", file=sys.stderr)  # the webhook ([notify] url): never the night's fate
         tuning = [] if not budget else _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) \
             if not queued else _queued_tuning(args, inventory, spec, outcome.sweep_id, budget)
@@ -286,7 +290,7 @@ def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, out
 
             report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
                                    title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id,
-                                   dashboard_url=inventory.dashboard_url or os.environ.get("FARM_DASHBOARD_URL"))
+                                   dashboard_url=dashboard_url)
     return reviewed, tuning, report
 
 

@@ -17,7 +17,7 @@ import tvm
 
 from farm.compile.cuda import CudaCompiler, DeviceCode, compile_cubin, device_code_for
 from farm.compile.keys import PIPELINE_VERSION, TVM_VERSION, artifact_key
-from farm.compile.provenance import DEFAULT_CC, built_with
+from farm.compile.provenance import built_with, default_cc
 from farm.compile.targets import effective_target, export_library, make_target, toolchain_for
 from farm.errors import BuildError, message_line
 from farm.tvm_private import pack_imports_with_cubin
@@ -114,7 +114,7 @@ def compile_model(model: ModelSource, device: Device, cache_dir: Path, tuning: T
         anchor_tasks=anchor_tasks, pipeline_version=PIPELINE_VERSION, params_bytes=memory.get("params_bytes"),
         planned_host_bytes=memory.get("planned_host_bytes"), planned_device_bytes=memory.get("planned_device_bytes"),
         planned_dynamic=memory.get("planned_dynamic", 0), kernels=kernels,
-        built_with=built_with(toolchain or (DEFAULT_CC if device.export == "so" else ""), cuda[0] if cuda else None,
+        built_with=built_with(toolchain or (default_cc() if device.export == "so" else ""), cuda[0] if cuda else None,
                               tuning, used),
     )
     (tmp / META).write_text(json.dumps({k: v for k, v in asdict(artifact).items() if k != "cached"}, indent=2))

@@ -20,7 +20,11 @@ from farm.records import TuningSet
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CC = "g++"  # what TVM's export links with when no toolchain is named (tvm.contrib.cc's default on Linux)
+def default_cc() -> str:
+    """What TVM's export links with when no toolchain is named: its own choice (``$CXX``, ``$CC``, then g++ …)."""
+    from tvm.support.cc import get_cc
+
+    return get_cc() or "g++"
 
 
 def built_with(linker: str, cuda: CudaCompiler | None, tuning: TuningSet | None, used: set[int]) -> dict[str, Any]:
@@ -33,14 +37,20 @@ def built_with(linker: str, cuda: CudaCompiler | None, tuning: TuningSet | None,
     if cuda is not None:
         found["cuda.compiler"], found["cuda.version"] = cuda.label, cuda.cuda_version
     lines = sorted(used)
-    if tuning is not None and lines:
-        found["records.digest"] = hashlib.sha256("\n".join(tuning.records[i] for i in lines).encode()).hexdigest()
-        found["records.count"] = len(lines)
+    found["records.count"] = len(lines)
+    if tuning is not None and lines:  # each record by its workload's line and its body: not where the set lists it
+        found["records.digest"] = hashlib.sha256("\n".join(sorted(_identity(tuning, i) for i in lines)).encode()).hexdigest()
         if tuning.sessions:
             found["records.sessions"] = sorted({s for i in lines if (s := tuning.sessions[i]) is not None})
-    elif tuning is None:
-        found["records.count"] = 0
     return {k: v for k, v in found.items() if v is not None}
+
+
+def _identity(tuning: TuningSet, line: int) -> str:
+    """A record line as its workload's line and its body (the line's index into the workloads dropped)."""
+    import json
+
+    workload, body = json.loads(tuning.records[line])
+    return tuning.workloads[workload] + "\n" + json.dumps(body)
 
 
 @functools.cache

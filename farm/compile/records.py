@@ -70,27 +70,26 @@ def is_schedule(trace) -> bool:
     return not _lookups_only(inst.kind.name for inst in trace.insts)
 
 
-def record_lines_by_identity(tuning: TuningSet) -> dict[tuple[str, tuple[float, ...]], int]:
-    """Each record line's index by what a database's record says of itself: its workload's structural hash and its
-    run times (``applied_line``)."""
-    shashes = [str(json.loads(line)[0]) for line in tuning.workloads]
-    out: dict[tuple[str, tuple[float, ...]], int] = {}
+def record_lines_by_identity(tuning: TuningSet) -> dict[tuple[float, ...], list[int]]:
+    """Each record line's index by what a database's record keeps of it whatever database returned it (by anchor
+    block, its workload's hash is that database's own): its measured run times (``applied_line``)."""
+    out: dict[tuple[float, ...], list[int]] = {}
     for i, line in enumerate(tuning.records):
         try:
-            workload, body = json.loads(line)
-            out[(shashes[workload], tuple(float(v) for v in body[1]))] = i
+            out.setdefault(tuple(float(v) for v in json.loads(line)[1][1]), []).append(i)
         except (ValueError, TypeError, IndexError):
             continue
     return out
 
 
-def applied_line(record, lines: dict[tuple[str, tuple[float, ...]], int]) -> int | None:
-    """The index in ``TuningSet.records`` of a record a database returned (``record_lines_by_identity``)."""
+def applied_line(record, lines: dict[tuple[float, ...], list[int]]) -> int | None:
+    """The index in ``TuningSet.records`` of a record a database returned (``record_lines_by_identity``): the line
+    with its run times, where one line has them."""
     try:
-        key = (str(record.workload.as_json()[0]), tuple(float(v) for v in record.run_secs))
+        found = lines.get(tuple(float(v) for v in record.run_secs), [])
     except Exception:  # a record without run times: not one of ours
         return None
-    return lines.get(key)
+    return found[0] if len(found) == 1 else None
 
 
 def apply_records(mod: tvm.IRModule, target: tvm.target.Target, tuning: TuningSet

@@ -54,7 +54,9 @@ def candidates(moved: list[Pair], still: list[Pair], manifests: Mapping[str, Map
     still_changes = [_changes(pair, manifests) for pair in still]
     fields = sorted({c.field for each in moved_changes for c in each})
     out = []
-    for field in fields:
+    for field in fields:  # each field counted over the pairs where it is known on both sides: unknown is no "same"
+        of_moved = sum(_known_both(pair, field, manifests) for pair in moved)
+        of_still = sum(_known_both(pair, field, manifests) for pair in still)
         hit = [i for i, each in enumerate(moved_changes) if any(c.field == field for c in each)]
         values: dict[tuple[str, str], list[Change]] = {}
         for i in hit:
@@ -63,7 +65,7 @@ def candidates(moved: list[Pair], still: list[Pair], manifests: Mapping[str, Map
                     values.setdefault((repr(c.old), repr(c.new)), []).append(c)
         ordered = tuple(group[0] for group in sorted(values.values(), key=lambda g: -len(g)))
         still_hit = sum(any(c.field == field for c in each) for each in still_changes)
-        out.append(Candidate(field, ordered, len(hit), len(moved), still_hit, len(still), frozenset(hit)))
+        out.append(Candidate(field, ordered, len(hit), of_moved, still_hit, of_still, frozenset(hit)))
     return sorted(out, key=lambda c: (-c.score, -c.moved, c.field))
 
 
@@ -74,6 +76,9 @@ def cause_words(sweep_id: int, moved: list[Pair], found: list[Candidate],
     if not found:
         return ""
     best = found[0]
+    if best.score <= 0:  # every change of the night was as common on the series that did not move
+        return (f"sweep {sweep_id} also changed, on moved and unmoved series alike (no cause of its own): "
+                + "; ".join(c.words for c in found[:3]))
     # causes that changed on no unmoved series each explain their share (records for one model, a new file for
     # another); else the best, with those that changed on exactly its series
     lead = [c for c in found if c.still == 0] if best.still == 0 else \
@@ -88,6 +93,11 @@ def cause_words(sweep_id: int, moved: list[Pair], found: list[Candidate],
     if unchanged := unchanged_words(pairs):
         text += f"; {unchanged}"
     return text
+
+
+def _known_both(pair: Pair, field: str, manifests: Mapping[str, Mapping[str, Any]]) -> bool:
+    before, now = pair
+    return all(manifests.get(r.manifest or "", {}).get(field) is not None for r in (before, now))
 
 
 def _changes(pair: Pair, manifests: Mapping[str, Mapping[str, Any]]) -> list[Change]:

@@ -18,6 +18,7 @@ from farm.manifest import farm_commit, farm_version
 from farm.records import Artifact, Device
 
 log = logging.getLogger(__name__)
+farm_commit()  # read when farm is imported: a long-running worker after a `git pull` still runs the code it loaded
 
 # The device's software is read within this (adb or ssh round trips): a kind that takes longer leaves those fields
 # unknown, so the manifest never adds more than about a second to a cell (docs/benchmarks.md, "What changed")
@@ -69,7 +70,12 @@ def session_part(helpers: dict[str, Any], dev: Any, device_type: str) -> dict[st
     """What the session tells: the server's build (``farm.ServerBuild``) and, on a GPU, its driver's version."""
     part: dict[str, Any] = {}
     if "farm.ServerBuild" in helpers:
-        part["device.server"] = str(helpers["farm.ServerBuild"]())
+        try:
+            build = str(helpers["farm.ServerBuild"]())
+        except Exception:  # the server's own error: its build unknown, never the run's fate
+            build = ""
+        if build:
+            part["device.server"] = build
     if device_type != "cpu":
         try:
             driver = dev.driver_version

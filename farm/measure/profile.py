@@ -31,6 +31,7 @@ from farm.stats import median
 log = logging.getLogger(__name__)
 
 PROFILE_RUNS = 10  # runs of main the profile averages at most (after one not counted)
+MIN_PROFILE_RUNS = 3  # ... at least, when a profile is asked for (farm bench --profile, a sweep's --profile)
 PROFILE_BUDGET_S = 1.0  # ... and no more than fill about this long at the steady median
 # ... nor more than this share of the cell's device time before it (session to profile step): the profile's cost in
 # a cell stays under 10 % (#63: squeezenet, resnet50, the stand-in phone; docs/benchmarks.md "What changed"), so a
@@ -39,20 +40,23 @@ PROFILE_BUDGET_S = 1.0  # ... and no more than fill about this long at the stead
 PROFILE_SHARE = 0.06
 ONE_COUNTED_RUN = 0  # the helper's ``runs`` that counts its first run (farm/rpc/server.py, farm/native/rpc_server.cc)
 # ... and where even that one run is more than this share of the cell so far (a few repeats of a slow model), the cell
-# is not profiled: its profile says why, and a night's confirmation profiles the series that moved (its reruns)
+# is not profiled by default: its profile says why (asked for, it is: farm sweep --profile, farm bench --profile)
 PROFILE_MAX_SHARE = 0.10
 HELPER = "farm.KernelProfile"
 
 
 def profile_runs(steady_samples_s: Sequence[float], cell_s: float | None = None) -> int:
-    """How many runs the profile averages after one not counted, by the median of the run's steady samples and the
-    cell's device time so far (``cell_s``; None: no share, only ``PROFILE_BUDGET_S``): as many as fit the budget with
-    the uncounted one, at most ``PROFILE_RUNS``; ``ONE_COUNTED_RUN`` where none fits (the first run, counted)."""
+    """How many runs the profile averages after one not counted, by the median of the run's steady samples.
+    A sweep's default profile (``cell_s``: the cell's device time so far): as many as fit in ``PROFILE_SHARE`` of it
+    and ``PROFILE_BUDGET_S`` with the uncounted one, at most ``PROFILE_RUNS``; ``ONE_COUNTED_RUN`` where none fits
+    (the first run, counted). A profile asked for (``cell_s`` None): about ``PROFILE_BUDGET_S``, at least
+    ``MIN_PROFILE_RUNS``."""
     steady_s = median(steady_samples_s)
     if not steady_s:
         return PROFILE_RUNS
-    budget_s = PROFILE_BUDGET_S if cell_s is None else min(PROFILE_BUDGET_S, PROFILE_SHARE * cell_s)
-    after_one = int(budget_s / steady_s) - 1
+    if cell_s is None:
+        return max(MIN_PROFILE_RUNS, min(PROFILE_RUNS, int(PROFILE_BUDGET_S / steady_s)))
+    after_one = int(min(PROFILE_BUDGET_S, PROFILE_SHARE * cell_s) / steady_s) - 1
     return min(PROFILE_RUNS, after_one) if after_one >= 1 else ONE_COUNTED_RUN
 
 
@@ -63,8 +67,8 @@ def skipped(steady_samples_s: Sequence[float], cell_s: float) -> KernelProfile |
     if not steady_s or steady_s <= PROFILE_MAX_SHARE * cell_s:
         return None
     return KernelProfile("not available", f"not profiled: one run ({steady_s:.3g} s) is over {PROFILE_MAX_SHARE:.0%} of "
-                         f"the cell's device time ({cell_s:.3g} s); more repeats make room for it, and a night's "
-                         "confirmation profiles a series that moved")
+                         f"the cell's device time ({cell_s:.3g} s); more repeats make room for it, or ask for the "
+                         "profile (farm sweep --profile, farm bench --profile)")
 
 
 def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> KernelProfile:
@@ -72,6 +76,9 @@ def parse_profile(text: str, facts: dict[str, dict[str, Any]] | None = None) -> 
     compile knew of it (``Artifact.kernels``: args, FLOPs, schedule) where ``facts`` names it."""
     said = json.loads(text)
     runs = int(said["runs"])
+    if runs <= 0:
+        raise FarmError(f"the device's server answered a profile of {runs} runs", "update farm's server on the device: "
+                        "farm down, then farm serve")
     facts = facts or {}
     kernels = []
     for k in said["kernels"]:

@@ -22,7 +22,7 @@ from farm.measure.draft import Progress, RunDraft
 from farm.measure.failures import StepFailed, device_hint, failure_reason, raised_in_farm
 from farm.measure.manifest import session_part
 from farm.measure.memory import Memory
-from farm.measure.profile import profile_loaded, profile_runs, skipped
+from farm.measure.profile import ONE_COUNTED_RUN, profile_loaded, profile_runs, skipped
 from farm.measure.vm import SteadyTimer, calibrate_number, first_run, load_vm, remove_quietly, unpack, wall_timer
 from farm.records import Artifact, BenchConfig, BenchResult, CheckResult, Device, TrackerAddress, target_kind, utc_now
 from farm.rpc.session import request_session
@@ -73,6 +73,7 @@ def open_session(run: Run) -> None:
         run.session = request_session(run.tracker, device.key, run.config.timeout_s, device.session_timeout_s)
     except FarmError as exc:
         raise StepFailed("session", exc.message, exc.hint) from exc
+    run.started = time.perf_counter()  # the cell's device time (the profile's share) from here, not the wait
 
 
 def upload(run: Run) -> None:
@@ -95,7 +96,6 @@ def load(run: Run) -> None:
     draft.steady_clock = STEADY_CLOCK.get(device_type, "device")
     threads = session_threads(session, helpers, run.device)
     draft.threads, context["threads_by"] = threads.count, threads.set_by
-    context["manifest"].update(session_part(helpers, session.device(device_type, 0), device_type))
     run.memory = Memory(helpers.get("farm.MemoryStats"), draft, run.device.emulated)
     draft.rss_before_load_bytes = run.read_memory(reset_peak=True)
     t0 = time.perf_counter()
@@ -103,6 +103,8 @@ def load(run: Run) -> None:
     run.vm = load_vm(session, run.remote_name, run.dev)
     draft.load_s = time.perf_counter() - t0
     draft.rss_after_load_bytes = run.read_memory()
+    # after the timed load: asking the GPU's driver its version creates its context, which the load pays for
+    context["manifest"].update(session_part(helpers, run.dev, device_type))
 
 
 def first(run: Run) -> None:
@@ -167,11 +169,14 @@ def profile(run: Run) -> None:
         return
     steady_s, cell_s = run.draft.steady_wall_samples_s or run.draft.steady_samples_s, time.perf_counter() - run.started
     run.draft.context["cell_s_before_profile"] = cell_s  # the device time the profile's share is of
-    if (too_slow := skipped(steady_s, cell_s)) is not None:
+    share = run.config.profile_share  # a sweep's default profile: within its share; one asked for: as asked
+    if share and (too_slow := skipped(steady_s, cell_s)) is not None:
         run.draft.profile = too_slow
         run.say("profile", too_slow.reason)
         return
-    runs = profile_runs(steady_s, cell_s)
+    runs = profile_runs(steady_s, cell_s if share else None)
+    if runs == ONE_COUNTED_RUN and "farm.ServerBuild" not in run.helpers:  # a server before #63: no counted first run
+        runs = 1
     run.say("profile", f"{runs} runs after one not counted, each kernel timed on the device" if runs else
             "the first run, counted (a slow model: its profile within its share of the cell)")
     started = time.perf_counter()

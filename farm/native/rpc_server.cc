@@ -74,7 +74,7 @@
 #include <tvm/ffi/function.h>
 
 #ifndef FARM_SERVER_BUILD
-#define FARM_SERVER_BUILD "unknown: built outside farm"
+#define FARM_SERVER_BUILD ""  // built outside farm: its build is not known (a run's manifest leaves it out)
 #endif
 
 namespace {
@@ -409,6 +409,7 @@ void KernelProfile(tvm::ffi::PackedArgs args, tvm::ffi::Any* rv) {
                                               " event timer (TVM's time_evaluator, on its first call's own arguments,"
                                               " as often as the runs); the VM's calls and main wall, the device synced"
                                               " around each call";
+  if (count_first) clock += "; the first run, counted (runs 0)";  // as farm's Python server says it
   std::ostringstream json;
   json.precision(17);
   json << "{\"clock\": " << Quote(clock) << ", \"runs\": " << runs

@@ -199,9 +199,13 @@ def kernel_profile(module, dev_type: int, dev_id: int, runs: int, *inputs) -> st
         main_s = time.perf_counter() - begun
     for symbol, per_call in on_device.items():
         times[symbol] = per_call * calls.get(symbol, 0)
-    return json.dumps({"clock": device_clock(timer) if on_device else WALL_CLOCK,
+    clock = device_clock(timer) if on_device else WALL_CLOCK
+    return json.dumps({"clock": clock + (FIRST_COUNTED if count_first else ""),
                        "runs": int(runs), "main_s": main_s,
                        "kernels": [{"name": name, "calls": calls[name], "time_s": times[name]} for name in times]})
+
+
+FIRST_COUNTED = "; the first run, counted (runs 0)"  # a profile of one counted run says so (kernel_diff's note)
 
 
 def keep_serving(serving):

@@ -20,10 +20,11 @@ class FindingsMixin:
     @retried
     def record_findings(self, sweep_id: int, findings: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """Store a sweep's findings (each a mapping with ``key``, ``kind``, ``metric``: ``findings.Finding``); returns
-        key → {id, state, note, first_sweep}. A finding whose key was a finding before (any earlier reviewed night, a
-        night without it between or not: schema 23) keeps its id and triage state; one marked fixed on an earlier
-        night is reopened (state new, with an event by "farm" saying so). Otherwise it is new. Every review is
-        recorded (``reviewed_sweeps``)."""
+        key → {id, state, note, first_sweep}. A finding whose key was a finding of a night near this one
+        (``_carried``: its span covers this night, or it was last seen at most ``CARRY_GAP`` reviewed nights before,
+        or it starts later and this older night is reviewed now) keeps its id and triage state (schema 23); one
+        marked fixed before this night is reopened (state new, with an event by "farm" saying so). Otherwise it is
+        new. Every review is recorded (``reviewed_sweeps``)."""
         stamp = now()
         out: dict[str, dict[str, Any]] = {}
         with self._db.transaction() as db:
@@ -32,8 +33,7 @@ class FindingsMixin:
             db.execute("DELETE FROM finding_sweeps WHERE sweep_id=?", (sweep_id,))  # reviewed again: this review's
             for position, finding in enumerate(findings):
                 key = finding["key"]
-                found = db.execute("SELECT id, state, note, first_sweep FROM findings WHERE key=? AND first_sweep<=?"
-                                   " ORDER BY id DESC LIMIT 1", (key, sweep_id)).fetchone()
+                found = _carried(db, key, sweep_id)
                 if found is None:
                     finding_id = db.insert_id(
                         "INSERT INTO findings (key, kind, metric, first_sweep, last_sweep, state, note, created_at,"
@@ -41,14 +41,14 @@ class FindingsMixin:
                         (key, finding["kind"], finding["metric"], sweep_id, sweep_id, stamp, stamp))
                     state, note, first = "new", "", sweep_id
                 else:
-                    finding_id, state, note, first = found[0], found[1], found[2], found[3]
-                    if state == "fixed" and sweep_id > _fixed_on(db, finding_id):  # back after its fix: reopened
+                    finding_id, state, note, first = found[0], found[1], found[2], min(found[3], sweep_id)
+                    if state == "fixed" and sweep_id > _fixed_on(db, finding_id, found[4]):  # back after its fix
                         _event(db, finding_id, "farm", "fixed", "new", f"reopened: back on sweep {sweep_id} after "
                                "it was marked fixed", "", None, sweep_id, stamp)
                         db.execute("UPDATE findings SET state='new' WHERE id=?", (finding_id,))
                         state = "new"
-                    db.execute("UPDATE findings SET last_sweep=?, updated_at=? WHERE id=?",
-                               (max(sweep_id, _last_sweep(db, finding_id)), stamp, finding_id))
+                    db.execute("UPDATE findings SET first_sweep=?, last_sweep=?, updated_at=? WHERE id=?",
+                               (first, max(sweep_id, found[4]), stamp, finding_id))
                 db.execute("INSERT INTO finding_sweeps (finding_id, sweep_id, position, body) VALUES (?,?,?,?)",
                            (finding_id, sweep_id, position, json.dumps(dict(finding), default=list)))
                 out[key] = {"id": finding_id, "state": state, "note": note, "first_sweep": first}
@@ -62,6 +62,14 @@ class FindingsMixin:
             " JOIN findings f ON f.id = s.finding_id WHERE s.sweep_id=? ORDER BY s.position", [sweep_id])
         return [{**json.loads(r["body"]), "finding_id": r["id"], "state": r["state"], "note": r["note"],
                  "bug": r["bug"], "duplicate_of": r["duplicate_of"], "first_sweep": r["first_sweep"]} for r in rows]
+
+    def reviewed(self, sweep_id: int) -> bool:
+        return self._db.execute("SELECT 1 FROM reviewed_sweeps WHERE sweep_id=?", (sweep_id,)).fetchone() is not None
+
+    def finding_nights(self, finding_id: int) -> list[int]:
+        """The reviewed nights a finding was a finding of, oldest first."""
+        return [int(r[0]) for r in self._db.execute("SELECT sweep_id FROM finding_sweeps WHERE finding_id=? ORDER BY"
+                                                    " sweep_id", (finding_id,)).fetchall()]
 
     def last_reviewed(self) -> int | None:
         """The latest sweep whose findings are stored (``record_findings``), None when none is."""
@@ -88,10 +96,9 @@ class FindingsMixin:
         """Stored id, state, note and first sweep of the findings of ``sweep_id`` with these keys (read only)."""
         out = {}
         for key in keys:
-            row = self._db.execute("SELECT id, state, note, first_sweep FROM findings WHERE key=? AND first_sweep<=?"
-                                   " AND last_sweep>=? ORDER BY id DESC LIMIT 1", (key, sweep_id, sweep_id)).fetchone()
+            row = _carried(self._db, key, sweep_id)  # the rule record_findings will apply
             if row is not None:
-                out[key] = {"id": row[0], "state": row[1], "note": row[2], "first_sweep": row[3]}
+                out[key] = {"id": row[0], "state": row[1], "note": row[2], "first_sweep": min(row[3], sweep_id)}
         return out
 
     @retried
@@ -115,8 +122,10 @@ class FindingsMixin:
                     "SELECT id FROM findings WHERE id=?", (duplicate_of,)).fetchone() is None):
                 raise StoreError(f"finding {finding_id} cannot duplicate {duplicate_of}: no such other finding",
                                  "farm regressions lists each finding's id")
-            db.execute("UPDATE findings SET state=?, note=?, bug=?, duplicate_of=?, updated_at=? WHERE id=?",
-                       (state, note, bug, duplicate_of, stamp, finding_id))
+            # the finding keeps its last note and bug until a triage gives new ones; each event keeps its own
+            db.execute("UPDATE findings SET state=?, note=CASE WHEN ?='' THEN note ELSE ? END, bug=CASE WHEN ?=''"
+                       " THEN bug ELSE ? END, duplicate_of=?, updated_at=? WHERE id=?",
+                       (state, note, note, bug, bug, duplicate_of, stamp, finding_id))
             _event(db, finding_id, author.strip(), row[0], state, note, bug, duplicate_of, row[1], stamp)
         return {"finding_id": finding_id, "at": stamp, "author": author.strip(), "from_state": row[0],
                 "to_state": state, "note": note, "bug": bug, "duplicate_of": duplicate_of, "sweep_id": row[1]}
@@ -167,12 +176,34 @@ def _event(db: Any, finding_id: int, author: str, old: str, new: str, note: str,
                                                          sweep_id))
 
 
-def _fixed_on(db: Any, finding_id: int) -> int:
-    """The night a finding was last marked fixed on (its last sweep then); 0 when no event says (stored before)."""
+# A finding last seen more reviewed nights before than this is another finding when its key returns (a scatter's
+# or a tuning finding's key is the same on every night: a state set in January must not silence June's)
+CARRY_GAP = 7
+
+
+def _carried(db: Any, key: str, sweep_id: int) -> tuple | None:
+    """(id, state, note, first_sweep, last_sweep) of the finding a night's finding of ``key`` continues: the one whose
+    span covers the night; else the latest seen before it, when at most ``CARRY_GAP`` reviewed nights lie between;
+    else the earliest that starts after it (an older night reviewed late: it extends that finding back)."""
+    columns = "SELECT id, state, note, first_sweep, last_sweep FROM findings WHERE key=?"
+    covering = db.execute(f"{columns} AND first_sweep<=? AND last_sweep>=? ORDER BY id DESC LIMIT 1",
+                          (key, sweep_id, sweep_id)).fetchone()
+    if covering is not None:
+        return tuple(covering)
+    before = db.execute(f"{columns} AND last_sweep<? ORDER BY last_sweep DESC, id DESC LIMIT 1",
+                        (key, sweep_id)).fetchone()
+    if before is not None:
+        gap = db.execute("SELECT COUNT(*) FROM reviewed_sweeps WHERE sweep_id>? AND sweep_id<?",
+                         (before[4], sweep_id)).fetchone()[0]
+        if gap <= CARRY_GAP:
+            return tuple(before)
+    after = db.execute(f"{columns} AND first_sweep>? ORDER BY first_sweep, id LIMIT 1", (key, sweep_id)).fetchone()
+    return tuple(after) if after is not None else None
+
+
+def _fixed_on(db: Any, finding_id: int, last_sweep: int) -> int:
+    """The night a finding was last marked fixed on (its last sweep then); for one marked fixed before schema 23 (no
+    event), its last night as stored (``last_sweep``, before this review)."""
     row = db.execute("SELECT MAX(sweep_id) FROM finding_events WHERE finding_id=? AND to_state='fixed'",
                      (finding_id,)).fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
-
-
-def _last_sweep(db: Any, finding_id: int) -> int:
-    return int(db.execute("SELECT last_sweep FROM findings WHERE id=?", (finding_id,)).fetchone()[0])
+    return int(row[0]) if row and row[0] is not None else last_sweep

@@ -61,9 +61,10 @@ SCHEMA_VERSION history:
      under test: farm's commit, TVM's build, the toolchain, the records applied, the device's software) once, by its
      sha256; runs.manifest names it (NULL: stored before farm read one, all unknown)
  23  triage with an audit trail (#65): finding_events, each change of a finding's triage state (at, author, from, to,
-     note, bug URL, the finding it duplicates, the sweep it was on); findings.bug and findings.duplicate_of. A finding's
-     state now carries to every later night it returns on (schema 13 started a returning finding as new); a fixed one
-     that returns on a later night is reopened, with an event saying so
+     note, bug URL, the finding it duplicates, the sweep it was on); findings.bug and findings.duplicate_of; index
+     alerts_series (a series' alerts, for its page). A finding's state now carries to the nights it returns on within
+     a few reviewed nights (schema 13 started a returning finding as new; ``findings._carried``); a fixed one that
+     returns on a later night is reopened, with an event saying so
 """
 
 from __future__ import annotations
@@ -283,6 +284,7 @@ MIGRATIONS: dict[int, str] = {
     CREATE INDEX finding_events_finding ON finding_events (finding_id, id);
     ALTER TABLE findings ADD COLUMN bug TEXT NOT NULL DEFAULT '';
     ALTER TABLE findings ADD COLUMN duplicate_of INTEGER;
+    CREATE INDEX alerts_series ON alerts (device, model, tuned, runtime, metric, sweep_id);
     """,
 }
 
