@@ -90,7 +90,7 @@ def post_webhook(url: str, digest: dict[str, Any], attempts: int = WEBHOOK_ATTEM
     night nothing but a line in its log."""
     if not url.startswith(("https://", "http://")):
         return f"the webhook {url!r} is not an http(s) URL: nothing posted"
-    body = json.dumps({**digest, "text": digest_markdown(digest)}).encode()  # "text": what chat hooks show
+    body = json.dumps(digest).encode()
     said = ""
     for attempt in range(1, attempts + 1):
         request = urllib.request.Request(url, data=body, method="POST",
@@ -121,4 +121,4 @@ def notify_night(store: Store, sweep_id: int, url: str | None, dashboard_url: st
         return f"no digest for the webhook: {exc}"
     if not digest["new"]:
         return ""
-    return post_webhook(url, digest)
+    return post_webhook(url, {**digest, "text": digest_markdown(digest)})  # "text": what chat hooks show

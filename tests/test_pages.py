@@ -93,8 +93,9 @@ def test_a_finding_page_draws_its_series_as_stored_with_its_night_and_the_upgrad
     stored = {(r["device"], r["model"], r["sweep_id"]): (r["run_id"], r["steady_median_s"]) for r in runs}
     for chart in charts:
         assert chart["model"] in MASS and chart["device"] in DEVICES
-        assert [(s, r, v) for s, r, v, _ in chart["points"]] == [
-            (s, *stored[(chart["device"], chart["model"], s)]) for s in range(1, NIGHTS + 1)]
+        assert [(s, r, float(f"{v:.9g}")) for s, r, v, _ in chart["points"]] == [
+            (s, run, float(f"{value:.9g}")) for s in range(1, NIGHTS + 1)
+            for run, value in [stored[(chart["device"], chart["model"], s)]]]
         assert [s for s, *_, marked in chart["points"] if marked] == [NIGHTS]  # the finding's night
         assert chart["marks"] == [[UPGRADE, f"sweep {UPGRADE}: TVM 0.27.0 → 0.28.0"]]  # the upgrade's line
 

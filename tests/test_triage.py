@@ -80,10 +80,13 @@ def test_the_digest_says_the_night_in_a_few_lines_with_links_and_escaped_names(n
            f" (new tonight, new): " in md.stdout
     said = json.loads(run_farm("regressions", "--sweep", str(NIGHTS - 1), "--digest", "json", env=env).stdout)
     assert [(f["id"], f["new"], f["url"]) for f in said["findings"]] == [(finding["finding_id"], True, None)]
-    hostile = {"sweep_id": 3, "new": 1, "untriaged": 1, "url": None, "findings": [
-        {"id": 1, "new": True, "state": "new", "sentence": "<script>alert(1)</script> is [slower](x)", "url": None,
-         "bug": "", "kernels": "", "direction": "slower", "kind": "series"}]}
-    assert "\\<script\\>alert(1)\\</script\\> is \\[slower\\](x)" in digest_markdown(hostile)
+    hostile = {"sweep_id": 3, "reviewed": True, "new": 1, "untriaged": 1, "url": None, "findings": [
+        {"id": 1, "new": True, "reopened": False, "state": "new", "sentence": "<script>alert(1)</script> is [slower](x)",
+         "url": None, "bug": "javascript:alert(1)", "kernels": "", "direction": "slower", "kind": "series"}]}
+    said = digest_markdown(hostile)
+    assert "\\<script\\>alert(1)\\</script\\> is \\[slower\\](x) · bug: javascript:alert(1)" in said  # no link
+    unreviewed = run_farm("regressions", "--sweep", str(NIGHTS), "--digest", "md", env=env)
+    assert unreviewed.stdout == f"**farm, sweep {NIGHTS}**: not reviewed yet (farm regressions --sweep {NIGHTS} reviews it)\n"
 
 
 class Hook(http.server.BaseHTTPRequestHandler):
@@ -118,7 +121,8 @@ def test_the_webhook_gets_the_night_s_digest_once_it_has_new_findings_and_a_fail
         said = notify_night(store, NIGHTS - 1, url, "http://farm.lab")
         assert said.startswith("posted to the webhook (HTTP 204, attempt 1)")
         (posted,) = hook.posts
-        assert posted == json.loads(json.dumps(night_digest(store, NIGHTS - 1, "http://farm.lab")))
+        digest = night_digest(store, NIGHTS - 1, "http://farm.lab")
+        assert posted == json.loads(json.dumps({**digest, "text": digest_markdown(digest)}))
         assert posted["findings"][0]["id"] == finding["finding_id"] and posted["new"] == 1
         assert notify_night(store, NIGHTS - 1, None) == ""  # no webhook configured
         hook.status = 503  # the chat is down: bounded retries, then a line, never an exception
@@ -231,3 +235,20 @@ def test_a_dashboard_without_a_token_is_read_only(night, tmp_path):
         server.wait(timeout=10)
     with Store(db) as store:
         assert all(e["author"] != "eve" for events in store.finding_events().values() for e in events)
+
+
+def test_a_state_carries_within_a_few_reviewed_nights_and_an_older_night_extends_its_finding(tmp_path):
+    """A finding's key back after more than CARRY_GAP quiet reviewed nights is another finding (a scatter's key is
+    the same every night); an older night reviewed after a finding began joins that finding, which keeps its state."""
+    from farm.store.findings import CARRY_GAP
+
+    finding = {"key": "scatter|steady|slower|scatter", "kind": "scatter", "metric": "steady"}
+    with Store(tmp_path / "r.db") as store:
+        first = store.record_findings(10, [finding])[finding["key"]]
+        store.triage(first["id"], "acknowledged", "ana")
+        older = store.record_findings(8, [finding])[finding["key"]]  # sweep 8 reviewed late
+        for quiet in range(11, 12 + CARRY_GAP):
+            store.record_findings(quiet, [])
+        later = store.record_findings(12 + CARRY_GAP, [finding])[finding["key"]]
+    assert (older["id"], older["state"], older["first_sweep"]) == (first["id"], "acknowledged", 8)
+    assert later["id"] != first["id"] and later["state"] == "new"
