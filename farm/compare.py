@@ -9,13 +9,14 @@ Two nights (``compare_nights``): every series measured in both sweeps (device ×
 run of each night: ``series.by_sweep``), its change with an interval (from the two runs' bootstrap intervals of the
 median: ``[low_b / high_a − 1, high_b / low_a − 1]``), "shown" when that interval excludes 0 (the intervals do not
 overlap: no raw sample is read, so a year-scale night compares in one read of its runs), sorted by size, grouped by
-device and by model as findings name them, and the kernels where both runs were profiled.
+device and by model as findings name them, and the kernels where both runs were profiled, for the series shown moved
+(the ``KERNELS_NAMED`` largest).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from farm.errors import FarmError
@@ -29,6 +30,7 @@ from farm.stats import model_label
 from farm.store import Store
 
 MIN_SAMPLES = 3  # each run's steady samples, at least, for the two-sample tests
+KERNELS_NAMED = 100  # series of two nights whose kernels are compared: those the intervals show moved, largest first
 
 
 def compare_runs(store: Store, run_a: int, run_b: int) -> dict[str, Any]:
@@ -99,8 +101,16 @@ def compare_nights(store: Store, sweep_a: int, sweep_b: int) -> dict[str, Any]:
     both = sorted(nights[sweep_a].keys() & nights[sweep_b].keys())
     pairs = [(nights[sweep_a][line], nights[sweep_b][line]) for line in both]
     pairs = [(a, b) for a, b in pairs if a.steady is not None and b.steady is not None and a.steady.median]
-    profiles = store.profiles([r.run_id for pair in pairs for r in pair])
-    changes = sorted((_change(a, b, profiles) for a, b in pairs), key=lambda c: -abs(c.change))
+    changes = sorted((_change(a, b) for a, b in pairs), key=lambda c: -abs(c.change))
+    # the kernels of the series the intervals show moved, the largest first (a mass night's every profile is not read)
+    named = [c for c in changes if c.shown][:KERNELS_NAMED]
+    profiles = store.profiles([r for c in named for r in (c.run_a, c.run_b)])
+    by_run = {r.run_id: r for pair in pairs for r in pair}
+    wanted = {(c.run_a, c.run_b) for c in named}
+    for i, c in enumerate(changes):
+        if (c.run_a, c.run_b) in wanted:
+            diff, _ = kernels_of(profiles, c.run_a, c.run_b, by_run[c.run_a].artifact_key == by_run[c.run_b].artifact_key != "")
+            changes[i] = replace(c, kernels=diff.headline() if diff is not None else "")
     return {"sweep_a": sweep_a, "sweep_b": sweep_b, "series": [c.to_json() for c in changes],
             "only_a": len(nights[sweep_a].keys() - nights[sweep_b].keys()),
             "only_b": len(nights[sweep_b].keys() - nights[sweep_a].keys()),
@@ -111,15 +121,14 @@ def _line(key: tuple, run: Run) -> tuple[str, str]:
     return key[0], model_label(run.model, run.tuned, run.runtime)
 
 
-def _change(a: Run, b: Run, profiles) -> SeriesChange:
+def _change(a: Run, b: Run) -> SeriesChange:
     sa, sb = a.steady, b.steady
     assert sa is not None and sb is not None
     change = sb.median / sa.median - 1.0
     low = sb.ci_low / sa.ci_high - 1.0 if sa.ci_high else change
     high = sb.ci_high / sa.ci_low - 1.0 if sa.ci_low else change
-    diff, _ = kernels_of(profiles, a.run_id, b.run_id, a.artifact_key == b.artifact_key != "")
     return SeriesChange(a.device, model_label(a.model, a.tuned, a.runtime), a.run_id, b.run_id, sa.median, sb.median,
-                        change, low, high, low > 0 or high < 0, diff.headline() if diff is not None else "")
+                        change, low, high, low > 0 or high < 0)
 
 
 def _groups(changes: list[SeriesChange], key) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ runs, --mass: half the models 10 % slower on the last night; --profiles: every r
 the last night's findings with `farm regressions`, starts `farm dashboard` on it, and, while a writer stores runs
 into a PostgreSQL database beside it (a sweep's load: a fresh run every --write-every seconds, through farm's Store),
 loads each page --loads times in turn: /findings, then /finding/<id> of each stored finding, /series of its first
-series, and /api/state. Prints each page's median and worst time and its size, and the dashboard process's RSS after
+series, /nights of the last two nights, and /api/state. Prints each page's median and worst time and its size, and the dashboard process's RSS after
 the first round and after the last (its growth over the loads).
 
     .venv/bin/python tools/bench_pages.py --mass --profiles --keep /tmp/farm-pages     # the figures in benchmarks.md
@@ -106,7 +106,7 @@ def main() -> int:
         first = findings[0]["series"][0]
         pages.append(f"/series?device={first['device']}&model={first['model']}&tuned={int(first['tuned'])}"
                      f"&runtime={first['runtime']}")
-    pages.append("/api/state")
+    pages += [f"/nights?a={args.nights - 1}&b={args.nights}", "/api/state"]
     stop, written = threading.Event(), [0]
     times: dict[str, list[float]] = {p: [] for p in pages}
     sizes: dict[str, int] = {}
