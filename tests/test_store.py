@@ -154,6 +154,10 @@ def back_to_schema_8(db, location: str) -> None:
     """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
     without a runtime (rebuilt, rows kept)."""
     pg = location.startswith("postgresql://")
+    db.execute("DROP INDEX alerts_series")  # schema 23
+    db.execute("DROP TABLE finding_events")
+    db.execute("ALTER TABLE findings DROP COLUMN bug")
+    db.execute("ALTER TABLE findings DROP COLUMN duplicate_of")
     db.execute("DROP TABLE manifests")  # schema 22
     db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
@@ -196,12 +200,17 @@ def back_to_schema_8(db, location: str) -> None:
 
 def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
     """Schema 13 records every review (a quiet one too); a schema-12 file's reviews are its sweeps with stored findings
-    or a confirmation budget. A finding missing from the last reviewed sweep is new again."""
+    or a confirmation budget; schema 23 carries a finding across the quiet reviewed nights between (within
+    ``CARRY_GAP``)."""
     finding = {"key": "series|steady|slower|cpu|mlp", "kind": "series", "metric": "steady"}
     with Store(db_location) as store:
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX alerts_series")  # schema 23
+    db.execute("DROP TABLE finding_events")
+    db.execute("ALTER TABLE findings DROP COLUMN bug")
+    db.execute("ALTER TABLE findings DROP COLUMN duplicate_of")
     db.execute("DROP TABLE manifests")  # schema 22
     db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
@@ -224,7 +233,8 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         again = store.record_findings(6, [finding])[finding["key"]]  # sweep 5 was reviewed without it
         store.record_findings(7, [])  # quiet, reviewed
         third = store.record_findings(8, [finding])[finding["key"]]
-    assert again["id"] != first["id"] and again["first_sweep"] == 6 and third["first_sweep"] == 8
+    # schema 23's rule: a finding back within a few reviewed nights is the same one (schema 13 made it new again)
+    assert again["id"] == third["id"] == first["id"] and again["first_sweep"] == third["first_sweep"] == 3
     db = raw_connection(db_location)
     assert [row[0] for row in db.execute("SELECT sweep_id FROM reviewed_sweeps ORDER BY sweep_id").fetchall()] == [
         3, 5, 6, 7, 8]
@@ -238,6 +248,10 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX alerts_series")  # schema 23
+    db.execute("DROP TABLE finding_events")
+    db.execute("ALTER TABLE findings DROP COLUMN bug")
+    db.execute("ALTER TABLE findings DROP COLUMN duplicate_of")
     db.execute("DROP TABLE manifests")  # schema 22
     db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
@@ -515,6 +529,10 @@ def test_a_run_s_profile_is_stored_with_it_and_a_schema_19_database_gets_the_tab
         plain = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
+    db.execute("DROP INDEX alerts_series")  # schema 23
+    db.execute("DROP TABLE finding_events")
+    db.execute("ALTER TABLE findings DROP COLUMN bug")
+    db.execute("ALTER TABLE findings DROP COLUMN duplicate_of")
     db.execute("DROP TABLE manifests")  # schema 22
     db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
