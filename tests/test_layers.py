@@ -49,6 +49,8 @@ ALLOWED = {
                 "tune"},
     "confirmation": {"errors", "findings", "kernel_diff", "measure", "models", "records", "regress", "results", "series",
                      "store"},
+    "night": {"confirmation", "digest", "errors", "models", "nightly", "queue", "records", "report", "store", "sweep",
+              "tune"},  # a night's steps in order: measure, review, notify, tune, report
     "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
     "compare": {"errors", "kernel_diff", "records", "regress", "results", "runs", "series", "stats", "store"},  # runs, nights
     "digest": {"store"},  # a night's findings for the team, and its webhook

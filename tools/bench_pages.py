@@ -4,10 +4,10 @@
 Builds (or reuses, --keep) tools/bench_scale.py's year-scale database (50 nights × 40 devices × 25 models = 50,000
 runs, --mass: half the models 10 % slower on the last night; --profiles: every run with a 60-kernel profile), stores
 the last night's findings with `farm regressions`, starts `farm dashboard` on it, and, while a writer stores runs
-into a PostgreSQL database beside it (a sweep's load: a fresh run every --write-every seconds, through farm's Store),
-loads each page --loads times in turn: /findings, then /finding/<id> of each stored finding, /series of its first
-series, /nights of the last two nights, and /api/state. Prints each page's median and worst time and its size, and the dashboard process's RSS after
-the first round and after the last (its growth over the loads).
+into a PostgreSQL database beside it (a sweep's load: a fresh run every --write-every seconds, through farm's
+Store), loads each page --loads times in turn: /findings, then /finding/<id> of each stored finding, /series of its
+first series, /nights of the last two nights, and /api/state. Prints each page's median and worst time and its size,
+and the dashboard process's RSS after the first round and after the last (its growth over the loads).
 
     .venv/bin/python tools/bench_pages.py --mass --profiles --keep /tmp/farm-pages     # the figures in benchmarks.md
     .venv/bin/python tools/bench_pages.py --nights 10 --devices 8 --models 5 --loads 20  # a quick look

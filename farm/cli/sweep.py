@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 
 from pathlib import Path
@@ -88,9 +87,8 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.sweep import run_sweep
-    from farm.sweep.lab import queued_devices
-    from farm.sweep.run import one_sweep_at_a_time, standing_text
+    from farm.night import NightPlan, run_night
+    from farm.sweep.run import standing_text
 
     if args.status is not None:
         return _status(args)
@@ -106,28 +104,25 @@ def run(args: argparse.Namespace) -> int:
         _say_resumed(args.db, spec, sweep_id)
     else:
         (spec, budget), sweep_id = _fresh_spec(args, inventory), None
-    queued = queued_devices(inventory.devices, spec.devices)
-    if queued and budget and (unhosted := [d for d in budget.devices if not inventory.devices[d].lab_host]):
-        raise FarmError(f"{args.file}: [tune] devices {', '.join(unhosted)} name no lab_host, but the sweep's devices "
-                        "do: over lab hosts each key tunes on its device's host",
-                        'add lab_host = "NAME" to each, or leave them out of [tune] devices')
-    if queued:
-        followed = _queued_sweep(args, inventory, spec, sweep_id)
-        if followed is None:
-            return 0
-        outcome = followed
-        reviewed, tuning, report = _review(args, inventory, spec, outcome, budget, queued)
-    else:
-        with one_sweep_at_a_time(args.db):  # its --confirm reruns and its tuning measure the devices too
-            outcome = run_sweep(inventory.tracker, inventory.devices, spec, args.db, home_dir() / "cache",
-                                progress=progress_printer(args.progress), sweep_id=sweep_id)
-            reviewed, tuning, report = _review(args, inventory, spec, outcome, budget, queued)
+    night = run_night(NightPlan(
+        inventory, spec, args.db, home_dir() / "cache", home_dir() / "tune", sweep_id=sweep_id, budget=budget,
+        confirm=args.confirm, confirm_budget_min=args.confirm_budget,
+        report_dir=None if args.no_report else Path(args.report_dir), detach=args.detach, host_wait_s=args.host_wait * 60,
+        progress=progress_printer(args.progress), say=lambda line: print(line, file=sys.stderr, flush=True),
+        sweep_file=args.file))
+    if night.outcome is None or night.reviewed is None:  # queued for the lab's workers, not followed (--detach)
+        if args.json:
+            emit_json({"sweep_id": night.sweep_id, "status": "queued"})
+        else:
+            print(f"sweep {night.sweep_id} queued; farm sweep --status {night.sweep_id} shows its progress")
+        return 0
+    outcome = night.outcome
     final = {(c.result.device, c.result.model): c for c in outcome.cells}  # the last attempt of each cell
-    stored = _stored_cells(args.db, outcome) if queued else {}  # a queued sweep's cells: its workers measured them
+    stored = _stored_cells(args.db, outcome) if night.queued else {}  # a queued sweep's cells: its workers measured them
     if args.json:
-        emit_json(_sweep_json(outcome, final, reviewed, tuning, report) | stored)
+        emit_json(_sweep_json(outcome, final, night.reviewed, list(night.tuning), night.report) | stored)
     else:
-        _print_sweep(outcome, final, reviewed, tuning, report, stored.get("cells", []))
+        _print_sweep(outcome, final, night.reviewed, list(night.tuning), night.report, stored.get("cells", []))
     if outcome.not_ok:
         count = sum(len(cells) for cells in outcome.not_ok.values())
         redo = len(outcome.missing)
@@ -151,28 +146,6 @@ def _say_resumed(db: str, spec: SweepSpec, sweep_id: int) -> None:
     kept = {s: cells for s, cells in not_ok.items() if not s.redone}
     print(f"sweep {sweep_id}: resuming: " + (f"to measure: {standing_text(redo)}" if redo else "nothing to measure")
           + (f"; leaving {standing_text(kept)}" if kept else ""), file=sys.stderr, flush=True)
-
-
-def _queued_sweep(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec,
-                  sweep_id: int | None) -> SweepOutcome | None:
-    """A sweep over lab hosts: queued for their workers (``farm.sweep.lab``), then followed until every job ended;
-    None with --detach, once queued."""
-    import time
-
-    from farm.sweep.lab import enqueue_sweep, follow_sweep
-
-    start = time.monotonic()
-    sweep_id, spec = enqueue_sweep(args.db, inventory.devices, spec, sweep_id)
-    print(f"sweep {sweep_id}: queued for the workers of lab host(s) "
-          f"{', '.join(sorted({str(inventory.devices[d].lab_host) for d in spec.devices}))}", file=sys.stderr, flush=True)
-    if args.detach:
-        if args.json:
-            emit_json({"sweep_id": sweep_id, "status": "queued"})
-        else:
-            print(f"sweep {sweep_id} queued; farm sweep --status {sweep_id} shows its progress")
-        return None
-    return follow_sweep(args.db, inventory.devices, spec, sweep_id, lambda text: print(text, file=sys.stderr, flush=True),
-                        start, args.host_wait * 60)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -264,57 +237,6 @@ def _tune_budget(tune: dict[str, Any], path: str, inventory: Inventory) -> TuneB
         raise FarmError(f"{path}: [tune] devices names unknown device(s): {', '.join(unknown)}",
                         "name devices of the inventory (farm devices)")
     return budget
-
-
-def _review(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, outcome: SweepOutcome,
-            budget: TuneBudget | None, queued: bool) -> tuple[SweepRegressions, list, Path | None]:
-    """After measuring: the sweep's alerts and findings (confirmed with --confirm), the [tune] budget spent (over lab
-    hosts: a job per key on its host, ``nightly.tune_queued``), the report."""
-    from farm.confirmation import detect_and_confirm
-    from farm.digest import notify_night
-    from farm.store import Store
-    from farm.sweep.leases import device_holds
-
-    report = None
-    with Store(args.db) as store:
-        reviewed = detect_and_confirm(store, outcome.sweep_id, args.confirm, inventory.tracker, inventory.devices,
-                                      spec.config, progress_printer(args.progress), args.confirm_budget,
-                                      device_holds(args.db, store, f"farm sweep {outcome.sweep_id} --confirm"))
-        dashboard_url = inventory.dashboard_url or os.environ.get("FARM_DASHBOARD_URL")
-        if said := notify_night(store, outcome.sweep_id, inventory.notify_url, dashboard_url):
-            print(f"notify: {said}", file=sys.stderr)  # the webhook ([notify] url): never the night's fate
-        tuning = [] if not budget else _nightly_tuning(inventory, spec, outcome.sweep_id, budget, args.db) \
-            if not queued else _queued_tuning(args, inventory, spec, outcome.sweep_id, budget)
-        if not args.no_report:
-            from farm.report import render_report
-
-            report = render_report(store, Path(args.report_dir) / f"sweep-{outcome.sweep_id}.html",
-                                   title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id,
-                                   dashboard_url=dashboard_url)
-    return reviewed, tuning, report
-
-
-def _queued_tuning(args: argparse.Namespace, inventory: Inventory, spec: SweepSpec, sweep_id: int,
-                   budget: TuneBudget) -> list:
-    from farm.nightly import tune_queued
-
-    return tune_queued(args.db, inventory.devices, spec, sweep_id, budget,
-                       lambda message: print(f"tune: {message}", file=sys.stderr, flush=True), args.host_wait * 60)
-
-
-def _nightly_tuning(inventory: Inventory, spec: SweepSpec, sweep_id: int, budget: TuneBudget, db: str) -> list:
-    """The sweep file's [tune] budget, spent after measuring and confirming (``nightly.tune_after_sweep``)."""
-    from farm.models import load_model_variant
-    from farm.models.variants import split_variant
-    from farm.nightly import tune_after_sweep
-
-    models = {}
-    for name in spec.cell_models():
-        model = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
-        models[model.name] = model
-    return tune_after_sweep(inventory.tracker, inventory.devices, spec.devices, sweep_id, models, spec.config, budget,
-                            db, home_dir() / "cache", home_dir() / "tune",
-                            lambda message: print(f"tune: {message}", file=sys.stderr))  # a few lines a night
 
 
 def _sweep_json(outcome: SweepOutcome, final: dict, reviewed: SweepRegressions, tuning: list,
