@@ -15,7 +15,7 @@ import numpy as np
 
 from farm.drift import MIN_CHANGE, MIN_SIZE, PENALTY, drift_rows
 from farm.figures import InlineExecutor, figure_png, pyplot
-from farm.findings import Finding, sweep_findings, sweep_verdicts
+from farm.findings import Finding, stored_findings, sweep_findings, sweep_verdicts
 from farm.manifest import changes
 from farm.records import Alert
 from farm.regress import BYTE_METRICS, METHOD, SeriesVerdict, series_value
@@ -79,7 +79,8 @@ def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> d
     current = [r for r in rows if r.sweep_id == sweep_id]
     accepted = by_sweep(rows, keep_unstable_of=sweep_id)  # each series' accepted run per sweep, once
     verdicts = sweep_verdicts(rows, sweep_id, accepted)  # upgrades beside the baselines' verdicts
-    findings = sweep_findings(store, sweep_id, rows, verdicts)
+    stored = stored_findings(store, sweep_id)  # a reviewed night's, as its review stored them: never judged again
+    findings = stored if stored is not None else sweep_findings(store, sweep_id, rows, verdicts)
     alerts = review_order(findings, store.alerts(sweep_id))
     evidence = {a.id: alert_evidence(store, rows, a, accepted, pool) for a in evidence_alerts(findings, alerts)}
     heatmap = pool.submit(heatmap_png, verdicts)

@@ -61,7 +61,7 @@ nights of every shape above.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from farm.findings.finding import (KINDS, SLOWER_STATUSES, UNCONFIRMABLE, Finding, noise_floor, percent, resolution,
@@ -80,7 +80,7 @@ KERNEL_SERIES = 2  # series of a finding whose kernels its sentence names (large
 
 __all__ = ["DEFAULT_BUDGET_MIN", "KINDS", "SLOWER_STATUSES", "UNCONFIRMABLE", "Finding", "SeriesTraits",
            "failing_findings", "find_findings", "noise_floor", "percent", "record", "representatives", "resolution", "sentence",
-           "sweep_findings", "sweep_verdicts", "with_state"]
+           "stored_findings", "sweep_findings", "sweep_verdicts", "with_state"]
 
 
 def sweep_verdicts(rows: list["Run"], sweep_id: int, accepted: dict | None = None) -> list[SeriesVerdict]:
@@ -105,6 +105,23 @@ def sweep_findings(store: "Store", sweep_id: int, rows: list["Run"],
     findings = name_kernels(store, find_findings(alerts, verdicts, runs, traits, manifests), alerts)
     states = store.finding_states([f.key for f in findings], sweep_id)
     return [with_state(f, states.get(f.key)) for f in findings]
+
+
+def stored_findings(store: "Store", sweep_id: int) -> list[Finding] | None:
+    """A reviewed night's findings as its review stored them (``record``), in its rank order, with their current
+    triage state: what the report and the dashboard read (#66: computed once a night, passed forward); None when the
+    night was not reviewed."""
+    if not store.reviewed(sweep_id):
+        return None
+    names = {f.name for f in fields(Finding)}
+    out = []
+    for body in store.findings(sweep_id):
+        values = {k: v for k, v in body.items() if k in names}
+        for key in ("devices", "models", "alerts", "representatives", "series"):
+            values[key] = tuple(values.get(key) or ())
+        values["ci"] = tuple(values["ci"]) if values.get("ci") is not None else None
+        out.append(Finding(**values))
+    return out
 
 
 def name_kernels(store: "Store", findings: list[Finding], alerts: list[Alert], most: int = KERNEL_SERIES) -> list[Finding]:
