@@ -1,4 +1,4 @@
-"""A sweep's regressions: its verdicts stored as alerts, grouped into findings (``farm/findings.py``) and, when
+"""A sweep's regressions: its verdicts stored as alerts, grouped into findings (``farm.findings``) and, when
 asked, each finding confirmed on its devices by rerunning a few representative series' baseline and tonight's
 artifacts interleaved, within a device-time budget; the findings stored with their triage state.
 

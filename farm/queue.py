@@ -19,7 +19,7 @@ what a device farm needs without a scheduler of farm's own (docs/ARCHITECTURE.md
   worker's cell runs again on its host within ``RETRY_WITHIN_S``.
 
 A job's body is farm's (``farm.sweep.lab``, ``farm.nightly``): the worker passes its handlers in by task name
-(``CELL``, ``CURVE``, ``TUNE``, ``BUILD``); this module knows no cell. What a job does must be safe to do twice (at least once:
+(``CELL``, ``CURVE``, ``TUNE``, ``BUILD``); it runs no cell's body (it only names a cell's locks). What a job does must be safe to do twice (at least once:
 a worker killed after its result committed and before its job was marked done runs again): a cell is stored whole
 under its unique cell key (``Store.record_cell``) and a copy curve under its curve key, so a job run again finds
 them and measures nothing; a tuning job run again finds its key's night stored (``Store.night_tuned``) and tunes
@@ -117,6 +117,8 @@ BUILDS = "(builds)"  # the build queues' row among the lab hosts (``LabQueue.hos
 
 
 def build_lock(sweep_id: int, device: str, model: str) -> str:
+    """The queueing lock of a cell's build job (procrastinate's queueing_lock: one waiting job per key), not a lock
+    anything holds while it runs."""
     return f"build:{sweep_id}:{device}:{model}"
 
 

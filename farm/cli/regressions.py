@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # the store and the confirmation are imported where a verb ne
 
 
 def rounds_text() -> str:
-    """'5 rounds, 10 in all if inconclusive': the interleaved reruns of --confirm (regress.CONFIRM_ROUNDS)."""
+    """The interleaved reruns of --confirm in words, from ``regress.CONFIRM_ROUNDS`` ("N rounds, M in all if
+    inconclusive")."""
     return f"{CONFIRM_ROUNDS[0]} rounds" + "".join(f", {n} in all if inconclusive" for n in CONFIRM_ROUNDS[1:])
 
 
