@@ -19,13 +19,13 @@ what a device farm needs without a scheduler of farm's own (docs/ARCHITECTURE.md
   worker's cell runs again on its host within ``RETRY_WITHIN_S``.
 
 A job's body is farm's (``farm.sweep.lab``, ``farm.nightly``): the worker passes its handlers in by task name
-(``CELL``, ``CURVE``, ``TUNE``, ``BUILD``); it runs no cell's body (it only names a cell's locks). What a job does must be safe to do twice (at least once:
-a worker killed after its result committed and before its job was marked done runs again): a cell is stored whole
-under its unique cell key (``Store.record_cell``) and a copy curve under its curve key, so a job run again finds
-them and measures nothing; a tuning job run again finds its key's night stored (``Store.night_tuned``) and tunes
-nothing; a build job run again finds its artifact in the lab's store. Two deliveries of one job may also run at
-once (a worker that froze past ``STALLED_S``): the device's lease (``farm.sweep.leases``) lets only its current
-holder store.
+(``CELL``, ``CURVE``, ``TUNE``, ``BUILD``); it runs no cell's body (it only names a cell's locks). What a job does
+must be safe to do twice (at least once: a worker killed after its result committed and before its job was marked done
+runs again): a cell is stored whole under its unique cell key (``Store.record_cell``) and a copy curve under its curve
+key, so a job run again finds them and measures nothing; a tuning job run again finds its key's night stored
+(``Store.night_tuned``) and tunes nothing; a build job run again finds its artifact in the lab's store. Two deliveries
+of one job may also run at once (a worker that froze past ``STALLED_S``): the device's lease (``farm.sweep.leases``)
+lets only its current holder store.
 
 A worker holds ``POOL_CONNECTIONS`` database connections, whatever its slots (#50: 4 workers × 24 slots passed
 PostgreSQL's default ``max_connections = 100``): procrastinate's own and the results store's are each a pool,
