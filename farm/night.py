@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from farm.errors import FarmError
 from farm.queue import HOST_WAIT_S
 from farm.records import DEFAULT_BUDGET_MIN, Inventory, SweepSpec
 
@@ -62,7 +61,6 @@ class NightPlan:
     host_wait_s: float = HOST_WAIT_S
     progress: Callable | None = None  # each cell's steps (sweep.Progress)
     say: Say = lambda line: None
-    sweep_file: str | None = None  # where the spec and budget came from, for what an error says
 
 
 @dataclass(frozen=True)
@@ -85,12 +83,9 @@ def run_night(plan: NightPlan) -> Night:
     from farm.sweep.lab import queued_devices
     from farm.sweep.run import one_sweep_at_a_time
 
-    queued = bool(queued_devices(plan.inventory.devices, plan.spec.devices))
-    if queued and plan.budget and (unhosted := [d for d in plan.budget.devices
-                                                if not plan.inventory.devices[d].lab_host]):
-        raise FarmError(f"{plan.sweep_file}: [tune] devices {', '.join(unhosted)} name no lab_host, but the sweep's "
-                        "devices do: over lab hosts each key tunes on its device's host",
-                        'add lab_host = "NAME" to each, or leave them out of [tune] devices')
+    queued = queued_devices(plan.inventory.devices, plan.spec.devices)
+    if queued and plan.budget:  # over lab hosts each key tunes on its device's host: the same rule for [tune]'s
+        queued_devices(plan.inventory.devices, (*plan.spec.devices, *plan.budget.devices))
     if queued:
         sweep_id, outcome = _queued_sweep(plan)
         return Night(sweep_id, True) if outcome is None else _after(plan, outcome, queued)

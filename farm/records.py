@@ -273,10 +273,15 @@ def cold_weights(target: dict[str, Any]) -> bool:
     (``COLD_WEIGHTS_RULE``): on llvm targets for x86-64 and aarch64 (this host's, or by ``mtriple``), the CPUs whose
     flush TVM's runtime implements (``cache_flush_cpu_non_first_arg``; elsewhere it does nothing, and single runs
     would only be noisier); a GPU's weights live in its own memory."""
+    return target_kind(target) == "llvm" and cpu_arch(target) in ("x86_64", "amd64", "aarch64", "arm64")
+
+
+def cpu_arch(target: dict[str, Any]) -> str:
+    """The CPU architecture an llvm target's code is for: its ``mtriple``'s first word, else this host's (the one
+    rule: the cold-weights rule and MetaSchedule's tensor intrinsics read it)."""
     import platform
 
-    arch = str(target.get("mtriple") or platform.machine()).split("-")[0].lower()
-    return target_kind(target) == "llvm" and arch in ("x86_64", "amd64", "aarch64", "arm64")
+    return str(target.get("mtriple") or platform.machine()).split("-")[0].lower()
 
 
 @dataclass(frozen=True)

@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
         inventory, spec, args.db, home_dir() / "cache", home_dir() / "tune", sweep_id=sweep_id, budget=budget,
         confirm=args.confirm, confirm_budget_min=args.confirm_budget,
         report_dir=None if args.no_report else Path(args.report_dir), detach=args.detach, host_wait_s=args.host_wait * 60,
-        progress=progress_printer(args.progress), say=lambda line: print(line, file=sys.stderr, flush=True),
-        sweep_file=args.file))
+        progress=progress_printer(args.progress), say=lambda line: print(line, file=sys.stderr, flush=True)))
     if night.outcome is None or night.reviewed is None:  # queued for the lab's workers, not followed (--detach)
         if args.json:
             emit_json({"sweep_id": night.sweep_id, "status": "queued"})

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import logging
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -31,7 +30,7 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from farm.compile import export_library
 from farm.errors import BuildError, DeviceUnavailable, message_line
-from farm.records import Device, candidate_timing, ModelSource, TrackerAddress
+from farm.records import Device, candidate_timing, cpu_arch, ModelSource, TrackerAddress
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary
 from farm.tune.config import BUSY_RETRIES, TuneConfig
@@ -403,9 +402,6 @@ def load_tensor_intrinsics(target: dict) -> None:
 
     Defining their TVMScript functions is slow under ``inspect.stack()``: ``tvm_private.pseudo_files_have_no_module``
     says why, and makes it fast."""
-    arch = None
-    if target.get("kind") == "llvm":
-        triple = target.get("mtriple") or platform.machine()
-        arch = triple.split("-", 1)[0]
+    arch = cpu_arch(target) if target.get("kind") == "llvm" else None
     with pseudo_files_have_no_module():
         import_tensor_intrinsics(arch)
