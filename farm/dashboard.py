@@ -354,33 +354,30 @@ class SeriesPage(StoredPage):
 
 
 class ComparePage(StoredPage):
-    page = "compare"
+    """/compare?a=RUN&b=RUN (``compare.compare_runs``); its subclass /nights?a=SWEEP&b=SWEEP (``compare_nights``)."""
+
+    page, what = "compare", "run"
+
+    def compare(self, store: Store, a: int, b: int) -> dict[str, Any]:
+        return compare_runs(store, a, b)
 
     def get(self) -> None:
         a, b = self.number("a"), self.number("b")
         if a is None or b is None or not exists(self.db_path):
-            return self.missing("give two runs: /compare?a=RUN&b=RUN")
+            return self.missing(f"give two: /{self.page}?a={self.what.upper()}&b={self.what.upper()}")
         try:
             with self.store() as store:
-                data = compare_runs(store, a, b)
+                data = self.compare(store, a, b)
         except FarmError as exc:
             return self.missing(f"{exc.message} ({exc.hint})")
-        self.render_page(f"Run {a} against run {b}", data=data)
+        self.render_page(f"{self.what.capitalize()} {a} against {self.what} {b}", data=data)
 
 
-class NightsPage(StoredPage):
-    page = "nights"
+class NightsPage(ComparePage):
+    page, what = "nights", "sweep"
 
-    def get(self) -> None:
-        a, b = self.number("a"), self.number("b")
-        if a is None or b is None or not exists(self.db_path):
-            return self.missing("give two sweeps: /nights?a=SWEEP&b=SWEEP")
-        try:
-            with self.store() as store:
-                data = compare_nights(store, a, b)
-        except FarmError as exc:
-            return self.missing(f"{exc.message} ({exc.hint})")
-        self.render_page(f"Sweep {a} against sweep {b}", data=data)
+    def compare(self, store: Store, a: int, b: int) -> dict[str, Any]:
+        return compare_nights(store, a, b)
 
 
 @functools.cache

@@ -247,6 +247,24 @@ def native_fleet(work: Path, devices: dict[str, str], lab_host: str | None = Non
             stop_process(record)
 
 
+@contextlib.contextmanager
+def dashboard_server(inventory: Path, env: dict[str, str], *args: str):
+    """`farm dashboard` for ``inventory`` on a free port of this host, as a user starts it: its base URL; stopped
+    (its process group) after."""
+    import signal
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "farm.cli", "--devices", str(inventory), "dashboard", "--port",
+                               str(port), *args], cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert "farm dashboard on http://127.0.0.1:" in server.stdout.readline()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=10)
+
+
 def run_farm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user or a cron job would."""

@@ -1,16 +1,11 @@
 """farm dashboard: a real tornado server, a real store, checked in headless Chromium."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 
-from farm.rpc.processes import free_port
-from tests.conftest import REPO, farm_workspace, run_farm
+from tests.conftest import dashboard_server, farm_workspace, run_farm
 from tests.test_report import needs_chromium, open_in_chromium
 
 
@@ -22,17 +17,8 @@ def dashboard(farm_net, tmp_path_factory):
                      "--repeat", "3", "--min-repeat-ms", "5", "--no-report", env=farm_env)
     assert sweep.returncode == 0, sweep.stderr
     run_farm("--devices", str(inventory_file), "devices", "--probe", env=farm_env)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "farm.cli", "--devices", str(inventory_file), "dashboard",
-                               "--port", str(port), "--url", "http://farm.lab.example/"], cwd=REPO,
-                              env={**os.environ, **farm_env},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert "farm dashboard on http://127.0.0.1:" in server.stdout.readline()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=10)
+    with dashboard_server(inventory_file, farm_env, "--url", "http://farm.lab.example/") as url:
+        yield url
 
 
 def test_dashboard_shows_devices_sweep_and_results(dashboard):

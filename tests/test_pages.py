@@ -5,21 +5,14 @@ night (farm compare --sweep); an old night's report shows that night's runs."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from farm.rpc.processes import free_port
-from tests.conftest import env_in, run_farm
+from tests.conftest import dashboard_server, env_in, run_farm
 from tests.test_findings import DEVICES, MASS, MODELS, NIGHTS, plant, regressions
-from tests.test_report import needs_chromium
+from tests.test_report import chromium_page, needs_chromium
 
-REPO = Path(__file__).resolve().parent.parent
 UPGRADE = 3  # the night TVM 0.28.0 arrived
 
 
@@ -34,36 +27,16 @@ def lab(tmp_path_factory):
     review = regressions(db)
     (folder / "devices.toml").write_text('[tracker]\nhost = "127.0.0.1"\nport = 9\n\n[devices.dev0]\nkind = "remote"\n'
                                          'key = "dev0"\ntarget = { kind = "llvm" }\n')
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "farm.cli", "--devices", str(folder / "devices.toml"), "dashboard",
-                               "--port", str(port)], cwd=REPO, env={**os.environ, **env_in(folder), "FARM_DB": str(db)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert "farm dashboard on http://127.0.0.1:" in server.stdout.readline()
-        yield db, f"http://127.0.0.1:{port}", review
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=10)
+    with dashboard_server(folder / "devices.toml", {**env_in(folder), "FARM_DB": str(db)}) as url:
+        yield db, url, review
 
 
 def _chromium(url: str, then=None):
     """(page text, console errors, scroll width, what ``then(page)`` returned) of ``url`` at 1,400 px."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.test_report import CHROMIUM
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(url)
-            said = then(page) if then else None
-            return page.inner_text("body"), errors, page.evaluate("document.documentElement.scrollWidth"), said
-        finally:
-            browser.close()
+    with chromium_page() as (page, errors):
+        page.goto(url)
+        said = then(page) if then else None
+        return page.inner_text("body"), errors, page.evaluate("document.documentElement.scrollWidth"), said
 
 
 @needs_chromium

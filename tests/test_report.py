@@ -1,5 +1,6 @@
 """The HTML report, rendered from a real store and opened in real headless Chromium."""
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -19,6 +20,24 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # a test of what a browser shows: skipped, with this reason, where there is no Chromium
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (tools/setup.sh installs it)")
 FAST = BenchConfig(repeat=5, min_repeat_ms=5, timeout_s=20)
+
+
+@contextlib.contextmanager
+def chromium_page(width: int = 1400):
+    """(a page of a headless Chromium ``width`` px wide, the errors its console, scripts and dialogs report)."""
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda d: errors.append(f"dialog: {d.message}"))
+            yield page, errors
+        finally:
+            browser.close()
 
 
 def open_in_chromium(where, ready: tuple[str, str] | None = None, open_details: bool = False, width: int | None = None):

@@ -150,10 +150,8 @@ SCHEMA_4_ALERTS = """CREATE TABLE alerts (
     confirmation TEXT NOT NULL DEFAULT '{{}}', UNIQUE (sweep_id, device, model, tuned, metric))"""
 
 
-def back_to_schema_8(db, location: str) -> None:
-    """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
-    without a runtime (rebuilt, rows kept)."""
-    pg = location.startswith("postgresql://")
+def undo_schemas_21_to_23(db) -> None:
+    """Undo schemas 23, 22 and 21 by hand (a store from before them): triage events, manifests, start keys."""
     db.execute("DROP INDEX alerts_series")  # schema 23
     db.execute("DROP TABLE finding_events")
     db.execute("ALTER TABLE findings DROP COLUMN bug")
@@ -162,6 +160,13 @@ def back_to_schema_8(db, location: str) -> None:
     db.execute("ALTER TABLE runs DROP COLUMN manifest")
     db.execute("DROP INDEX sweeps_start_key")  # schema 21
     db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
+
+
+def back_to_schema_8(db, location: str) -> None:
+    """Undo schema 9 by hand (what farm 8 left): runs without a runtime, the old runs_series index, alerts keyed
+    without a runtime (rebuilt, rows kept)."""
+    pg = location.startswith("postgresql://")
+    undo_schemas_21_to_23(db)
     db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
@@ -207,14 +212,7 @@ def test_a_schema_12_database_keeps_the_reviews_it_can_tell(db_location):
         first = store.record_findings(3, [finding])[finding["key"]]
         store.save_budget(5, 1800.0, 60.0, 1, 0)
     db = raw_connection(db_location)
-    db.execute("DROP INDEX alerts_series")  # schema 23
-    db.execute("DROP TABLE finding_events")
-    db.execute("ALTER TABLE findings DROP COLUMN bug")
-    db.execute("ALTER TABLE findings DROP COLUMN duplicate_of")
-    db.execute("DROP TABLE manifests")  # schema 22
-    db.execute("ALTER TABLE runs DROP COLUMN manifest")
-    db.execute("DROP INDEX sweeps_start_key")  # schema 21
-    db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
+    undo_schemas_21_to_23(db)
     db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
@@ -248,14 +246,7 @@ def test_a_schema_13_database_reads_its_runs_unchanged_with_threads_not_known(db
         run_id = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
-    db.execute("DROP INDEX alerts_series")  # schema 23
-    db.execute("DROP TABLE finding_events")
-    db.execute("ALTER TABLE findings DROP COLUMN bug")
-    db.execute("ALTER TABLE findings DROP COLUMN duplicate_of")
-    db.execute("DROP TABLE manifests")  # schema 22
-    db.execute("ALTER TABLE runs DROP COLUMN manifest")
-    db.execute("DROP INDEX sweeps_start_key")  # schema 21
-    db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
+    undo_schemas_21_to_23(db)
     db.execute("DROP TABLE profiles")  # schema 20
     db.execute("DROP TABLE device_leases")  # schema 19
     db.execute("DROP INDEX copy_curves_curve_key")
@@ -529,14 +520,7 @@ def test_a_run_s_profile_is_stored_with_it_and_a_schema_19_database_gets_the_tab
         plain = store.record_result(_result(), DEVICE, load_model("mlp"), None)
         written = run_rows(store)
     db = raw_connection(db_location)
-    db.execute("DROP INDEX alerts_series")  # schema 23
-    db.execute("DROP TABLE finding_events")
-    db.execute("ALTER TABLE findings DROP COLUMN bug")
-    db.execute("ALTER TABLE findings DROP COLUMN duplicate_of")
-    db.execute("DROP TABLE manifests")  # schema 22
-    db.execute("ALTER TABLE runs DROP COLUMN manifest")
-    db.execute("DROP INDEX sweeps_start_key")  # schema 21
-    db.execute("ALTER TABLE sweeps DROP COLUMN start_key")
+    undo_schemas_21_to_23(db)
     db.execute("DROP TABLE profiles")
     db.execute("UPDATE meta SET value='19' WHERE key='schema_version'")
     db.close()

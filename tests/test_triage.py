@@ -6,26 +6,20 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from farm.digest import digest_markdown, night_digest, notify_night, post_webhook
 from farm.rpc.processes import free_port
 from farm.store import Store, StoreError
-from tests.conftest import env_in, run_farm
+from tests.conftest import dashboard_server, env_in, run_farm
 from tests.test_findings import NIGHTS, SINGLE, plant, regressions
-from tests.test_report import needs_chromium
+from tests.test_report import chromium_page, needs_chromium
 
-REPO = Path(__file__).resolve().parent.parent
 TOKEN = "lab-token-0123456789abcdef"
 
 
@@ -141,16 +135,8 @@ def dashboard(night, tmp_path):
     token_file.write_text(TOKEN + "\n")
     inventory.write_text(f'[dashboard]\ntoken_file = "{token_file}"\n\n[devices.dev0]\nkind = "remote"\nkey = "dev0"\n'
                          'target = { kind = "llvm" }\n')
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "farm.cli", "--devices", str(inventory), "dashboard", "--port",
-                               str(port)], cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert "farm dashboard on http://127.0.0.1:" in server.stdout.readline()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=10)
+    with dashboard_server(inventory, env) as url:
+        yield url
 
 
 def _post(url: str, fields: dict, cookie: str = "") -> int:
@@ -165,42 +151,29 @@ def _post(url: str, fields: dict, cookie: str = "") -> int:
 
 @needs_chromium
 def test_a_finding_triaged_invalid_in_the_browser_persists_the_cli_agrees_and_the_next_night_keeps_it(night, dashboard):
-    from playwright.sync_api import sync_playwright
-
-    from tests.test_report import CHROMIUM
-
     db, env, finding = night
     page_url = f"{dashboard}/finding/{finding['finding_id']}"
     # a POST without the token, or without the XSRF cookie and field, is refused and changes nothing
     assert _post(page_url + "/triage", {"state": "fixed", "by": "eve", "token": TOKEN}) == 403  # no XSRF
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("dialog", lambda d: errors.append(f"dialog: {d.message}"))
-            page.goto(page_url)
-            xsrf = next(c["value"] for c in page.context.cookies() if c["name"] == "_xsrf")
-            form = page.input_value("form#triage input[name=_xsrf]")
-            assert _post(page_url + "/triage", {"state": "fixed", "by": "eve", "token": "wrong", "_xsrf": form},
-                         cookie=f"_xsrf={xsrf}") == 403  # the XSRF check passes, the token does not
-            page.select_option("form#triage select[name=state]", "invalid")
-            page.fill("form#triage input[name=by]", "ana")
-            page.fill("form#triage input[name=note]", "<script>alert('note')</script> thermal throttling")
-            page.fill("form#triage input[name=bug]", "javascript:alert(1)")
-            page.fill("form#triage input[name=token]", TOKEN)
-            page.click("form#triage button[type=submit]")
-            page.wait_for_url(page_url)
-            page.reload()
-            events = page.eval_on_selector_all("tr.event", "rows => rows.map(r => r.innerText)")
-            links = page.eval_on_selector_all("table#events a", "links => links.map(a => a.href)")
-            page.goto(f"{dashboard}/findings?sweep={NIGHTS - 1}")
-            state = page.get_attribute("tr.finding", "data-state")
-            invalid = page.inner_text("#invalid")
-        finally:
-            browser.close()
+    with chromium_page() as (page, errors):
+        page.goto(page_url)
+        xsrf = next(c["value"] for c in page.context.cookies() if c["name"] == "_xsrf")
+        form = page.input_value("form#triage input[name=_xsrf]")
+        assert _post(page_url + "/triage", {"state": "fixed", "by": "eve", "token": "wrong", "_xsrf": form},
+                     cookie=f"_xsrf={xsrf}") == 403  # the XSRF check passes, the token does not
+        page.select_option("form#triage select[name=state]", "invalid")
+        page.fill("form#triage input[name=by]", "ana")
+        page.fill("form#triage input[name=note]", "<script>alert('note')</script> thermal throttling")
+        page.fill("form#triage input[name=bug]", "javascript:alert(1)")
+        page.fill("form#triage input[name=token]", TOKEN)
+        page.click("form#triage button[type=submit]")
+        page.wait_for_url(page_url)
+        page.reload()
+        events = page.eval_on_selector_all("tr.event", "rows => rows.map(r => r.innerText)")
+        links = page.eval_on_selector_all("table#events a", "links => links.map(a => a.href)")
+        page.goto(f"{dashboard}/findings?sweep={NIGHTS - 1}")
+        state = page.get_attribute("tr.finding", "data-state")
+        invalid = page.inner_text("#invalid")
     assert errors == []
     assert len(events) == 1 and "ana" in events[0] and "new → invalid" in events[0]
     assert "<script>alert('note')</script> thermal throttling" in events[0]  # shown as text, never run
@@ -216,13 +189,8 @@ def test_a_dashboard_without_a_token_is_read_only(night, tmp_path):
     db, env, finding = night
     inventory = tmp_path / "devices.toml"
     inventory.write_text('[devices.dev0]\nkind = "remote"\nkey = "dev0"\ntarget = { kind = "llvm" }\n')
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "farm.cli", "--devices", str(inventory), "dashboard", "--port",
-                               str(port)], cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert "farm dashboard on http://127.0.0.1:" in server.stdout.readline()
-        base = f"http://127.0.0.1:{port}/finding/{finding['finding_id']}"
+    with dashboard_server(inventory, env) as url:
+        base = f"{url}/finding/{finding['finding_id']}"
         with urllib.request.urlopen(base, timeout=30) as answer:
             cookie = answer.headers["Set-Cookie"] or ""
             page = answer.read().decode()
@@ -230,9 +198,6 @@ def test_a_dashboard_without_a_token_is_read_only(night, tmp_path):
         xsrf = cookie.split(";")[0].split("=", 1)[1] if "_xsrf=" in cookie else "x"
         assert _post(base + "/triage", {"state": "fixed", "by": "eve", "token": "", "_xsrf": xsrf},
                      cookie=f"_xsrf={xsrf}") == 403
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=10)
     with Store(db) as store:
         assert all(e["author"] != "eve" for events in store.finding_events().values() for e in events)
 
