@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import urlencode
 
 import pytest
 
@@ -117,3 +118,35 @@ def test_an_old_night_s_report_shows_that_night_s_runs(lab):
     html = html_path.read_text()
     shown = {int(cell) for cell in re.findall(r"<td>(\d+)</td>\n</tr>", html)}
     assert shown == night
+
+
+@needs_chromium
+def test_a_hostile_model_and_device_name_is_shown_as_text_never_run(tmp_path):
+    """A device and a model named <script>…</script> (inventories and model files are people's input): the series
+    page and the findings page show the names as text, and no script runs (no dialog, no console error)."""
+    from farm.records import BenchConfig, BenchResult, CheckResult, Device, InputSpec, ModelSource
+    from farm.store import Store
+
+    hostile = "<script>alert(1)</script>"
+    db = tmp_path / "results.db"
+    with Store(db) as store:
+        for _ in range(2):  # two nights
+            sweep = store.start_sweep({"devices": [hostile], "models": [hostile]})
+            store.record_result(BenchResult(device=hostile, key="k", model=hostile, model_digest="d", status="ok",
+                                            steady_number=1, steady_samples_s=(1e-3, 1.001e-3, 0.999e-3) * 4,
+                                            check=CheckResult("passed", 0.0), config=BenchConfig()),
+                                Device(hostile, "remote", "k", {"kind": "llvm"}),
+                                ModelSource(hostile, "builtin:x", "d", b"", (InputSpec("x", (1,), "float32"),)), None,
+                                sweep_id=sweep)
+        store.record_findings(2, [{"key": "series|steady|slower|x", "kind": "series", "metric": "steady",
+                                   "sentence": f"{hostile} is 10.0 % slower", "direction": "slower"}])
+    (tmp_path / "devices.toml").write_text('[devices.dev0]\nkind = "remote"\nkey = "dev0"\ntarget = { kind = "llvm" }\n')
+    with dashboard_server(tmp_path / "devices.toml", {**env_in(tmp_path), "FARM_DB": str(db)}) as url:
+        query = urlencode({"device": hostile, "model": hostile, "tuned": 0, "runtime": "tvm"})
+        with chromium_page() as (page, errors):
+            page.goto(f"{url}/series?{query}")
+            series = page.inner_text("h1")
+            page.goto(f"{url}/findings")
+            listed = page.inner_text("table#findings")
+    assert errors == []
+    assert series == f"{hostile} · {hostile}" and f"{hostile} is 10.0 % slower" in listed
