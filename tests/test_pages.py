@@ -15,16 +15,22 @@ from tests.test_findings import DEVICES, MASS, MODELS, NIGHTS, plant, regression
 from tests.test_report import chromium_page, needs_chromium
 
 UPGRADE = 3  # the night TVM 0.28.0 arrived
+TUNING, TUNED = 6, "m7"  # the night m7's tuning records arrived
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A store of NIGHTS nights: TVM upgraded on night UPGRADE, half the models 12 % slower everywhere on the last
-    (a mass night), reviewed by farm regressions; and farm dashboard serving it: (db, base URL, the review)."""
+    """A store of NIGHTS nights: TVM upgraded on night UPGRADE, a tuning night (TUNED's records, 20 % faster, from
+    night TUNING), half the models 12 % slower everywhere on the last (a mass night), every night reviewed by farm
+    regressions; and farm dashboard serving it: (db, base URL, the last night's review)."""
     folder = tmp_path_factory.mktemp("pages")
     db = folder / "results.db"
-    plant(db, lambda night, device, model: 1.12 if night == NIGHTS and model in MASS else 1.0,
-          tvm=lambda night: "0.28.0" if night >= UPGRADE else "0.27.0")
+    plant(db, lambda night, device, model: 1.12 if night == NIGHTS and model in MASS else
+          0.8 if night >= TUNING and model == TUNED else 1.0,
+          tvm=lambda night: "0.28.0" if night >= UPGRADE else "0.27.0",
+          tuned=lambda night, device, model: 8 if night >= TUNING and model == TUNED else 0)
+    for night in range(2, NIGHTS):
+        regressions(db, "--sweep", str(night))
     review = regressions(db)
     (folder / "devices.toml").write_text('[tracker]\nhost = "127.0.0.1"\nport = 9\n\n[devices.dev0]\nkind = "remote"\n'
                                          'key = "dev0"\ntarget = { kind = "llvm" }\n')
