@@ -195,9 +195,9 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
     def call(self: "LabQueue", *args: Any, **kwargs: Any) -> T:
         import psycopg
 
-        from farm.store.backends import RECONNECT_S, RECONNECT_PAUSES_S, backend_hint
+        from farm.store.backends import RECONNECT_S, Outage, backend_hint
 
-        deadline, pause = None, 0
+        outage = Outage()
         while True:
             try:
                 done = method(self, *args, **kwargs)
@@ -212,14 +212,12 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
                     raise StoreError(f"cannot connect to the lab's queue at {_redact(self.url)}: {message_line(cause)}",
                                      "check that the PostgreSQL server runs (the lab's queue is on the results "
                                      "database)") from exc
-                deadline = deadline or time.monotonic() + RECONNECT_S
-                if time.monotonic() >= deadline:
+                if (wait := outage.pause()) is None:
                     raise ConnectionLost(f"the lab's queue at {_redact(self.url)} did not answer for {RECONNECT_S:g} s:"
                                          f" {message_line(cause)}", backend_hint(cause)) from exc
-                if pause == 0:
+                if outage.tries == 1:
                     log.warning("the lab's queue at %s: %s: trying again", _redact(self.url), message_line(cause))
-                time.sleep(RECONNECT_PAUSES_S[min(pause, len(RECONNECT_PAUSES_S) - 1)])
-                pause += 1
+                time.sleep(wait)
 
     return call
 
@@ -586,13 +584,13 @@ class LabQueue:
         logs it, and the job is done. A fetch whose answer was lost returns the job it took (``_taken_meanwhile``)."""
         import asyncio
 
-        from farm.store.backends import RECONNECT_S, RECONNECT_PAUSES_S
+        from farm.store.backends import Outage
 
         manager, connector_error = self.app.job_manager, self._procrastinate.exceptions.ConnectorException
 
         def patient(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
             async def run(*args: Any, **kwargs: Any) -> Any:
-                deadline, pause = None, 0
+                outage = Outage()
                 fetching, before = name == "fetch_job", None  # a fetch: the jobs running for it before it
                 while True:
                     try:
@@ -609,13 +607,11 @@ class LabQueue:
                         if not connection_lost(exc.__cause__):
                             raise
                         self._unreachable_s = time.monotonic()  # the stall check waits (stall_check_due)
-                        deadline = deadline or time.monotonic() + RECONNECT_S
-                        if time.monotonic() >= deadline:
+                        if (wait := outage.pause()) is None:
                             raise
-                        if pause == 0:
+                        if outage.tries == 1:
                             log.warning("the lab's queue (%s): %s: trying again", name, message_line(exc.__cause__ or exc))
-                        await asyncio.sleep(RECONNECT_PAUSES_S[min(pause, len(RECONNECT_PAUSES_S) - 1)])
-                        pause += 1
+                        await asyncio.sleep(wait)
 
             return run
 

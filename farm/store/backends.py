@@ -41,6 +41,25 @@ URL_PREFIXES = ("postgresql://", "postgres://")
 # (#50), and 60 s is the bound #50 sets for a failover; what a lab job waits at most for its database
 RECONNECT_S = 60.0
 RECONNECT_PAUSES_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # between tries to reconnect, then the last one again
+
+
+class Outage:
+    """One wait through a lost connection, the one rule of farm's reconnects (the store's and the lab queue's):
+    it starts at the first loss and ends ``RECONNECT_S`` later (or at a ``deadline`` it is given: an outage the
+    process already waits through), with ``RECONNECT_PAUSES_S`` between tries."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline, self.tries = deadline, 0
+
+    def pause(self) -> float | None:
+        """The pause before the next try; None once the outage has lasted its time (give up)."""
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + RECONNECT_S
+        if now >= self.deadline:
+            return None
+        self.tries += 1
+        return RECONNECT_PAUSES_S[min(self.tries - 1, len(RECONNECT_PAUSES_S) - 1)]
 MIGRATION_LOCK = 0x6661726D  # "farm": one migrator at a time on a shared server
 FETCH_ROWS = 1000  # rows fetched at a time while a cursor is iterated
 
@@ -377,7 +396,7 @@ class PostgresBackend(Backend):
 
     def _connect(self, deadline: float) -> Any:
         """A new connection, tried until ``deadline`` while the server refuses or is starting (an OperationalError)."""
-        attempt = 0
+        outage = Outage(deadline)
         while True:
             try:
                 # a writer waits for a writable server, never a standby's read-only one
@@ -388,10 +407,9 @@ class PostgresBackend(Backend):
                     db.execute("SET default_transaction_read_only = on")
                 return db
             except self._psycopg.OperationalError:
-                if time.monotonic() >= deadline:
+                if (wait := outage.pause()) is None:
                     raise
-                time.sleep(RECONNECT_PAUSES_S[min(attempt, len(RECONNECT_PAUSES_S) - 1)])
-                attempt += 1
+                time.sleep(wait)
 
     def lost(self, exc: BaseException | None) -> bool:
         """Whether ``exc`` (or what it was raised from) is the server's connection gone: an OperationalError
