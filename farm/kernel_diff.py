@@ -133,8 +133,8 @@ def kernel_diff(old: KernelProfile, new: KernelProfile, same_artifact: bool | No
         else 1.0
     change = new.kernel_sum_s - old.kernel_sum_s
     attributed = new.kernel_sum_s - common * old.kernel_sum_s
-    if attributed * change < 0:  # what is left beyond it goes against the change: no shift shared by the time
-        common, attributed = 1.0, change
+    if attributed * change < 0 and abs(attributed) >= STANDS_OUT * old.kernel_sum_s:
+        common, attributed = 1.0, change  # what is left beyond it clearly goes against the change: no shared shift
 
     def beyond(a: float | None, b: float | None) -> float:
         return (b or 0.0) - common * (a or 0.0)

@@ -130,6 +130,13 @@ def test_a_change_is_put_on_the_kernels_that_moved_and_other_kernels_compare_by_
     by_class = kernel_diff(before, other)
     assert by_class.by == "op class" and "compared by op class" in by_class.note
     assert {m.name for m in by_class.moves} == {"conv", "pool"} and by_class.moves[0].name == "conv"
+    # a session every kernel of which ran the same factor slower (float rounding leaves a leftover of ~1e-20 either
+    # way): no kernel stands out, whatever the sign of that leftover
+    times = [("conv2d", 3.92e-5), ("conv2d1", 1.3e-4), ("add", 1.7e-5), ("relu", 1.1e-5), ("mean", 2.9e-5),
+             ("add1", 3.3e-5)]
+    for drift in (1.1, 1.2, 1.3, 1.7):
+        alike = kernel_diff(_profile(*times), _profile(*[(n, t * drift) for n, t in times]), same_artifact=True)
+        assert alike.headline().startswith(f"every kernel moved alike ({drift - 1:+.0%}"), alike.headline()
 
 
 def test_farm_compare_names_the_kernels_of_two_profiled_runs_and_says_when_a_run_has_none(inventory_file, farm_env):
