@@ -149,14 +149,13 @@ def _queued_tuning(plan: NightPlan, sweep_id: int) -> list:
 def _tuning(plan: NightPlan, sweep_id: int) -> list:
     """The sweep file's [tune] budget, spent after measuring and confirming (``nightly.tune_after_sweep``)."""
     from farm.models import load_model_variant
-    from farm.models.variants import split_variant
     from farm.nightly import tune_after_sweep
 
     assert plan.budget is not None
     spec, inventory = plan.spec, plan.inventory
     models = {}
     for name in spec.cell_models():
-        model = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+        model = load_model_variant(name, spec.shapes_of(name))
         models[model.name] = model
     return tune_after_sweep(inventory.tracker, inventory.devices, spec.devices, sweep_id, models, spec.config,
                             plan.budget, plan.db, plan.cache_dir, plan.tune_dir,

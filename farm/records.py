@@ -613,6 +613,10 @@ class SweepSpec:
         names = [m if v == "fp32" else f"{m}@{v}" for m in self.models for v in self.variants]
         return ref + tuple(dict.fromkeys(n for n in names if n != self.reference))
 
+    def shapes_of(self, name: str) -> dict[str, tuple[int, ...]] | None:
+        """The input shapes the spec gives a cell's model (``mlp@fp16``: its base's), None when it gives none."""
+        return self.shapes.get(split_variant(name)[0])
+
     def cells(self) -> list[tuple[str, str]]:
         """Every (device, model) cell in sweep order; models carry their variant (``mlp@fp16``)."""
         return [(device, model) for device in self.devices for model in self.cell_models()]

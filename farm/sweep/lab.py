@@ -181,7 +181,7 @@ def host_gone(db_url: str, devices: dict[str, Device], spec: SweepSpec, sweep_id
             name = args["model"]
             if name not in models:
                 try:
-                    models[name] = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+                    models[name] = load_model_variant(name, spec.shapes_of(name))
                 except ModelError:  # what is stored of it needs its name only
                     models[name] = stand_in_model(spec, name)
             store_offline(store, devices[args["device"]], models[name], spec.config, sweep_id,
@@ -219,7 +219,7 @@ class LabWorker:
         """The cell model ``name``, loaded once per process while it is the model the sweep names
         (``SweepSpec.model_digests``): one loaded for an earlier sweep is loaded again when the sweep names another
         identity (#61: a model re-exported between nights was measured as the night before's)."""
-        shapes = spec.shapes.get(split_variant(name)[0])
+        shapes = spec.shapes_of(name)
         wanted = spec.model_digests.get(name)
         refuse_unlisted_factory(split_variant(name)[0])
         with self._lock:

@@ -27,7 +27,7 @@ from farm.errors import FarmError, ModelError, StoreError, TrackerError, message
 from farm.measure import measure_copy_curve
 from farm.models import load_model_variant
 from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, BenchResult, CellStanding, Device, Lease, ModelSource,
-                          RunToStore, StoredAttempt, SweepSpec, TrackerAddress, split_variant, target_kind)
+                          RunToStore, StoredAttempt, SweepSpec, TrackerAddress, target_kind)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.store.backends import is_url
@@ -151,7 +151,7 @@ def prepare(devices: dict[str, Device], spec: SweepSpec) -> tuple[SweepSpec, dic
     models, unloadable = {}, {}
     for name in spec.cell_models():
         try:
-            models[name] = load_model_variant(name, spec.shapes.get(split_variant(name)[0]))
+            models[name] = load_model_variant(name, spec.shapes_of(name))
         except ModelError as exc:
             if not spec.model_digests:  # a new sweep: bad input, said before anything is stored
                 raise
