@@ -16,7 +16,6 @@ the page's nonce). Nothing is fetched from outside the dashboard.
 
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -189,8 +188,3 @@ def series_view(store: Store, device: str, model: str, tuned: bool, runtime: str
 
 def new_nonce() -> str:
     return secrets.token_urlsafe(16)
-
-
-def points_json(points: list[Point]) -> str:
-    """The drawn points as the page states them (a test reads them back against the store)."""
-    return json.dumps([{"sweep": p.sweep_id, "run": p.run_id, "value": p.value} for p in points])

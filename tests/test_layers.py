@@ -55,7 +55,8 @@ ALLOWED = {
     "compare": {"errors", "kernel_diff", "records", "regress", "results", "runs", "series", "stats", "store"},  # runs, nights
     "digest": {"store"},  # a night's findings for the team, and its webhook
     "pages": {"manifest", "records", "regress", "results", "runs", "series", "stats", "store"},  # finding pages
-    "dashboard": {"compare", "errors", "manifest", "pages", "records", "queue", "results", "rpc", "stats", "store"},
+    "dashboard": {"errors", "manifest", "pages", "records", "queue", "results", "rpc", "stats", "store"},
+    "dashboard_server": {"compare", "dashboard", "errors", "pages", "records", "stats", "store"},  # the web server
     "cli": {"*"},
     "__init__": set(),
 }
@@ -228,8 +229,8 @@ def test_no_module_branches_on_a_device_kind_outside_the_kinds():
 CATCHERS = {
     "farm.compile.child": "a compile's FarmError in its own process crosses back as (message, hint): a BuildError here",
     "farm.confirmation": "a rerun that fails leaves the alert 'unknown' with the reason",
-    "farm.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving; a refused "
-                      "comparison or triage: a 404 or 400 with the reason",
+    "farm.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving",
+    "farm.dashboard_server": "a refused comparison or triage: a 404 or 400 with the reason",
     "farm.devices": "the watchdog reports a restart that failed and keeps watching; a server it cannot stop stays recorded",
     "farm.devices.adb_shell": "a program of its own (python -m): error: and exit 1, as the CLI",
     "farm.devices.cache": "setup_step: a cached build run as a program (setup.sh): error: and exit 1, as the CLI",
