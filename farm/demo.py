@@ -20,7 +20,7 @@ from farm.devices import bring_up, kinds
 from farm.inventory import parse_inventory
 from farm.models import load_model
 from farm.records import BenchConfig, Inventory, TrackerAddress
-from farm.report import render_report, report_file
+from farm.views.report import render_report, report_file
 from farm.rpc.processes import exited_at_start, free_port, start_tracker, stopped_at_end
 from farm.rpc.tracker import wait_for_servers
 from farm.store import Store

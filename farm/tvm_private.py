@@ -181,7 +181,7 @@ _NORMALIZE: list[Callable] = []
 @dataclass(frozen=True)
 class XGBState:
     """An ``XGBModel``'s training state, which MetaSchedule keeps in plain attributes and never saves
-    (``farm.costmodel`` saves and restores it): its feature groups by hash (``data``), their candidate count
+    (``farm.tune.costmodel`` saves and restores it): its feature groups by hash (``data``), their candidate count
     (``data_size``), that count at its last training (``last_train_size``: its adaptive retraining) and the
     booster (None before any training)."""
 

@@ -438,8 +438,8 @@ def make_run(run_id: int, sweep_id: int | None, value: float, status: str = "ok"
              runtime: str = "tvm", runtime_version: str = ""):
     """A ``runs.Run`` as ``results.run_rows`` gives it, for tests of what reads runs: one steady median ``value``
     (a summary of 3 repeats), load 10 ms, first run 20 ms, no copies."""
-    from farm.runs import Run
-    from farm.series import context_of
+    from farm.analysis.runs import Run
+    from farm.analysis.series import context_of
     from farm.stats import Summary
 
     context = {"target": target or {"kind": "llvm"}, "pipeline_version": 2}

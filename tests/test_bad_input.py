@@ -130,7 +130,7 @@ def test_a_bad_file_or_name_is_one_error_line_with_a_hint(lab, name, argv, says)
 
 
 def test_a_read_only_reader_of_an_older_database_says_how_to_upgrade_it(lab, tmp_path):
-    from farm.dashboard import collect_state
+    from farm.views.dashboard import collect_state
     from farm.inventory import load_inventory
 
     old = tmp_path / "old.db"

@@ -6,8 +6,8 @@ import pytest
 
 import farm.cli.regressions
 from farm.cli import build_parser
-from farm.drift import MIN_CHANGE, MIN_NIGHTS, MIN_SIZE, PENALTY
-from farm.regress import CONFIRM_ROUNDS, METHOD, METRICS, Method, Thresholds
+from farm.analysis.drift import MIN_CHANGE, MIN_NIGHTS, MIN_SIZE, PENALTY
+from farm.analysis.regress import CONFIRM_ROUNDS, METHOD, METRICS, Method, Thresholds
 from farm.stats import MAD_TO_SD
 
 

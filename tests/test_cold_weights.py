@@ -23,7 +23,7 @@ def test_a_cpu_task_is_timed_on_the_device_after_each_flush_and_warm_otherwise(f
 
     from farm.compile import effective_target, make_target, toolchain_for
     from farm.records import COLD_RUNS
-    from farm.task_profile import time_modules
+    from farm.tune.task_profile import time_modules
     from farm.tune.metaschedule import export_to
 
     device = parse_inventory(farm_net.inventory_text()).devices["cpu-a"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.artifacts import cubin_archs, inspect_artifact
+from farm.compile.artifacts import cubin_archs, inspect_artifact
 from farm.compile.cuda import MIN_DRIVER
 from tests.conftest import REPO, run_farm
 

@@ -64,7 +64,7 @@ def _sweep(inventory_file, farm_env, tmp_path, *args):
 
 def test_one_median_in_the_sweep_output_results_report_and_dashboard(farm_net, inventory_file, farm_env, tmp_path):
     """An even number of repeats (the median is the mean of the middle two) and an odd one."""
-    from farm.dashboard import collect_state
+    from farm.views.dashboard import collect_state
     from farm.inventory import load_inventory
     from farm.stats import format_duration
 
@@ -101,7 +101,7 @@ def test_dashboard_counts_a_variant_sweeps_cells(farm_net, inventory_file, farm_
     import onnx
     from onnx import TensorProto, helper
 
-    from farm.dashboard import collect_state
+    from farm.views.dashboard import collect_state
     from farm.inventory import load_inventory
 
     tiny = tmp_path / "models" / "tiny.onnx"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from farm.drift import drift_rows, find_drift
+from farm.analysis.drift import drift_rows, find_drift
 from tests.conftest import make_run
 
 
@@ -71,7 +71,7 @@ def test_segmentation_is_the_exact_optimum_of_penalized_l2():
     """Against every segmentation of short series (brute force), with literal seeds."""
     import itertools
 
-    from farm.drift import segment_l2
+    from farm.analysis.drift import segment_l2
 
     def cost(x, ends, penalty):
         bounds = [0, *ends]
@@ -90,7 +90,7 @@ def test_segmentation_is_the_exact_optimum_of_penalized_l2():
 
 def test_series_segmented_together_segment_as_each_alone():
     """``segment_l2_many`` (a report's series of one length at once) against ``segment_l2`` row by row."""
-    from farm.drift import segment_l2, segment_l2_many
+    from farm.analysis.drift import segment_l2, segment_l2_many
 
     rng = np.random.default_rng(5)
     x = rng.normal(0, 0.01, (40, 30)) + 0.05 * (np.arange(30) >= rng.integers(3, 28, (40, 1)))

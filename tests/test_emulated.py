@@ -24,7 +24,7 @@ pytestmark = [
 
 def test_board_server_is_an_aarch64_executable():
     board = ensure_board()
-    from farm.artifacts import inspect_artifact
+    from farm.compile.artifacts import inspect_artifact
 
     member = inspect_artifact(board.server).members[0]
     assert (member.format, member.arch) == ("ELF", "aarch64")
@@ -149,7 +149,7 @@ def test_board_runs_opencl_kernels_on_arm64_pocl_cold_warm_kernel_wall_copies_an
     ships in the aarch64 bundle; the board finds Debian's arm64 POCL through its sysroot and runs the kernels.
     A cold first run really builds them: the driver's cache is emptied first and filled again by it."""
     from farm.devices.opencl_runtime import LIBRARY, board_with_opencl, ensure_runtime
-    from farm.artifacts import inspect_artifact
+    from farm.compile.artifacts import inspect_artifact
 
     needs_pocl_arm64()
     assert inspect_artifact(ensure_runtime("aarch64")).members[0].arch == "aarch64"

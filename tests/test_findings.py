@@ -218,7 +218,7 @@ def test_the_report_shows_tuning_per_night_and_the_night_coverage_dropped(tmp_pa
 def test_a_change_of_threads_starts_another_tuning_trajectory():
     """Nights 1-4 on 1 thread (tuned, 6/10 tasks), nights 5-6 on 2 threads (no records yet: 0/10): two trajectories,
     each named by its threads, and no coverage drop between them (another series, not a lost record set)."""
-    from farm.report import tuning_trajectories
+    from farm.views.report import tuning_trajectories
 
     def row(night: int, threads: int, tuned: bool, runtime: str = "tvm") -> dict:
         return {"id": night * 10 + tuned, "sweep_id": night, "device": "dev0", "model": "m0", "runtime": runtime,
@@ -282,9 +282,9 @@ def test_a_fixed_finding_that_returns_after_a_quiet_night_is_reopened_and_says_s
 
 
 def test_fail_on_new_any_passes_a_finding_its_reruns_rejected(tmp_path):
-    from farm.findings import sweep_verdicts
-    from farm.regress import METHOD
-    from farm.results import run_rows
+    from farm.analysis.findings import sweep_verdicts
+    from farm.analysis.regress import METHOD
+    from farm.analysis.results import run_rows
 
     db = tmp_path / "results.db"
     plant(db, lambda night, device, model: 1.3 if night == NIGHTS and (device, model) == SINGLE else 1.0)
@@ -326,8 +326,8 @@ def test_planned_memory_is_compared_across_an_upgrade_to_the_byte():
     ``changed`` verdict against the old context's last night and an upgrade finding."""
     from dataclasses import replace
 
-    from farm.findings import find_findings, resolution
-    from farm.regress import detect_upgrades
+    from farm.analysis.findings import find_findings, resolution
+    from farm.analysis.regress import detect_upgrades
 
     runs = [replace(make_run(s, s, 1e-3), params_bytes=1_000_000) for s in range(1, 7)]
     runs.append(replace(make_run(7, 7, 1e-3, tvm="0.28.0"), params_bytes=1_000_100))
@@ -345,7 +345,7 @@ def test_the_steady_noise_floor_is_three_raw_mads():
     """``Summary.mad`` is 1.4826 · MAD (a normal SD): the floor is 3 × the MAD itself, as for the other metrics."""
     from dataclasses import replace
 
-    from farm.findings import noise_floor
+    from farm.analysis.findings import noise_floor
     from farm.stats import MAD_TO_SD
 
     run = make_run(1, 1, 1e-3)
@@ -359,9 +359,9 @@ def test_the_steady_noise_floor_is_three_raw_mads():
 def test_upgrade_evidence_takes_its_baseline_from_the_old_series():
     """An upgrade alert's evidence draws the old context's nights as its baseline (the series of baseline_run_id),
     never the new context's own earlier nights."""
-    from farm.regress import detect_upgrades
-    from farm.review import baseline_history
-    from farm.series import by_sweep
+    from farm.analysis.regress import detect_upgrades
+    from farm.views.review import baseline_history
+    from farm.analysis.series import by_sweep
 
     runs = [make_run(s, s, 1e-3) for s in range(1, 8)] + [make_run(s, s, 1.2e-3, tvm="0.28.0") for s in (8, 9)]
     (steady,) = [v for v in detect_upgrades(runs, 9) if v.metric == "steady"]
@@ -408,7 +408,7 @@ def test_findings_explain_each_planted_shape_simply(planted_history, tmp_path, s
     findings hold ≥ 90 % of the planted alerts, a scatter is one finding naming itself, a block is named by the
     traits its devices and models share, and nothing planted gives no confirmed finding (confirmation simulated as
     bench_findings does: a rerun confirms a planted series and rejects any other)."""
-    from farm.confirmation import detect_and_confirm
+    from farm.night.confirmation import detect_and_confirm
 
     bench, lab, base = planted_history
     db = tmp_path / "results.db"
@@ -450,8 +450,8 @@ def test_a_series_stands_alone_past_its_own_nights_prediction_bound():
     Bonferroni's 0.05 over 1,000 series: 4.90); the SD sees the wild nights (t = 4.73 < 5.63 at 0.01): no
     finding alone; 10 % is. A regression already in the baseline (its first night, 30 %) is left out of the SD, so
     the second night still stands alone."""
-    from farm.findings.group import _alone, prediction_t
-    from farm.regress import judge
+    from farm.analysis.findings.group import _alone, prediction_t
+    from farm.analysis.regress import judge
 
     nights = [1.0 + d / 1000 for d in (1, -1, 2, -2, 0, 1, -1, 2, -2, 0, 2, -2, 1, -1, 20, -20, 20, -20, 0, 1)]
 
@@ -501,9 +501,9 @@ def test_the_screen_s_second_tier_is_rerun_and_stored_only_when_confirmed(tmp_pa
     its budget lasts, and stores one only when its reruns confirm it. Here no device answers (an empty inventory):
     every rerun says "unknown" (or "drift": the same library as the baseline), so the candidates keep their alert
     with that word and no screened series is stored."""
-    from farm.confirmation import detect_and_confirm
-    from farm.findings import sweep_verdicts
-    from farm.results import run_rows
+    from farm.night.confirmation import detect_and_confirm
+    from farm.analysis.findings import sweep_verdicts
+    from farm.analysis.results import run_rows
 
     db = tmp_path / "results.db"
     plant(db, night_noise=0.03, seed=5)

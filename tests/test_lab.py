@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.queue import RETRY_WITHIN_S
+from farm.lab.queue import RETRY_WITHIN_S
 from tests.conftest import native_fleet, run_farm
 
 DEVICES = 3
@@ -204,7 +204,7 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
     env = {**workers.env, "FARM_DEVICES": str(inventory)}
     workers.env = env
     workers.start("--slots", "1")
-    from farm.queue import LabQueue
+    from farm.lab.queue import LabQueue
 
     # lab1's worker must be taking jobs before the short --host-wait starts (the bound only ends a failing test)
     _wait_for(lambda: LabQueue(env["FARM_DB"]).live_workers() >= 1, 300, "lab1's worker did not start")
@@ -251,7 +251,7 @@ def test_a_lab_host_with_no_worker_has_its_cells_stored_offline_after_the_wait_n
     # cell done and stored nothing: one run per cell, above)
     assert status["jobs"]["lab2"] == {"cancelled": 2} and set(status["jobs"]["lab1"]) == {"succeeded"}
     # the lab's view, as `farm worker --status` and the dashboard show it: lab1's worker is alive, lab2 has none
-    from farm.dashboard import collect_state
+    from farm.views.dashboard import collect_state
     from farm.inventory import load_inventory
 
     shown = collect_state(load_inventory(inventory), env["FARM_DB"])["lab"]
@@ -360,7 +360,7 @@ def test_a_worker_holds_its_few_connections_whatever_its_slots_and_a_long_dead_w
 
     import psycopg
 
-    from farm.queue import POOL_CONNECTIONS
+    from farm.lab.queue import POOL_CONNECTIONS
 
     worker = workers.start("--slots", str(DEVICES))
     peak: dict[str, int] = {}
@@ -399,7 +399,7 @@ def test_a_database_restart_under_running_cells_costs_seconds_not_the_cells_or_t
     succeeded, and the worker lives on to take the next job (#50: every running cell failed for good, and a failed
     heartbeat or fetch ends procrastinate's worker). The cells are tools/bench_lab.py's simulated ones: a lease,
     3 s on the device, the run stored whole under it."""
-    from farm.queue import CELL, Job, LabQueue, cell_lock
+    from farm.lab.queue import CELL, Job, LabQueue, cell_lock
     from farm.store import Store
     from tests.conftest import REPO, postgres_server_at
 
@@ -475,7 +475,7 @@ def test_a_model_that_kills_its_worker_is_stored_failed_after_max_deliveries_not
     a worker down. After MAX_DELIVERIES, the worker that finds it stalled ends its job failed and stores the cell
     failed for good, saying why; the sweep settles. A worker is started after each death, as a lab's service
     manager does."""
-    from farm.queue import MAX_DELIVERIES
+    from farm.lab.queue import MAX_DELIVERIES
 
     (tmp_path / "poison_model.py").write_text(POISON_MODEL)
     sweep_file = tmp_path / "sweep.toml"
@@ -523,7 +523,7 @@ def test_a_dead_build_worker_s_job_is_taken_over_on_the_cell_s_own_connection(po
     call's connection; the job is put back, then taken over by the cell."""
     import psycopg
 
-    from farm.queue import BUILD, BuildState, Job, LabQueue, build_lock
+    from farm.lab.queue import BUILD, BuildState, Job, LabQueue, build_lock
 
     lab = LabQueue(postgres_db)
     lab.defer([Job(BUILD, "", "dev0", {"sweep_id": 7, "device": "dev0", "model": "mlp"}, build_lock(7, "dev0", "mlp"),
@@ -547,7 +547,7 @@ def test_a_worker_starting_after_an_outage_prunes_only_the_long_dead_not_the_one
     prunes at its start only those silent for PRUNE_S."""
     import psycopg
 
-    from farm.queue import PRUNE_S, STALLED_S, LabQueue
+    from farm.lab.queue import PRUNE_S, STALLED_S, LabQueue
 
     lab = LabQueue(postgres_db)
     lab.install()
@@ -564,7 +564,7 @@ def test_a_worker_starting_after_an_outage_prunes_only_the_long_dead_not_the_one
 def test_a_worker_judges_others_stalled_only_once_every_live_worker_could_have_beaten():
     """#61: after an outage, a worker's stall check re-queued the running jobs of live workers that had not yet
     beaten again. Literal clocks in, verdicts out."""
-    from farm.queue import HEARTBEAT_S, STALLED_S, stall_check_due
+    from farm.lab.queue import HEARTBEAT_S, STALLED_S, stall_check_due
 
     never = float("-inf")
     assert stall_check_due(1000.0, 0.0, never)
@@ -584,7 +584,7 @@ def test_a_fetch_whose_answer_was_lost_runs_the_job_it_took_not_another(postgres
 
     import psycopg
 
-    from farm.queue import CELL, Job, LabQueue, cell_lock
+    from farm.lab.queue import CELL, Job, LabQueue, cell_lock
 
     lab = LabQueue(postgres_db)
     lab.defer([Job(CELL, "lab9", f"dev{i}", {"sweep_id": 9, "device": f"dev{i}", "model": "mlp", "first": True},
@@ -622,7 +622,7 @@ def test_a_confirmation_rerun_holds_a_lab_device_s_lease_while_it_measures(postg
     no lab host, or a SQLite database, holds nothing."""
     from farm.inventory import parse_inventory
     from farm.store import Store
-    from farm.sweep.leases import device_holds
+    from farm.lab.leases import device_holds
 
     devices = parse_inventory('[devices.lab]\nkind = "remote"\nkey = "l"\ntarget = { kind = "llvm" }\nlab_host = "h"\n'
                               '[devices.here]\nkind = "remote"\nkey = "h"\ntarget = { kind = "llvm" }\n').devices
@@ -643,7 +643,7 @@ def test_an_answer_after_a_silent_gap_ends_an_outage_as_a_failure_would():
     its stall check the database had been away. An answer after SILENT_GAP_S without any now does."""
     import time
 
-    from farm.queue import SILENT_GAP_S, LabQueue
+    from farm.lab.queue import SILENT_GAP_S, LabQueue
 
     lab = LabQueue("postgresql://farm@127.0.0.1:1/nowhere")  # never connected: the worker's clocks only
     now = time.monotonic()
@@ -667,7 +667,7 @@ def test_a_library_in_the_lab_s_store_is_run_only_when_the_lab_key_signed_it(pos
     from farm.signing import KEY_ENV, sign
     from farm.store import Store
     from farm.sweep.cell import CellContext
-    from farm.sweep.lab import LabWorker
+    from farm.lab.worker import LabWorker
 
     devices = parse_inventory('[devices.d]\nkind = "local"\nkey = "d"\ntarget = { kind = "llvm", mcpu = "x86-64" }\n'
                               'lab_host = "h"\n').devices
@@ -712,7 +712,7 @@ def test_a_lab_spec_s_factory_model_runs_only_where_the_host_lists_it(tmp_path, 
     else the cell is stored failed with the reason and a hint. A model file is data: loaded as before."""
     from farm.models import build_mlp
     from farm.records import SweepSpec, TrackerAddress
-    from farm.sweep.lab import FACTORIES_ENV, LabWorker
+    from farm.lab.worker import FACTORIES_ENV, LabWorker
 
     (tmp_path / "lab_models.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -14,53 +14,32 @@ ALLOWED = {
     "errors": set(),
     "records": {"errors"},  # InventoryError for a target with no kind farm knows
     "stats": set(),
-    "runs": {"records", "stats"},
-    "series": {"runs"},
-    "regress": {"records", "runs", "series", "stats"},  # medians and robust spreads come from stats
-    "drift": {"runs", "series", "stats"},  # runs: the Run type only
-    "artifacts": set(),
     "inventory": {"errors", "records", "devices"},  # the kinds' field schemas (importing them imports no TVM)
     "store": {"errors", "manifest", "records", "stats"},  # manifest: a run's manifest stored by its digest
     "manifest": {"__init__"},  # what could move a run: its fields, digest and changes (farm's version: __init__)
     "models": {"errors", "op_classes", "records"},  # op_classes: onnxruntime's profile by TVM's op classes
     "op_classes": set(),  # a kernel's op class by its name, a node's by its op type
-    "kernel_diff": {"records", "stats"},  # which kernels account for a change; op classes across runtimes
-    "rpc": {"errors", "records", "rpc", "tvm_private"},  # rpc/server.py: TVM's _serving
-    "devices": {"errors", "records", "rpc", "devices", "stats"},
+    "analysis": {"errors", "manifest", "records", "stats", "store"},  # judging the stored: no TVM, no device
+    "procs": {"errors", "records"},  # the processes farm starts: pid registry, teardown on signals
+    "rpc": {"errors", "procs", "records", "tvm_private"},  # rpc/server.py: TVM's _serving
+    "devices": {"errors", "procs", "records", "rpc", "stats"},
     "compile": {"errors", "records", "models", "devices", "tvm_private"},  # MetaSchedule's normalize_mod
-    "measure": {"errors", "manifest", "op_classes", "records", "rpc", "devices", "stats", "__init__"},  # stats: a round's median
-    "results": {"records", "runs", "series", "stats", "store"},
-    "reference": {"errors", "records", "devices", "measure", "models", "__init__"},  # runtimes timed beside TVM
-    "queue": {"errors", "store"},  # procrastinate on the results' PostgreSQL; store: a URL's redaction
-    "sweep": {"errors", "records", "compile", "devices", "measure", "models", "queue", "reference", "rpc", "signing",
-              "store"},  # tracker; signing: the lab key's signature on a stored library
+    "measure": {"errors", "manifest", "models", "op_classes", "records", "rpc", "devices", "stats", "__init__"},
+    "tune": {"compile", "devices", "errors", "measure", "records", "rpc", "store", "tvm_private"},  # measure: the timer
+    "sweep": {"errors", "records", "compile", "devices", "measure", "models", "rpc", "store", "tune"},  # tune: its records
     "signing": set(),  # the lab key's HMAC: the standard library only
-    "sweep_file": {"errors", "records", "tune"},  # the sweep file's schema; [tune] is TuneBudget's fields
-    "figures": set(),
-    "findings": {"kernel_diff", "manifest", "records", "regress", "runs", "series", "stats", "store"},  # store: its type
-    "review": {"drift", "figures", "findings", "manifest", "records", "regress", "results", "runs", "series", "stats", "store"},
-    "report": {"figures", "kernel_diff", "manifest", "records", "results", "review", "stats", "store", "__init__"},
-    "costmodel": {"errors", "tvm_private"},  # MetaSchedule's XGBoost model as data (its state: tvm_private)
-    "task_profile": {"errors", "measure", "records", "rpc"},  # each task's untuned time (measure's timer), the trials it gets
+    "lab": {"compile", "errors", "models", "records",  # procrastinate on the results' PostgreSQL; its worker
+            "signing", "store", "sweep", "tune"},  # runs sweep's cells; signing: the lab key's signature on a library
+    "views": {"analysis", "errors", "lab", "manifest",  # lab: the queue's state on the dashboard
+              "records", "rpc", "stats", "store", "__init__"},  # rpc: the tracker's
+    "night": {"analysis", "compile", "errors", "lab", "measure", "models", "records", "stats", "store", "sweep", "tune",
+              "views"},  # a night's steps in order: measure, review, notify, tune, report
     "tvm_private": set(),  # TVM's private names farm relies on, each checked by tests/test_tvm_private.py
-    "tune": {"compile", "costmodel", "devices", "errors", "records", "rpc", "store", "sweep", "task_profile",
-             "tvm_private"},
-    "nightly": {"compile", "errors", "measure", "queue", "records", "regress", "results", "runs", "stats", "store", "sweep",
-                "tune"},
-    "confirmation": {"errors", "findings", "kernel_diff", "measure", "models", "records", "regress", "results", "series",
-                     "store"},
-    "night": {"confirmation", "digest", "errors", "models", "nightly", "queue", "records", "report", "store", "sweep",
-              "tune"},  # a night's steps in order: measure, review, notify, tune, report
-    "demo": {"devices", "inventory", "models", "records", "report", "rpc", "store", "sweep", "tune"},
-    "compare": {"errors", "kernel_diff", "records", "regress", "results", "runs", "series", "stats", "store"},  # runs, nights
-    "digest": {"store"},  # a night's findings for the team, and its webhook
-    "pages": {"manifest", "records", "regress", "results", "runs", "series", "stats", "store"},  # finding pages
-    "dashboard": {"errors", "manifest", "pages", "records", "queue", "results", "rpc", "stats", "store"},
-    "dashboard_server": {"compare", "dashboard", "errors", "pages", "records", "stats", "store"},  # the web server
+    "demo": {"devices", "inventory", "models", "procs", "records", "rpc", "store", "sweep", "tune", "views"},
     "cli": {"*"},
     "__init__": set(),
 }
-TVM_OWNERS = {"rpc", "compile", "measure", "tune", "costmodel", "task_profile", "tvm_private"}
+TVM_OWNERS = {"rpc", "compile", "measure", "tune", "tvm_private"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -169,18 +148,18 @@ def test_only_owners_import_tvm():
 def test_only_store_writes_sqlite():
     """The results are the store's; the queue's tables (on the same PostgreSQL) are the queue's."""
     offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                 if {"sqlite3", "psycopg"} & _imports(p) and _layer(p) not in ("store", "queue")]
+                 if {"sqlite3", "psycopg"} & _imports(p) and _layer(p) not in ("store", "lab")]
     assert offenders == []
 
 
 def test_only_the_queue_imports_procrastinate():
-    """The lab's job queue is behind one module: another engine would change farm/queue.py only."""
+    """The lab's job queue is behind one module: another engine would change farm/lab/queue.py only."""
     offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                 if any(n.split(".")[0] == "procrastinate" for n in _imports(p)) and _layer(p) != "queue"]
-    assert offenders == [] and "procrastinate" in _imports(PACKAGE / "queue.py")
+                 if any(n.split(".")[0] == "procrastinate" for n in _imports(p)) and _layer(p) != "lab"]
+    assert offenders == [] and "procrastinate" in _imports(PACKAGE / "lab" / "queue.py")
 
 
-READ_SIDE = ("report", "review", "figures", "dashboard", "results", "runs", "series", "regress", "drift", "stats", "store")
+READ_SIDE = ("analysis", "views", "stats", "store")
 
 
 def test_the_read_side_never_imports_a_device_kind():
@@ -228,9 +207,9 @@ def test_no_module_branches_on_a_device_kind_outside_the_kinds():
 # third-party errors) catches nothing and is not listed.
 CATCHERS = {
     "farm.compile.child": "a compile's FarmError in its own process crosses back as (message, hint): a BuildError here",
-    "farm.confirmation": "a rerun that fails leaves the alert 'unknown' with the reason",
-    "farm.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving",
-    "farm.dashboard_server": "a refused comparison or triage: a 404 or 400 with the reason",
+    "farm.night.confirmation": "a rerun that fails leaves the alert 'unknown' with the reason",
+    "farm.views.dashboard": "a tracker or database that fails is shown on the page; the server keeps serving",
+    "farm.views.dashboard_server": "a refused comparison or triage: a 404 or 400 with the reason",
     "farm.devices": "the watchdog reports a restart that failed and keeps watching; a server it cannot stop stays recorded",
     "farm.devices.adb_shell": "a program of its own (python -m): error: and exit 1, as the CLI",
     "farm.devices.cache": "setup_step: a cached build run as a program (setup.sh): error: and exit 1, as the CLI",
@@ -239,26 +218,26 @@ CATCHERS = {
     "farm.devices.health": "a device whose health cannot be read: the gate's outcome 'unreadable', and measure on",
     "farm.devices.opencl_runtime": "missing(): what this host lacks; a bundle without OpenCL; main(): missing sources "
                                    "are a warning",
-    "farm.nightly": "a tuning session or validation that fails is a line of the night's outcome; the sweep stands",
+    "farm.night.tuning": "a tuning session or validation that fails is a line of the night's outcome; the sweep stands",
     "farm.measure.copies": "a failed session is a failed copy curve, with its reason",
     "farm.measure.steps": "a failed session is a stored failed run at step 'session'",
     "farm.measure.profile": "a profile that fails is 'not available' with the reason; the run stands",
-    "farm.reference": "a reference runtime that fails is its stored failed result; the TVM figure stands",
+    "farm.measure.reference": "a reference runtime that fails is its stored failed result; the TVM figure stands",
     "farm.rpc.probe": "a probe's state: busy or unreachable, with the reason",
     "farm.rpc.processes": "start_tracker waits for the tracker it started, then raises its own TrackerError",
     "farm.rpc.tracker": "wait_for_tracker polls until its deadline, then re-raises",
     "farm.store.backends": "a write or read whose connection the server dropped runs again on a new one until "
                            "RECONNECT_S, then raises ConnectionLost",
-    "farm.sweep.leases": "a lease renewal that fails is logged and tried at the next beat (the lease outlives five)",
+    "farm.lab.leases": "a lease renewal that fails is logged and tried at the next beat (the lease outlives five)",
     "farm.sweep.cell": "a cell's failure is a stored failed cell (its compile's error, a CPU fallback refused, with why)",
     "farm.sweep.inputs": "a reference that cannot be read or computed: the output check skipped",
-    "farm.sweep.lab": "a build job's failure is recorded for its cell, which compiles on its own host; so is an "
+    "farm.lab.worker": "a build job's failure is recorded for its cell, which compiles on its own host; so is an "
                       "artifact from the lab's store whose sha256 fails its check, or a host without the toolchain; a "
                       "result refused for a lost lease is a log line and the job's outcome",
     "farm.sweep.run": "a write that fails loses one cell (or copy curve), not the sweep; a tracker that does not answer "
                       "says nothing offline",
     "farm.tune.metaschedule": "a candidate whose key's servers are all busy asks again (BUSY_RETRIES), then raises",
-    "farm.tune.records": "seeds by anchor block whose timing fails: the search starts without them",
+    "farm.tune.database": "seeds by anchor block whose timing fails: the search starts without them",
     "farm.tune.session": "a tracker that stops answering ends the session as 'device-lost'",
     "farm.tune.steps": "a task profile that fails: MetaSchedule's scheduler shares the trials",
 }

@@ -20,8 +20,8 @@ from farm.compile import compile_model
 from farm.measure import MEMORY_MEASURED, MEMORY_UNMEASURED, bench_artifact
 from farm.models import BUILTINS, load_model, make_inputs
 from farm.records import BenchConfig, Device
-from farm.regress import detect
-from farm.results import run_rows
+from farm.analysis.regress import detect
+from farm.analysis.results import run_rows
 from farm.stats import memory_text
 from farm.store import Store
 

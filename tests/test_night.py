@@ -1,4 +1,4 @@
-"""The night as a library (farm/night.py): docs/nightly-and-lab.md's Python example runs as written, and farm sweep
+"""The night as a library (farm/night/pipeline.py): docs/nightly-and-lab.md's Python example runs as written, and farm sweep
 is a thin layer over it (its verb module holds no step of the night)."""
 
 from __future__ import annotations

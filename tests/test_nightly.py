@@ -5,7 +5,7 @@ import json
 import sqlite3
 
 from farm.inventory import load_inventory
-from farm.regress import not_slower
+from farm.analysis.regress import not_slower
 from farm.store import Store
 from tests.conftest import run_farm
 from tests.test_store import DEVICE
@@ -98,7 +98,7 @@ def test_a_session_that_changes_none_of_the_model_s_code_is_kept_without_measuri
 
     from farm.compile import effective_target, make_target, device_tuning_module, untuned_trace
     from farm.models import load_model
-    from farm.nightly import _validate
+    from farm.night.tuning import _validate
     from farm.records import BenchConfig, TuningSet
     from tests.test_compile import LOCAL
 
@@ -128,8 +128,8 @@ def test_a_redelivered_tuning_job_waits_for_its_device_s_lease_then_finds_its_ni
     import threading
 
     from farm.inventory import parse_inventory
-    from farm.nightly import LabTuning
-    from farm.sweep.lab import LabWorker
+    from farm.night.tuning import LabTuning
+    from farm.lab.worker import LabWorker
 
     inventory = parse_inventory('[devices.cpu]\nkind = "remote"\nkey = "cpu"\ntarget = { kind = "llvm" }\n'
                                 'lab_host = "lab1"\n')

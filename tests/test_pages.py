@@ -1,4 +1,4 @@
-"""The dashboard's finding pages (farm/pages.py) in a real Chromium: the stored findings in their rank order, each
+"""The dashboard's finding pages (farm/views/pages.py) in a real Chromium: the stored findings in their rank order, each
 series' nights drawn as the store holds them with the finding's nights and the context changes marked; night against
 night (farm compare --sweep); an old night's report shows that night's runs."""
 

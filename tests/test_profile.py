@@ -106,7 +106,7 @@ def _profile(*kernels):
 
 
 def test_a_change_is_put_on_the_kernels_that_moved_and_other_kernels_compare_by_op_class():
-    from farm.kernel_diff import kernel_diff
+    from farm.analysis.kernel_diff import kernel_diff
 
     before = _profile(("fused_conv2d_add_relu", 0.00106), ("fused_conv2d1_add", 0.0004), ("max_pool2d", 0.0001))
     after = _profile(("fused_conv2d_add_relu", 0.00131), ("fused_conv2d1_add", 0.00041), ("max_pool2d", 0.0001))
@@ -196,7 +196,7 @@ def test_the_report_draws_where_a_profiled_cell_s_time_goes(inventory_file, farm
     html = tmp_path / "report.html"
     assert run_farm("report", "--out", str(html), env=farm_env).returncode == 0
     page = html.read_text()
-    from farm.dashboard import collect_state
+    from farm.views.dashboard import collect_state
     from farm.inventory import load_inventory
 
     latest = collect_state(load_inventory(inventory_file), farm_env["FARM_DB"])["profiles"]  # the dashboard's
@@ -281,7 +281,7 @@ def test_a_planted_kernel_keeps_its_share_when_the_whole_session_drifted(mobile_
     top (a lost tuning record): the plant is named first with >= 80 % of the change beyond the common shift, which the
     headline states; its plain share (its change over the whole change) is at least 10 points less. A night that
     only drifted names no kernel."""
-    from farm.kernel_diff import kernel_diff
+    from farm.analysis.kernel_diff import kernel_diff
     from farm.records import KernelTime
 
     before = mobile_profile

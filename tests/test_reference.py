@@ -12,8 +12,8 @@ import pytest
 from farm.inventory import parse_inventory
 from farm.models import load_model
 from farm.records import BenchConfig
-from farm.report import render_report
-from farm.results import run_rows, versus_reference
+from farm.views.report import render_report
+from farm.analysis.results import run_rows, versus_reference
 from farm.stats import versus_text
 from farm.store import Store
 from farm.sweep import bench_cell

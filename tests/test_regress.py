@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.regress import Method, Thresholds, baseline_of, compare_rounds, compare_samples, confirm, judge, series_value
+from farm.analysis.regress import Method, Thresholds, baseline_of, compare_rounds, compare_samples, confirm, judge, series_value
 from tests.conftest import farm_workspace, make_run, run_farm
 from tests.test_report import needs_chromium, open_in_chromium
 
@@ -188,7 +188,7 @@ def _night(sweep_id: int, value: float, tvm: str = "0.27.0", target: dict | None
 
 
 def test_a_baseline_never_spans_a_tvm_upgrade_or_a_target_change():
-    from farm.regress import detect
+    from farm.analysis.regress import detect
 
     history = [_night(s, v) for s, v in enumerate([1.00, 1.01, 0.99, 1.00, 1.02, 1.00], start=1)]
     slower = _night(7, 1.30)
@@ -210,8 +210,8 @@ def test_detect_judges_the_run_by_sweep_picks():
     """The judged run of each series is ``series.by_sweep``'s for the sweep (its last ok run, unstable too: judged
     "unstable", never dropped), the history the earlier sweeps' last ok, stable runs; checked against the rule
     written out by brute force on literal-seed histories with failed, unstable and retried cells."""
-    from farm.regress import METRICS, detect
-    from farm.series import by_sweep
+    from farm.analysis.regress import METRICS, detect
+    from farm.analysis.series import by_sweep
 
     rng = np.random.default_rng(11)
     runs = []
@@ -253,7 +253,7 @@ def test_detect_judges_the_run_by_sweep_picks():
 def test_an_upgrade_is_compared_with_the_old_contexts_last_nights_until_it_has_a_baseline():
     """The upgrade rule (series.context_changes): the new TVM's nights, median of those so far, judged against the old
     context's last accepted nights with judge's rule, for the nights the new context has no baseline of its own."""
-    from farm.regress import detect, detect_upgrades
+    from farm.analysis.regress import detect, detect_upgrades
 
     history = [_night(s, v) for s, v in enumerate([1.00, 1.01, 0.99, 1.00, 1.02, 1.00], start=1)]
     upgraded = [_night(s, 1.10, tvm="0.28.0") for s in range(7, 13)]

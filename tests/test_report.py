@@ -12,7 +12,7 @@ import pytest
 from farm.inventory import parse_inventory
 from farm.models import load_model, make_inputs, reference_outputs
 from farm.records import BenchConfig, BenchResult, CheckResult, Device
-from farm.report import render_report
+from farm.views.report import render_report
 from farm.store import Store
 from farm.sweep import bench_cell
 
@@ -107,8 +107,8 @@ def test_figures_drawn_in_worker_processes_are_the_ones_drawn_here(tmp_path):
     script.write_text(
         "import sys\n"
         "from concurrent.futures import ProcessPoolExecutor\n"
-        "from farm.figures import InlineExecutor, figure_pool\n"
-        "from farm.review import drift_png\n"
+        "from farm.views.figures import InlineExecutor, figure_pool\n"
+        "from farm.views.review import drift_png\n"
         "shifted = [{'device': f'd{i}', 'model': 'm', 'tuned': False, 'sweeps': list(range(1, 11)),\n"
         "            'values': [0.001 * (1 + (n > 5) * 0.1 * i) for n in range(1, 11)],\n"
         "            'segments': [{'median': 0.001, 'first_sweep': 1, 'last_sweep': 5}]} for i in range(8)]\n"

@@ -6,7 +6,7 @@ import pytest
 from farm.errors import StoreError
 from farm.models import load_model
 from farm.records import BenchConfig, BenchResult, CheckResult, CopyTiming, Device, StoredAttempt
-from farm.results import rows_frame, run_rows
+from farm.analysis.results import rows_frame, run_rows
 from farm.store import SCHEMA_VERSION, Store
 
 DEVICE = Device("cpu", "local", "cpu", {"kind": "llvm"})
@@ -324,7 +324,7 @@ def test_summaries_are_recomputed_when_farms_rule_changes(db_location):
 def test_a_run_is_a_frozen_record_readable_by_name(db_location):
     import dataclasses
 
-    from farm.results import COLUMNS
+    from farm.analysis.results import COLUMNS
 
     with Store(db_location) as store:
         store.record_result(_result(), DEVICE, load_model("mlp"), None)

@@ -14,7 +14,7 @@ import numpy as np
 from farm.inventory import parse_inventory
 from farm.models import load_model, make_inputs, reference_outputs
 from farm.records import BenchConfig, CellStanding, StoredAttempt
-from farm.results import run_rows
+from farm.analysis.results import run_rows
 from farm.store import Store
 from farm.sweep import SweepSpec, bench_cell, missing_cells
 from tests.conftest import REPO, run_farm
@@ -435,7 +435,7 @@ def test_a_lab_worker_measures_the_model_the_sweep_names_never_yesterday_s(tmp_p
     names another identity, and refuses (with the reason) one that is not the sweep's, or does not load."""
     from farm.models import build_convnet, build_mlp
     from farm.records import TrackerAddress
-    from farm.sweep.lab import LabWorker
+    from farm.lab.worker import LabWorker
 
     path = _save(build_mlp(), tmp_path / "m.onnx")
     worker = LabWorker(str(tmp_path / "r.db"), {}, TrackerAddress("127.0.0.1", 1), tmp_path / "cache")

@@ -16,7 +16,7 @@ from farm.models import load_model
 from farm.records import BenchConfig, threads_setting
 from farm.rpc.processes import stop_process
 from farm.rpc.tracker import wait_for_servers
-from farm.series import context_of, describe_change
+from farm.analysis.series import context_of, describe_change
 from farm.stats import versus_text
 from farm.store import Store
 from farm.sweep import bench_cell

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from farm.digest import digest_markdown, night_digest, notify_night, post_webhook
+from farm.views.digest import digest_markdown, night_digest, notify_night, post_webhook
 from farm.rpc.processes import free_port
 from farm.store import Store, StoreError
 from tests.conftest import dashboard_server, env_in, run_farm

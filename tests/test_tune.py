@@ -212,7 +212,7 @@ def test_tune_unknown_device_or_absent_key_fails_before_any_work(farm_net, inven
 
 
 def test_trials_go_where_the_untuned_time_is():
-    from farm.task_profile import allocate_trials
+    from farm.tune.task_profile import allocate_trials
 
     # convnet's tasks as timed here untuned (µs a call): one conv is ~90 % of the model's time
     names = ["matmul", "reshape", "mean", "conv2", "max_pool2d", "conv1"]
@@ -324,7 +324,7 @@ def test_a_record_s_time_is_the_mean_of_its_runs_the_rule_metaschedule_ranks_by(
     from tvm.s_tir import meta_schedule as ms
 
     from farm.compile import untuned_trace
-    from farm.tune.records import record_s
+    from farm.tune.database import record_s
 
     a = te.placeholder((4,), name="a")
     mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((4,), lambda i: a[i] + 1.0, name="b")])})
@@ -348,7 +348,7 @@ def test_a_task_counts_as_searched_once_a_candidate_of_its_own_was_measured_even
     from farm.models import load_model
     from farm.records import TuningSet
     from farm.tune.metaschedule import extract_tasks
-    from farm.tune.records import prior_databases, searched_before
+    from farm.tune.database import prior_databases, searched_before
     from tests.test_compile import LOCAL
 
     model = load_model("convnet")

@@ -13,7 +13,7 @@ def test_sessions_build_on_a_saved_cost_model_and_packs_carry_it(farm_net, inven
     """Session 2 starts from session 1's cost model (kept with the target's records, as data); a pack carries
     records, cost model and a manifest; a pack for another target or TVM is refused."""
     from farm.compile import device_tuning_key
-    from farm.costmodel import dump_cost_model, load_cost_model, new_cost_model
+    from farm.tune.costmodel import dump_cost_model, load_cost_model, new_cost_model
     from farm.inventory import load_inventory
     from farm.store import Store
 
@@ -132,7 +132,7 @@ def test_tune_times_each_task_first_and_shares_the_trials(farm_net, inventory_fi
     assert all(t["untuned_s"] > 0 for t in tasks.values()) and abs(sum(t["share"] for t in tasks.values()) - 1) < 1e-9
     biggest = max(tasks.values(), key=lambda t: t["share"])
     assert "conv2d" in biggest["name"] and biggest["allotted"] == max(t["allotted"] for t in tasks.values())
-    from farm.task_profile import small_tail
+    from farm.tune.task_profile import small_tail
 
     # the smallest tasks, together under --min-share, get nothing (a task over it may still round to 0 of 8 trials)
     names, shares = list(tasks), [t["share"] for t in tasks.values()]

@@ -206,7 +206,7 @@ def test_normalize_mod_is_metaschedule_s_own_global_and_gives_a_module_back():
 
 
 def test_an_xgb_model_keeps_its_training_state_in_the_attributes_farm_saves():
-    from farm.costmodel import new_cost_model
+    from farm.tune.costmodel import new_cost_model
     from farm.tvm_private import XGBState, set_xgb_state, xgb_state
 
     model = new_cost_model(1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does farm's regression detection tell a 10 % step from noise, when samples of one load are correlated?
 
-Generates series with known truth and runs farm's own detection on them (farm.regress):
+Generates series with known truth and runs farm's own detection on them (farm.analysis.regress):
   - nightly medians: base × (1 + step) × (1 + e_night), e_night ~ N(0, 3 %), 20-night baseline;
   - confirmation on the device, where each load of an artifact has its own level (code placement, caches,
     clocks at load time): a load multiplies every sample of it by (1 + e_load), e_load ~ N(0, --load-noise),
@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from farm.regress import METHOD, Method, Thresholds, compare_samples, confirm, judge
+from farm.analysis.regress import METHOD, Method, Thresholds, compare_samples, confirm, judge
 
 REPEATS_PER_ROUND = 5  # measure.interleaved_rounds' default
 SCREENS = (1.0, 1.28, 1.645, 2.0)  # lowest steady screen z tried with --costs (one-sided 16 %, 10 %, 5 %, 2.3 % of
@@ -159,7 +159,7 @@ def print_costs(rows: list[dict[str, float]], args: argparse.Namespace) -> int:
     farm_z = METHOD.rescreen["steady"].z
     held = [f"{r['noise']:.0%} ({r['aa_device_h']:.2f} device-h/1,000 series a quiet night)" for r in rows
             if r["z"] == farm_z and meets(r)]
-    print(f"farm's screen (farm.regress.METHOD): candidates z >= {METHOD.thresholds['steady'].z:g}, rerun from z >= "
+    print(f"farm's screen (farm.analysis.regress.METHOD): candidates z >= {METHOD.thresholds['steady'].z:g}, rerun from z >= "
           f"{farm_z:g}; every goal met at " + (", ".join(held) if held else "no noise level tried"))
     return 0
 

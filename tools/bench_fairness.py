@@ -20,7 +20,7 @@ from pathlib import Path
 from farm.devices import kinds
 from farm.models import load_model
 from farm.records import BenchConfig, Device, TrackerAddress
-from farm.results import run_rows, versus_reference
+from farm.analysis.results import run_rows, versus_reference
 from farm.rpc.processes import free_port, start_tracker, stop_process
 from farm.rpc.tracker import wait_for_servers
 from farm.stats import format_duration

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from farm.records import (Artifact, BenchConfig, BenchResult, CheckResult, Device, InputSpec, ModelSource, SweepSpec)
-from farm.regress import METHOD
+from farm.analysis.regress import METHOD
 from farm.store import Store
 
 SHAPES = ("whole-models", "whole-devices", "block", "scatter-20", "scatter-50", "scatter-80", "upgrade", "two-causes",

@@ -75,7 +75,7 @@ def kernels(device, args, threads: int) -> int:
     from farm.compile import compile_model
     from farm.models import load_model, make_inputs
     from farm.store import Store
-    from farm.sweep.tuning import tuning_set
+    from farm.tune.tuning_set import tuning_set
 
     model = load_model(args.model)
     if args.reference and model.frontend != "onnx":
@@ -180,7 +180,7 @@ def top_records(model, device, tuning, count: int, names: list[str]) -> None:
     from farm.measure.vm import device_timer
     from farm.records import COLD_TIMING, WARM_TIMING
     from farm.tune.metaschedule import build_candidate, extract_tasks
-    from farm.tune.records import prior_databases, record_s
+    from farm.tune.database import prior_databases, record_s
 
     known = prior_databases(tuning)
     if known is None:
@@ -275,7 +275,7 @@ def task_records(model, device, tuning) -> dict[str, float]:
     ``farm tune`` plans by (``best_recorded``)."""
     from farm.compile import device_tuning_module, effective_target, make_target
     from farm.tune.metaschedule import extract_tasks
-    from farm.tune.records import best_recorded, prior_databases
+    from farm.tune.database import best_recorded, prior_databases
 
     known = prior_databases(tuning)
     if known is None:  # no records

@@ -172,7 +172,7 @@ def noop_worker(url: str, slots: int, host: str = "load", cell_s: float = 0.0) -
     """A worker process of --queue-load: lab host ``host``'s queue, each cell job done at once, or (``cell_s``) a
     simulated cell: its device's lease, the sweep's attempts read, the device held ``cell_s``, its run stored whole
     under the lease on the worker's one shared store (as ``LabWorker.cell`` does, without a device)."""
-    from farm.queue import CELL, LabQueue, queue_of
+    from farm.lab.queue import CELL, LabQueue, queue_of
 
     handler = (lambda **_: "ok") if not cell_s else simulated_cell(url, cell_s)
     LabQueue(url).serve([queue_of(host)], {CELL: handler}, slots, f"{host}-{os.getpid()}")
@@ -182,7 +182,7 @@ def simulated_cell(url: str, cell_s: float):
     from farm.models import load_model
     from farm.records import BenchConfig, BenchResult, CheckResult, Device, RunToStore, StoredAttempt
     from farm.store import shared_store
-    from farm.sweep.leases import LeaseKeeper
+    from farm.lab.leases import LeaseKeeper
 
     keeper, mlp = LeaseKeeper(url), load_model("mlp")
 
@@ -214,7 +214,7 @@ def count_connections(url: str, stop: threading.Event, peak: list[int]) -> None:
 
 
 def queue_load(args: argparse.Namespace, work: Path) -> int:
-    from farm.queue import CELL, Job, LabQueue, cell_lock
+    from farm.lab.queue import CELL, Job, LabQueue, cell_lock
     from farm.store import Store
 
     workers: list[subprocess.Popen] = []
@@ -301,7 +301,7 @@ def compile_loop(inventory_path: str, model: str, cache: str) -> None:
     from farm.inventory import load_inventory
     from farm.models import load_model_variant
     from farm.store import Store
-    from farm.sweep.tuning import compile_cell
+    from farm.sweep.cell import compile_cell
 
     devices = load_inventory(inventory_path).devices
     source = load_model_variant(model, None)

@@ -192,11 +192,11 @@ def on_the_phone(tracker, work: Path, repeat: int) -> bool:
 
 def planted(tracker, device, work: Path, args) -> bool:
     from farm.compile import compile_model
-    from farm.kernel_diff import kernel_diff, kernel_key
+    from farm.analysis.kernel_diff import kernel_diff, kernel_key
     from farm.measure import bench_artifact
     from farm.models import load_model, make_inputs
     from farm.records import BenchConfig, TuningSet
-    from farm.regress import compare_samples
+    from farm.analysis.regress import compare_samples
     from farm.store import Store
     from farm.sweep import tuning_set
     from farm.tune import TuneConfig, tune_model
@@ -317,7 +317,7 @@ def _night(tracker, device, old, new, inputs, config):
     each round, interleaved (``regress.confirm``: 8 rounds, 16 when inconclusive), as ``farm regressions --confirm``
     reruns a candidate; a finding names its kernels only when confirmed."""
     from farm.measure.interleaved import interleaved_rounds
-    from farm.regress import confirm
+    from farm.analysis.regress import confirm
 
     return confirm(lambda n: interleaved_rounds(tracker, device, old, new, inputs, n, config))
 

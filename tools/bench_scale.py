@@ -164,7 +164,7 @@ def main() -> int:
     inventory = work / "devices.toml"
     inventory.write_text("".join(f'[devices.dev{d:02d}]\nkind = "remote"\nkey = "dev{d:02d}"\n'
                                  f'target = {{ kind = "llvm", mtriple = "aarch64-linux-gnu" }}\n' for d in range(args.devices)))
-    dashboard = ("import json, sys; from farm.dashboard import collect_state; from farm.inventory import load_inventory; "
+    dashboard = ("import json, sys; from farm.views.dashboard import collect_state; from farm.inventory import load_inventory; "
                  "state = collect_state(load_inventory(sys.argv[1]), sys.argv[2]); print(json.dumps(state['sweep']))")
     verbs = {
         "regressions": [*farm, "regressions", "--json"],
@@ -180,7 +180,7 @@ def main() -> int:
         print(f"{name}: {figures[name]['seconds']:.1f} s, {figures[name]['rss_mb']:.0f} MB", file=sys.stderr)
     # the dashboard's own time, without starting Python and importing farm
     figures["dashboard"]["endpoint_s"] = json.loads(timed(
-        [sys.executable, "-c", "import json, sys, time; from farm.dashboard import collect_state; "
+        [sys.executable, "-c", "import json, sys, time; from farm.views.dashboard import collect_state; "
          "from farm.inventory import load_inventory; inv = load_inventory(sys.argv[1]); t = time.perf_counter(); "
          "collect_state(inv, sys.argv[2]); print(json.dumps(time.perf_counter() - t))", str(inventory), str(db)],
         env)["stdout"])

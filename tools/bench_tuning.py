@@ -79,10 +79,10 @@ from farm.rpc.processes import private_farm
 from farm.stats import median, versus_text
 from farm.store import Store
 from farm.sweep import bench_cell
-from farm.sweep.tuning import tuning_set
+from farm.tune.tuning_set import tuning_set
 from farm.tune import TuneConfig, tune_model
 from farm.tune.metaschedule import extract_tasks
-from farm.tune.records import record_s
+from farm.tune.database import record_s
 
 PIPELINE = {False: "prepack off", True: "prepack on"}
 

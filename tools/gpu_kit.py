@@ -152,7 +152,7 @@ def _native_bundle(cache: Path, say) -> str:
 def kit_manifest(bundle_cuda: str, home: Path) -> dict:
     """``kit.json``: what tools/gpu_preflight.py checks the machine against, before the kit is unpacked: the Python
     of the wheels, the CUDA of the bundled runtime, and each carried artifact's cubin arch and CUDA (its note)."""
-    from farm.artifacts import inspect_artifact
+    from farm.compile.artifacts import inspect_artifact
 
     artifacts = []
     for library in sorted(home.rglob("*.so")):

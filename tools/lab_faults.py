@@ -236,7 +236,7 @@ def redeliver(lab: Lab, sweep_id: int) -> dict:
     worker of its host) and store nothing."""
     import psycopg
 
-    from farm.queue import RETRY_WITHIN_S
+    from farm.lab.queue import RETRY_WITHIN_S
 
     with psycopg.connect(lab.url, autocommit=True) as db:
         before = db.execute("SELECT id FROM runs WHERE sweep_id = %s ORDER BY id", (sweep_id,)).fetchall()

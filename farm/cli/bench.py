@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             reference = cell.reference.result if cell.reference is not None else None
             ref = reference.profile if reference is not None else None
             if reference is not None and ref is not None and ref.status == "ok" and cell.result.profile.status == "ok":
-                from farm.kernel_diff import class_versus_text
+                from farm.analysis.kernel_diff import class_versus_text
 
                 print(f"  beside {reference.runtime}'s own profile (same threads and inputs; by op class): "
                       + class_versus_text(cell.result.profile, ref, reference.runtime))

@@ -234,7 +234,7 @@ def triage(text: str) -> tuple[int, str]:
 
 
 def add_budget_option(p: argparse.ArgumentParser) -> None:
-    from farm.records import DEFAULT_BUDGET_MIN  # not farm.findings: its import (scipy) is most of every command's
+    from farm.records import DEFAULT_BUDGET_MIN  # not farm.analysis.findings: its import (scipy) is most of every command's
 
     p.add_argument("--confirm-budget", type=_number(float, 0.0, False, "a number of at least 0"),
                    default=DEFAULT_BUDGET_MIN, metavar="MIN",

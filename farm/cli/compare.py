@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from farm.kernel_diff import COMMON_SHOWN
+from farm.analysis.kernel_diff import COMMON_SHOWN
 
 from farm.cli.common import add_verb, duration, emit_json, positive_int, print_error, print_table, require_db
 
@@ -30,7 +30,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.compare import compare_nights, compare_runs
+    from farm.analysis.compare import compare_nights, compare_runs
     from farm.store import Store
 
     nights = len(args.sweep) == 2 and args.run_a is None

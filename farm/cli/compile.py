@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _artifact_row(artifact) -> dict[str, Any]:
     """An artifact as `farm compile` prints it: where, what format and architecture, what device code it embeds."""
-    from farm.artifacts import inspect_artifact
+    from farm.compile.artifacts import inspect_artifact
 
     info = inspect_artifact(artifact.path)
     return {"path": artifact.path, "format": artifact.export, "target": artifact.target, "toolchain": artifact.toolchain,

@@ -22,7 +22,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.dashboard_server import serve_dashboard
+    from farm.views.dashboard_server import serve_dashboard
 
     inventory = load_inventory_of(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from farm.drift import MIN_CHANGE, MIN_NIGHTS, MIN_SIZE, PENALTY
+from farm.analysis.drift import MIN_CHANGE, MIN_NIGHTS, MIN_SIZE, PENALTY
 from farm.manifest import changes
-from farm.regress import METRICS
+from farm.analysis.regress import METRICS
 from farm.stats import model_label
 
 from farm.cli.common import add_verb, emit_json, print_table, require_db
@@ -28,10 +28,10 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.drift import drift_rows
-    from farm.regress import series_value
-    from farm.results import run_rows
-    from farm.review import format_metric
+    from farm.analysis.drift import drift_rows
+    from farm.analysis.regress import series_value
+    from farm.analysis.results import run_rows
+    from farm.views.review import format_metric
     from farm.store import Store
 
     require_db(args.db)

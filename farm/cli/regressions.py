@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from farm.errors import FarmError
 from farm.records import TRIAGE_STATES
-from farm.regress import CONFIRM_ROUNDS, METHOD, METRICS
+from farm.analysis.regress import CONFIRM_ROUNDS, METHOD, METRICS
 from farm.stats import MAD_TO_SD
 
 from farm.cli.common import (add_bench_options, add_budget_option, add_progress, add_verb, bench_config, emit_json,
@@ -17,7 +17,7 @@ from farm.cli.common import (add_bench_options, add_budget_option, add_progress,
                              sweep_id, triage)
 
 if TYPE_CHECKING:  # the store and the confirmation are imported where a verb needs them
-    from farm.confirmation import SweepRegressions
+    from farm.night.confirmation import SweepRegressions
     from farm.records import Alert
 
 
@@ -85,9 +85,9 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.confirmation import detect_and_confirm
-    from farm.findings import failing_findings
-    from farm.sweep.leases import device_holds
+    from farm.night.confirmation import detect_and_confirm
+    from farm.analysis.findings import failing_findings
+    from farm.lab.leases import device_holds
     from farm.store import Store
 
     _check_triage(args)
@@ -147,7 +147,7 @@ def _print_events(args: argparse.Namespace, events: list[dict]) -> int:
 
 
 def _print_digest(args: argparse.Namespace, store, inventory) -> int:
-    from farm.digest import digest_markdown, night_digest
+    from farm.views.digest import digest_markdown, night_digest
 
     digest = night_digest(store, args.sweep, args.dashboard_url or (inventory.dashboard_url if inventory else None))
     if args.digest == "json":
@@ -158,7 +158,7 @@ def _print_digest(args: argparse.Namespace, store, inventory) -> int:
 
 
 def _print_review(reviewed: SweepRegressions) -> None:
-    from farm.review import format_metric
+    from farm.views.review import format_metric
 
     alerts, sweep, findings = reviewed.alerts, reviewed.sweep_id, reviewed.findings
     new = [f for f in findings if f.first_sweep == sweep]
@@ -177,7 +177,7 @@ def _print_review(reviewed: SweepRegressions) -> None:
 
 def alert_change(alert: Alert) -> str:
     """'+12.0%, z 3.1', or for planned memory (deterministic, no z) the change and its value."""
-    from farm.review import format_metric
+    from farm.views.review import format_metric
 
     change = "" if alert.change is None else f"{alert.change:+.1%}"
     if alert.z is None:

@@ -24,7 +24,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.report import render_report, report_file
+    from farm.views.report import render_report, report_file
     from farm.store import Store
 
     require_db(args.db)

@@ -24,7 +24,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.results import rows_frame, run_rows
+    from farm.analysis.results import rows_frame, run_rows
     from farm.store import Store
 
     require_db(args.db)

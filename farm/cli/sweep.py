@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import FarmError
-from farm.queue import HOST_WAIT_S
+from farm.lab.queue import HOST_WAIT_S
 from farm.records import CellStanding, Inventory, SweepSpec
 from farm.stats import is_unstable, median
 
@@ -18,10 +18,10 @@ from farm.cli.common import (REPORT_DIR, VARIANTS, add_bench_options, add_budget
                              bench_config, count, duration, emit_json, home_dir, load_inventory_of, positive_float,
                              progress_printer, record_default, reference_text, require_db, sweep_or_latest)
 from farm.cli.regressions import alert_change, rounds_text
-from farm.sweep_file import SweepFile, load_sweep_file
+from farm.night.sweep_file import SweepFile, load_sweep_file
 
 if TYPE_CHECKING:  # the sweep's and the nightly's modules are imported where the verb runs
-    from farm.confirmation import SweepRegressions
+    from farm.night.confirmation import SweepRegressions
     from farm.tune.config import TuneBudget
     from farm.sweep import SweepOutcome
 
@@ -149,10 +149,10 @@ def _say_resumed(db: str, spec: SweepSpec, sweep_id: int) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     """--status ID: a queued sweep's jobs by lab host, and its stored cells."""
-    from farm.queue import LabQueue
+    from farm.lab.queue import LabQueue
     from farm.store import Store
     from farm.store.backends import require_server
-    from farm.sweep.lab import progress_text
+    from farm.lab.worker import progress_text
 
     require_server(args.db, "farm sweep --status (a sweep over lab hosts)")
     with Store(args.db) as store:

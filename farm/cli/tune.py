@@ -9,7 +9,7 @@ from typing import Any
 
 from farm.errors import FarmError
 from farm.stats import nonempty_median
-from farm.task_profile import DEFAULT_MIN_SHARE
+from farm.tune.task_profile import DEFAULT_MIN_SHARE
 from farm.tune.config import DEFAULT_TRIALS, RUNNER_TIMEOUT_S, SEARCH_POPULATION, TuneConfig, session_trials
 
 from farm.cli.common import (add_bench_options, add_progress, add_shape_option, add_verb, bench_config, count,

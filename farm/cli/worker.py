@@ -31,7 +31,7 @@ DESCRIPTION = (
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
-    from farm.queue import RETRY_WITHIN_S, STALLED_S
+    from farm.lab.queue import RETRY_WITHIN_S, STALLED_S
 
     p = add_verb(subparsers, common, "worker", run,
                  "on a lab host: measure the queued cells of the devices attached to it (PostgreSQL)",
@@ -48,7 +48,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.queue import LabQueue
+    from farm.lab.queue import LabQueue
     from farm.rpc.session import SESSION_SLOTS
     from farm.store.backends import require_server
 
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
                         f"one process holds at most {SESSION_SLOTS} sessions: start another worker for more")
     if args.serve:
         _serve(inventory, sorted(devices))
-    from farm.nightly import LabTuning
-    from farm.sweep.lab import LabWorker, serve_lab_host
+    from farm.night.tuning import LabTuning
+    from farm.lab.worker import LabWorker, serve_lab_host
 
     name = f"{args.lab_host}:{socket.gethostname()}:{os.getpid()}"
     _check_reachable(args.db, inventory.tracker)
@@ -89,7 +89,7 @@ def _builds(args: argparse.Namespace) -> int:
     if args.lab_host or args.serve:
         raise FarmError("farm worker --builds takes no --lab-host or --serve: it builds for every host",
                         "start a build worker and a lab host's worker as two processes")
-    from farm.sweep.lab import LabWorker, buildable, serve_builds
+    from farm.lab.worker import LabWorker, buildable, serve_builds
 
     inventory = load_inventory_of(args)
     names, not_here = buildable(inventory.devices)
@@ -109,7 +109,7 @@ def _builds(args: argparse.Namespace) -> int:
 def _check_reachable(db: str, tracker) -> None:
     """The lab's queue and (for a lab host's worker) its tracker answer now, before the worker says it started (#50:
     a worker against an unreachable database first printed its start, then the error)."""
-    from farm.queue import LabQueue
+    from farm.lab.queue import LabQueue
     from farm.rpc.tracker import query_summary
 
     LabQueue(db).check()
@@ -128,7 +128,7 @@ def _serve(inventory, names: list[str]) -> None:
 
 
 def _status(lab, as_json: bool) -> int:
-    from farm.queue import HOST_COLUMNS, host_row
+    from farm.lab.queue import HOST_COLUMNS, host_row
 
     lab.prune_dead_workers()  # whoever looks removes the long-dead workers' rows (queue.PRUNE_S)
     hosts, live = lab.hosts(), lab.live_workers()

@@ -12,11 +12,12 @@ format, toolchain and TVM version.
                    settings), the module MetaSchedule sees, its convolutions NHWC where asked (channels_last),
                    and fold_weight_prepack, the weights' repacking folded after the records (weight prepacking)
     kernels.py     copy_per_input: fused kernels TVM lowers in a form no CPU schedule makes fast, rewritten
-    records.py     tuning records into a compile: record_databases, apply_records, untuned_trace, is_schedule
+    schedules.py   tuning records into a compile: record_databases, apply_records, untuned_trace, is_schedule
     memory.py      planned_memory, from the Relax module the build produced (BuiltModule)
     build.py       compile_model: build (tuned or not), export, cache (planned_key: its key before it
                    is built); artifact_file and install_artifact, an
                    artifact carried to another host (the lab's store); main_calls, read from an exported library
+    artifacts.py   what is inside an exported artifact, from its bytes (no TVM): formats, arches, device code
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # the names as the modules define them, for type checkers
     from farm.compile.keys import (PIPELINE_VERSION, RECORD_MATCH, TVM_VERSION, artifact_key, device_tuning_key,
                                    key_before_threads, tuning_key)
     from farm.compile.memory import ALLOC_STORAGE, BuiltModule, planned_memory
-    from farm.compile.records import LOOKUP_INSTRUCTIONS, apply_records, is_schedule, record_databases, untuned_trace
+    from farm.compile.schedules import LOOKUP_INSTRUCTIONS, apply_records, is_schedule, record_databases, untuned_trace
     from farm.compile.targets import (ANDROID_CPU_TAGS, CROSS_CC, TAG_HOSTS, effective_target, export_library,
                                       fallback_device, host_cpu, make_target, toolchain_for)
 
@@ -47,7 +48,7 @@ _EXPORTS = {
     "keys": ("PIPELINE_VERSION", "RECORD_MATCH", "TVM_VERSION", "artifact_key", "device_tuning_key",
              "key_before_threads", "tuning_key"),
     "memory": ("ALLOC_STORAGE", "BuiltModule", "planned_memory"),
-    "records": ("LOOKUP_INSTRUCTIONS", "apply_records", "is_schedule", "record_databases", "untuned_trace"),
+    "schedules": ("LOOKUP_INSTRUCTIONS", "apply_records", "is_schedule", "record_databases", "untuned_trace"),
     "targets": ("ANDROID_CPU_TAGS", "CROSS_CC", "TAG_HOSTS", "effective_target", "export_library", "fallback_device",
                 "host_cpu", "make_target", "toolchain_for"),
 }

@@ -231,7 +231,7 @@ def _compile_tuned(model: ModelSource, target: tvm.target.Target, tuning: Tuning
     from tvm import relax
 
     from farm.compile.frontends import fold_weight_prepack, float32_lanes, prepack_calls, tuning_module
-    from farm.compile.records import apply_records
+    from farm.compile.schedules import apply_records
 
     mod = tuning_module(model, weight_prepack, layout, float32_lanes(target))
     applied, tuned, anchored, used = apply_records(mod, target, tuning)

@@ -77,7 +77,7 @@ class DeviceKind:
     always_emulated: ClassVar[bool] = False  # runs under an emulator: `emulated` defaults to true and cannot be false
     registers_at_start: ClassVar[bool] = True  # `farm serve` waits for its key (False: it registers later, e.g. an app)
     # its code runs on this host's CPU, so a reference runtime (onnxruntime, LiteRT, torch) timed here is the device's
-    # own figure; elsewhere farm says "no reference runtime on this device" (farm/reference.py)
+    # own figure; elsewhere farm says "no reference runtime on this device" (farm/measure/reference.py)
     reference_runs_here: ClassVar[bool] = False
     # it measures on the CPU that builds tuning candidates (this host's): `farm tune` then builds a batch before
     # measuring it, since compiles beside a measurement would slow it; elsewhere builds run ahead (farm/tune/)

@@ -1,4 +1,4 @@
-"""Findings as records with a life (#22, #65): each finding (``farm.findings``) of a reviewed sweep, its triage state
+"""Findings as records with a life (#22, #65): each finding (``farm.analysis.findings``) of a reviewed sweep, its triage state
 (``records.TRIAGE_STATES``) carried to every night it returns on, each change of it an event (who, when, why, the
 bug), and each sweep's confirmation budget (what was spent, what was left unconfirmed)."""
 

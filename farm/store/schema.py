@@ -19,13 +19,13 @@ SCHEMA_VERSION history:
      artifact: artifact_key '') and runs.runtime_version; a series' latest run is per runtime too (index
      runs_series); alerts.runtime, and an alert is one per (sweep, device, model, tuned, runtime, metric): the
      table is rebuilt for the new key (ids kept; PostgreSQL's id sequence moved past them: RESEQUENCE)
- 10  tune_cost_models: the XGBoost cost model of a tuning key (farm/costmodel.py's .npz, base64: data only),
+ 10  tune_cost_models: the XGBoost cost model of a tuning key (farm/tune/costmodel.py's .npz, base64: data only),
      saved after each session and loaded by the next one
  11  memory (#21): artifacts.params_bytes/planned_host_bytes/planned_device_bytes/planned_dynamic (planned memory
      read from the built module), the same three on runs (carried from the run's artifact), and runs'
      rss_before_load_bytes/rss_after_load_bytes/rss_peak_bytes (the session process's RSS; NULL: not measured).
      BIGINT: bytes pass PostgreSQL's 32-bit INTEGER
- 12  findings (#22): a finding (farm/findings.py) per key with its triage state (new | acknowledged | expected |
+ 12  findings (#22): a finding (farm/analysis/findings.py) per key with its triage state (new | acknowledged | expected |
      fixed) and its first and last sweep; finding_sweeps, its body as each sweep ranked it; confirmation_budgets,
      what a sweep's confirmation spent and left unconfirmed
  13  reviewed_sweeps: every sweep reviewed (``Store.record_findings``), with findings or none, so a finding that

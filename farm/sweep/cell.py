@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from farm.compile import effective_target, fallback_device, toolchain_for
+from farm.compile import compile_model, effective_target, fallback_device, toolchain_for
 from farm.compile.child import compile_apart
 from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, LeaseLost, StoreError
@@ -20,11 +20,11 @@ from farm.measure import bench_artifact
 from farm.models.runtimes import runtime_name
 from farm.records import (RETRYABLE_STEPS, Artifact, BenchConfig, BenchResult, Device, Lease, ModelSource, RunToStore,
                           TrackerAddress)
-from farm.reference import bench_reference, reference_threads, reference_unavailable
+from farm.measure.reference import bench_reference, reference_threads, reference_unavailable
 from farm.store import Store
 from farm.sweep.failures import compile_failure, crashed_cell
 from farm.sweep.inputs import CellInputs, cell_inputs
-from farm.sweep.tuning import compile_cell, tuning_set
+from farm.tune.tuning_set import tuning_set
 
 log = logging.getLogger(__name__)
 
@@ -256,3 +256,9 @@ def with_health(result: BenchResult, waited: dict, device: Device) -> BenchResul
     context = {**result.context, "device_health": waited.pop("health", {}), "device_health_after": health_after(device),
                "cooldown": waited}
     return dataclasses.replace(result, context=context)
+
+
+def compile_cell(device: Device, model: ModelSource, store: Store, cache_dir: Path, tuned: bool = True) -> Artifact:
+    """The cell's artifact, with the store's tuning records for the device unless ``tuned`` is False."""
+    tuning = tuning_set(store, device) if tuned else None
+    return compile_model(model, device, cache_dir, tuning)

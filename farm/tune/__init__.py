@@ -17,8 +17,11 @@ running the same command again continues from them (trials add up).
                    ``TuneStatus``, ``TuneOutcome``, and the MetaSchedule callback that hands it each batch
 ``search``         step 4: MetaSchedule's ``tune_tasks`` calls, pass after pass
 ``metaschedule``   the plumbing: builders, runner, ``PassScheduler``, the session factory, workers' pools
-``records``        the store's records into MetaSchedule's database and back, the untuned guard, the seeds,
+``database``       the store's records into MetaSchedule's database and back, the untuned guard, the seeds,
                    and the one rule for a record's time (``record_s``)
+``tuning_set``     the store's records for a device (``tuning_set``), what compiles and sessions start from
+``task_profile``   each task's untuned time on the device, and the trials it gets
+``costmodel``      MetaSchedule's XGBoost cost model as plain data, kept in the store between sessions
 ``packs``          records packs: ``export_database``, ``import_database``
 =================  ==========================================================================================
 

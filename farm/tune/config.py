@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from farm.records import Device
-from farm.task_profile import DEFAULT_MIN_SHARE
+from farm.tune.task_profile import DEFAULT_MIN_SHARE
 
 # Trials a session searches when not told: enough for every batch of a small model's tasks to be measured once or
 # more (TRIALS_PER_RUNNER a batch); a night or an hour of tuning is asked for with --trials or minutes.
@@ -99,8 +99,8 @@ def runner_timeout_for(device: Device) -> float:
 
 @dataclass(frozen=True)
 class TuneBudget:
-    """A sweep file's ``[tune]`` table: what a night's tuning spends (``farm.nightly``); its fields are the table's keys
-    (``farm.sweep_file``)."""
+    """A sweep file's ``[tune]`` table: what a night's tuning spends (``farm.night.tuning``); its fields are the table's keys
+    (``farm.night.sweep_file``)."""
 
     minutes: float
     trials: int = DEFAULT_TRIALS

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from farm.compile import TVM_VERSION, device_tuning_key, effective_target
 from farm.records import cold_weights, layout_setting, threads_setting, weight_prepack_setting
-from farm.costmodel import FORMAT, load_cost_model, new_cost_model
+from farm.tune.costmodel import FORMAT, load_cost_model, new_cost_model
 from farm.errors import FarmError
 from farm.records import Device, TuningSet, utc_now
 from farm.store import Store
-from farm.sweep import tuning_set
-from farm.tune.records import sync, write_database_files
+from farm.tune.tuning_set import tuning_set
+from farm.tune.database import sync, write_database_files
 
 PACK_MANIFEST = "farm-pack.json"  # a records pack: what it was tuned for, what it holds (data only, never code)
 PACK_FORMAT = 1

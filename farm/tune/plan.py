@@ -8,7 +8,7 @@ from itertools import takewhile
 from typing import Any, Iterator
 
 from farm.records import TuningSet
-from farm.task_profile import TaskShare
+from farm.tune.task_profile import TaskShare
 from farm.tune.config import PASS_TRIALS
 
 

@@ -15,14 +15,14 @@ from typing import Any, Iterator
 
 from tvm.s_tir import meta_schedule as ms
 
-from farm.costmodel import samples_of
+from farm.tune.costmodel import samples_of
 from farm.errors import message_line
 from farm.records import Device, TrackerAddress, cold_weights
 from farm.tune.config import TuneConfig
 from farm.tune.metaschedule import (PassScheduler, logs_to_file_only, make_builder, make_runner,
                                     session_log_dir)
 from farm.tune.plan import Plan, Tuning, overlapped_calls, search_passes
-from farm.tune.records import commit_untuned, record_s, seed_by_anchor
+from farm.tune.database import commit_untuned, record_s, seed_by_anchor
 from farm.tune.session import SessionCallback, TuneSession
 
 log = logging.getLogger(__name__)

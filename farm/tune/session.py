@@ -21,7 +21,7 @@ from farm.records import TrackerAddress
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.tune.config import UNBOUNDED_TRIALS, Progress, TuneConfig
-from farm.tune.records import record_s, sync
+from farm.tune.database import record_s, sync
 
 
 class TuneStatus(StrEnum):

@@ -17,18 +17,18 @@ from typing import Callable
 
 from farm.compile import (TVM_VERSION, device_tuning_key, device_tuning_module, effective_target, make_target,
                           toolchain_for)
-from farm.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
+from farm.tune.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
 from farm.devices import kind_of
 from farm.errors import DeviceUnavailable, FarmError, ModelError
 from farm.records import Device, ModelSource, TrackerAddress, cold_weights, target_kind
 from farm.rpc.tracker import query_summary
 from farm.store import Store
-from farm.sweep import tuning_set
-from farm.task_profile import allocate_trials, profile_tasks
+from farm.tune.tuning_set import tuning_set
+from farm.tune.task_profile import allocate_trials, profile_tasks
 from farm.tune.config import TRIALS_PER_RUNNER, Progress, TuneConfig, search_population_for
 from farm.tune.metaschedule import export_to, extract_tasks, load_tensor_intrinsics
 from farm.tune.plan import Plan, Tuning
-from farm.tune.records import best_recorded, prior_databases, searched_before, write_database
+from farm.tune.database import best_recorded, prior_databases, searched_before, write_database
 from farm.tune.search import open_search
 from farm.tune.session import TaskProgress, TuneOutcome, TuneSession
 

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The house's figures (#66): one cell's path from `farm sweep` to its review, counted by tracing it.
+
+Three nights of one cell (``mlp`` on a local server, two untraced nights first so the third has a history to be
+judged against), then the third night traced with ``sys.setprofile`` in every thread of the `farm sweep` process:
+
+- **steps**: the distinct (caller module → callee module) pairs among farm's modules the night's calls took (a
+  caller is the nearest farm frame on the stack; a module calling itself is no step);
+- **CLI entries**: the distinct library functions that `farm/cli/` called directly;
+- **history reads**: calls to ``run_rows`` over the whole store (no ``sweep_id``), and those of one night;
+- the lines of the largest modules.
+
+The same script runs at any commit since the night moved into a library and before it (it finds the tracker and
+server starters where that commit has them)::
+
+    .venv/bin/python tools/bench_house.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FARM = REPO / "farm"
+
+
+def _module(filename: str) -> str | None:
+    path = Path(filename)
+    try:
+        rel = path.resolve().relative_to(FARM)
+    except ValueError:
+        return None
+    parts = rel.with_suffix("").parts
+    return ".".join(["farm", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+class Tracer:
+    def __init__(self) -> None:
+        self.edges: collections.Counter = collections.Counter()
+        self.cli_calls: set[str] = set()
+        self.history_reads = 0
+        self.night_reads = 0
+        self._names: dict[str, str | None] = {}
+
+    def _of(self, filename: str) -> str | None:
+        if filename not in self._names:
+            self._names[filename] = _module(filename)
+        return self._names[filename]
+
+    def __call__(self, frame, event, arg):
+        if event != "call":
+            return
+        callee = self._of(frame.f_code.co_filename)
+        if callee is None:
+            return
+        caller_frame = frame.f_back
+        while caller_frame is not None and self._of(caller_frame.f_code.co_filename) is None:
+            caller_frame = caller_frame.f_back
+        if frame.f_code.co_name == "run_rows" and callee.endswith("results"):
+            if frame.f_locals.get("sweep_id") is None:
+                self.history_reads += 1
+            else:
+                self.night_reads += 1
+        if caller_frame is None:
+            return
+        caller = self._of(caller_frame.f_code.co_filename)
+        if caller != callee:
+            self.edges[(caller, callee)] += 1
+            if caller.startswith("farm.cli") and not callee.startswith("farm.cli") and not frame.f_code.co_name.startswith("<"):
+                self.cli_calls.add(f"{callee}.{frame.f_code.co_name}")
+
+
+def _starters():
+    for module in ("farm.procs", "farm.rpc.processes"):
+        try:
+            mod = __import__(module, fromlist=["start_tracker"])
+            if hasattr(mod, "start_tracker") and hasattr(mod, "start_server"):
+                return mod
+        except ImportError:
+            continue
+    raise SystemExit("no start_tracker/start_server in farm.procs or farm.rpc.processes")
+
+
+def largest(n: int = 8) -> list[tuple[str, int]]:
+    sizes = [(str(p.relative_to(REPO)), len(p.read_text().splitlines())) for p in FARM.rglob("*.py")]
+    return sorted(sizes, key=lambda s: -s[1])[:n]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from farm.cli import main as farm_main
+    from farm.records import TrackerAddress
+    from farm.rpc.tracker import wait_for_servers
+
+    procs = _starters()
+    work = Path(tempfile.mkdtemp(prefix="farm-bench-house-"))
+    port = procs.free_port()
+    tracker = TrackerAddress("127.0.0.1", port)
+    inventory = work / "devices.toml"
+    inventory.write_text(f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n\n'
+                         '[devices.dev0]\nkind = "local"\nkey = "bench-house"\ntarget = { kind = "llvm" }\nthreads = 1\n')
+    argv = ["--devices", str(inventory), "--db", str(work / "r.db"), "sweep", "--device", "dev0", "--model", "mlp",
+            "--repeat", "3", "--min-repeat-ms", "5", "--tvm-only", "--report-dir", str(work / "reports")]
+    started = []
+    tracer = Tracer()
+    try:
+        started.append(procs.start_tracker("127.0.0.1", port, work))
+        started.append(procs.start_server(tracker, "dev0", "bench-house", work))
+        wait_for_servers(tracker, {"bench-house": 1}, timeout_s=60)
+        for _ in range(2):
+            with contextlib.redirect_stdout(io.StringIO()):
+                assert farm_main(argv) == 0
+        threading.setprofile(tracer)
+        sys.setprofile(tracer)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = farm_main(argv)
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)  # type: ignore[arg-type]
+        assert code == 0, code
+    finally:
+        for record in reversed(started):
+            procs.stop_process(record)
+    figures = {"steps": len(tracer.edges),
+               "cli_entries": sorted(tracer.cli_calls),
+               "history_reads": tracer.history_reads, "night_reads": tracer.night_reads,
+               "largest": largest()}
+    if args.json:
+        print(json.dumps(figures, indent=1))
+    else:
+        print(f"module-to-module steps: {figures['steps']}")
+        print(f"library functions the CLI called: {len(figures['cli_entries'])}: {', '.join(figures['cli_entries'])}")
+        print(f"history reads: {figures['history_reads']} whole, {figures['night_reads']} of one night")
+        print("largest modules: " + ", ".join(f"{p} {n}" for p, n in figures["largest"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
