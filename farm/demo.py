@@ -21,7 +21,8 @@ from farm.inventory import parse_inventory
 from farm.models import load_model
 from farm.records import BenchConfig, Inventory, TrackerAddress
 from farm.views.report import render_report, report_file
-from farm.rpc.processes import exited_at_start, free_port, start_tracker, stopped_at_end
+from farm.procs.supervise import free_port, stopped_at_end
+from farm.rpc.launch import exited_at_start, start_tracker
 from farm.rpc.tracker import wait_for_servers
 from farm.store import Store
 from farm.sweep import CellResult, Progress, bench_cell, run_matrix

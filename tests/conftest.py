@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, start_server, start_tracker, stop_process
+from farm.procs.registry import ManagedProcess
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_server, start_tracker
 from farm.rpc.tracker import wait_for_servers
 from farm.tvm_private import import_tvm_without_torch
 
@@ -204,7 +206,7 @@ def unreachable_phone(path: Path, key: str, tracker_port: int) -> tuple[Path, st
     import json
     import sys
 
-    from farm.rpc.processes import free_port
+    from farm.procs.supervise import free_port
 
     adb_port = free_port()
     inventory = write_inventory(path, f"""
@@ -225,7 +227,8 @@ def native_fleet(work: Path, devices: dict[str, str], lab_host: str | None = Non
     ``work/devices.toml`` (of ``lab_host`` when given), registered before it yields the tracker; stopped after."""
     from farm.devices.native import ensure_native_server, start_native_server
     from farm.records import TrackerAddress
-    from farm.rpc.processes import exited_at_start, start_tracker, stop_process
+    from farm.procs.supervise import stop_process
+    from farm.rpc.launch import exited_at_start, start_tracker
     from farm.rpc.tracker import wait_for_servers
 
     server = ensure_native_server()

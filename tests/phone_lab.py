@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from tests.conftest import REPO, network_namespace, running_postgres, write_inventory
 
 CPU_TARGET = 'target = { kind = "llvm", mtriple = "aarch64-linux-gnu" }\n'

@@ -16,7 +16,7 @@ import sys
 import psutil
 import pytest
 
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from tests.conftest import REPO, run_farm, write_inventory
 from tests.phone_lab import CPU_TARGET, phone_lab, standin_phone, standin_phone_table, wait_until
 

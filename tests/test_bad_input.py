@@ -10,7 +10,7 @@ import pytest
 
 from farm.models import load_model
 from farm.records import BenchConfig, BenchResult, CheckResult, Device
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from farm.store import Store
 from tests.conftest import run_farm, write_inventory
 

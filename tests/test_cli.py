@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from farm.cli import build_parser
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from tests.conftest import REPO, farm_workspace, run_farm, stock_remote_device, unreachable_phone, write_inventory
 
 
@@ -111,7 +111,8 @@ def test_a_phone_server_farm_cannot_reach_is_kept_neither_restarted_nor_forgotte
 
     from farm.devices import watch
     from farm.inventory import load_inventory
-    from farm.rpc.processes import ManagedProcess, process_state, update_records
+    from farm.procs.registry import ManagedProcess, update_records
+    from farm.procs.supervise import process_state
 
     inventory, remote = unreachable_phone(tmp_path / "devices.toml", "gone-phone", free_port())  # its adb server is gone
     home = Path(farm_env["FARM_HOME"])
@@ -222,7 +223,8 @@ def test_usage_error_exits_2():
 
 
 def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, farm_env, tmp_path):
-    from farm.rpc.processes import start_server, stop_process
+    from farm.procs.supervise import stop_process
+    from farm.rpc.launch import start_server
     from farm.rpc.tracker import wait_for_servers
 
     victim = start_server(farm_net.tracker, "victim", "probe-victim", tmp_path)
@@ -253,7 +255,7 @@ def test_devices_probe_reports_a_killed_server_without_waiting_for_it(farm_net, 
 
 
 def test_phones_without_an_adb_server_is_one_error_with_a_hint(tmp_path):
-    from farm.rpc.processes import free_port
+    from farm.procs.supervise import free_port
 
     started = time.time()
     proc = run_farm("phones", "--adb", f"127.0.0.1:{free_port()}", env={"FARM_HOME": str(tmp_path)})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from farm.devices.emulated import ensure_board
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from tests.conftest import TEST_POPULATION, env_in, run_farm, write_inventory
 from tests.test_report import needs_chromium, open_in_chromium
 
@@ -97,7 +97,7 @@ def mixed_sweep(farm_net, tmp_path_factory):
     """A sweep of the built-in models over cpu-a, cpu-b and the board: its --json output."""
     from farm.devices import bring_up
     from farm.inventory import parse_inventory
-    from farm.rpc.processes import stop_process
+    from farm.procs.supervise import stop_process
     from farm.rpc.tracker import wait_for_servers
 
     tmp_path = tmp_path_factory.mktemp("mixed-sweep")

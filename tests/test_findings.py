@@ -290,7 +290,7 @@ def test_fail_on_new_any_passes_a_finding_its_reruns_rejected(tmp_path):
     plant(db, lambda night, device, model: 1.3 if night == NIGHTS and (device, model) == SINGLE else 1.0)
     env = {**env_in(tmp_path), "FARM_DB": str(db)}
     assert run_farm("regressions", "--fail-on", "new-any", env=env).returncode == 1
-    with Store(db) as store:  # what a rerun that found no difference stores (confirmation.detect_and_confirm)
+    with Store(db) as store:  # what a rerun that found no difference stores (confirmation.review_night)
         (verdict,) = [v for v in sweep_verdicts(run_rows(store), NIGHTS) if v.status == "candidate"
                       and (v.device, v.model, v.metric) == (*SINGLE, "steady")]
         store.save_alert(verdict, METHOD.to_json(), "rejected", {"rounds": 8, "verdict": "same", "wilcoxon_p": 0.9})
@@ -408,7 +408,7 @@ def test_findings_explain_each_planted_shape_simply(planted_history, tmp_path, s
     findings hold ≥ 90 % of the planted alerts, a scatter is one finding naming itself, a block is named by the
     traits its devices and models share, and nothing planted gives no confirmed finding (confirmation simulated as
     bench_findings does: a rerun confirms a planted series and rejects any other)."""
-    from farm.night.confirmation import detect_and_confirm
+    from farm.night.confirmation import review_night
 
     bench, lab, base = planted_history
     db = tmp_path / "results.db"
@@ -418,7 +418,7 @@ def test_findings_explain_each_planted_shape_simply(planted_history, tmp_path, s
 
     def review() -> dict:
         with Store(db) as store:
-            found = detect_and_confirm(store, None)
+            found = review_night(store, None)
             return {"alerts": [dict(a) for a in found.alerts], "findings": [dict(f) for f in found.findings]}
     with Store(db) as store:
         bench.record_night(store, lab, SMALL_NIGHTS, rng, 0.01, 10, planted)
@@ -501,7 +501,7 @@ def test_the_screen_s_second_tier_is_rerun_and_stored_only_when_confirmed(tmp_pa
     its budget lasts, and stores one only when its reruns confirm it. Here no device answers (an empty inventory):
     every rerun says "unknown" (or "drift": the same library as the baseline), so the candidates keep their alert
     with that word and no screened series is stored."""
-    from farm.night.confirmation import detect_and_confirm
+    from farm.night.confirmation import review_night
     from farm.analysis.findings import sweep_verdicts
     from farm.analysis.results import run_rows
 
@@ -512,7 +512,7 @@ def test_the_screen_s_second_tier_is_rerun_and_stored_only_when_confirmed(tmp_pa
         screened = [v for v in verdicts if v.status == "screened"]
         alerted = [v for v in verdicts if v.status in ("candidate", "improved")]
         assert screened and all(1.0 <= v.z < 2.0 and v.change >= 0.02 for v in screened)
-        out = detect_and_confirm(store, NIGHTS, confirm_candidates=True, tracker=None, devices={})
+        out = review_night(store, NIGHTS, confirm_candidates=True, tracker=None, devices={})
     steady = [a for a in out.alerts if a.metric == "steady"]
     assert {(a.device, a.model) for a in steady} == {(v.device, v.model) for v in alerted}  # no screened one
     assert {a.status for a in steady} <= {"unknown", "drift", "improved"} and "screened" not in {a.status for a in out.alerts}

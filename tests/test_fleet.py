@@ -10,7 +10,8 @@ import pytest
 from farm.devices.native import check_native_server, ensure_native_server, start_native_server
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
-from farm.rpc.processes import exited_at_start, free_port, is_running, start_tracker, stop_process
+from farm.procs.supervise import free_port, is_running, stop_process
+from farm.rpc.launch import exited_at_start, start_tracker
 from farm.rpc.session import SESSION_SLOTS
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import native_fleet, run_farm

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from farm.tvm_private import runtime_only_env
 from tests.conftest import REPO
 

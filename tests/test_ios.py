@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from farm.rpc.tracker import query_summary, wait_for_servers
 from tests.conftest import run_farm
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.lab.queue import RETRY_WITHIN_S
+from farm.lab.jobs import RETRY_WITHIN_S
 from tests.conftest import native_fleet, run_farm
 
 DEVICES = 3
@@ -360,7 +360,7 @@ def test_a_worker_holds_its_few_connections_whatever_its_slots_and_a_long_dead_w
 
     import psycopg
 
-    from farm.lab.queue import POOL_CONNECTIONS
+    from farm.lab.jobs import POOL_CONNECTIONS
 
     worker = workers.start("--slots", str(DEVICES))
     peak: dict[str, int] = {}
@@ -399,7 +399,8 @@ def test_a_database_restart_under_running_cells_costs_seconds_not_the_cells_or_t
     succeeded, and the worker lives on to take the next job (#50: every running cell failed for good, and a failed
     heartbeat or fetch ends procrastinate's worker). The cells are tools/bench_lab.py's simulated ones: a lease,
     3 s on the device, the run stored whole under it."""
-    from farm.lab.queue import CELL, Job, LabQueue, cell_lock
+    from farm.lab.jobs import CELL, Job, cell_lock
+    from farm.lab.queue import LabQueue
     from farm.store import Store
     from tests.conftest import REPO, postgres_server_at
 
@@ -441,7 +442,7 @@ def test_a_database_restart_under_running_cells_costs_seconds_not_the_cells_or_t
 
 def test_a_worker_against_an_unreachable_database_says_so_and_never_that_it_started(lab_host, tmp_path):
     """#50: it printed its start line, then the error. Now the queue and the tracker answer first, or one error."""
-    from farm.rpc.processes import free_port
+    from farm.procs.supervise import free_port
 
     _, inventory = lab_host
     url = f"postgresql://farm@127.0.0.1:{free_port()}/nowhere"  # nothing listens there
@@ -475,7 +476,7 @@ def test_a_model_that_kills_its_worker_is_stored_failed_after_max_deliveries_not
     a worker down. After MAX_DELIVERIES, the worker that finds it stalled ends its job failed and stores the cell
     failed for good, saying why; the sweep settles. A worker is started after each death, as a lab's service
     manager does."""
-    from farm.lab.queue import MAX_DELIVERIES
+    from farm.lab.jobs import MAX_DELIVERIES
 
     (tmp_path / "poison_model.py").write_text(POISON_MODEL)
     sweep_file = tmp_path / "sweep.toml"
@@ -523,10 +524,11 @@ def test_a_dead_build_worker_s_job_is_taken_over_on_the_cell_s_own_connection(po
     call's connection; the job is put back, then taken over by the cell."""
     import psycopg
 
-    from farm.lab.queue import BUILD, BuildState, Job, LabQueue, build_lock
+    from farm.lab.jobs import BUILD, BuildState, Job, build_queueing_lock
+    from farm.lab.queue import LabQueue
 
     lab = LabQueue(postgres_db)
-    lab.defer([Job(BUILD, "", "dev0", {"sweep_id": 7, "device": "dev0", "model": "mlp"}, build_lock(7, "dev0", "mlp"),
+    lab.defer([Job(BUILD, "", "dev0", {"sweep_id": 7, "device": "dev0", "model": "mlp"}, build_queueing_lock(7, "dev0", "mlp"),
                    "group")])
     with psycopg.connect(postgres_db, autocommit=True) as db:  # what a build worker killed while it built leaves
         db.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = NULL WHERE task_name = %s", (BUILD,))
@@ -547,7 +549,8 @@ def test_a_worker_starting_after_an_outage_prunes_only_the_long_dead_not_the_one
     prunes at its start only those silent for PRUNE_S."""
     import psycopg
 
-    from farm.lab.queue import PRUNE_S, STALLED_S, LabQueue
+    from farm.lab.jobs import PRUNE_S, STALLED_S
+    from farm.lab.queue import LabQueue
 
     lab = LabQueue(postgres_db)
     lab.install()
@@ -564,7 +567,7 @@ def test_a_worker_starting_after_an_outage_prunes_only_the_long_dead_not_the_one
 def test_a_worker_judges_others_stalled_only_once_every_live_worker_could_have_beaten():
     """#61: after an outage, a worker's stall check re-queued the running jobs of live workers that had not yet
     beaten again. Literal clocks in, verdicts out."""
-    from farm.lab.queue import HEARTBEAT_S, STALLED_S, stall_check_due
+    from farm.lab.jobs import HEARTBEAT_S, STALLED_S, stall_check_due
 
     never = float("-inf")
     assert stall_check_due(1000.0, 0.0, never)
@@ -584,7 +587,8 @@ def test_a_fetch_whose_answer_was_lost_runs_the_job_it_took_not_another(postgres
 
     import psycopg
 
-    from farm.lab.queue import CELL, Job, LabQueue, cell_lock
+    from farm.lab.jobs import CELL, Job, cell_lock
+    from farm.lab.queue import LabQueue
 
     lab = LabQueue(postgres_db)
     lab.defer([Job(CELL, "lab9", f"dev{i}", {"sweep_id": 9, "device": f"dev{i}", "model": "mlp", "first": True},
@@ -643,7 +647,8 @@ def test_an_answer_after_a_silent_gap_ends_an_outage_as_a_failure_would():
     its stall check the database had been away. An answer after SILENT_GAP_S without any now does."""
     import time
 
-    from farm.lab.queue import SILENT_GAP_S, LabQueue
+    from farm.lab.jobs import SILENT_GAP_S
+    from farm.lab.queue import LabQueue
 
     lab = LabQueue("postgresql://farm@127.0.0.1:1/nowhere")  # never connected: the worker's clocks only
     now = time.monotonic()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from farm.rpc.tracker import query_summary
 from tests.conftest import run_farm
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from tests.conftest import REPO, network_namespace, run_farm, write_inventory
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,

@@ -18,7 +18,8 @@ from tvm.script import tirx as T
 
 from farm.devices.native import ensure_native_server, start_native_server
 from farm.records import TrackerAddress
-from farm.rpc.processes import exited_at_start, free_port, start_tracker, stop_process
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import exited_at_start, start_tracker
 from farm.rpc.session import request_session
 from farm.rpc.tracker import wait_for_servers
 

@@ -27,7 +27,7 @@ def test_the_docs_python_example_runs_a_night_and_reads_its_findings(farm_net, t
 
 def test_farm_sweep_s_verb_holds_no_step_of_the_night():
     """cli/sweep.py parses, calls run_night, prints: it calls none of the night's steps itself."""
-    steps = {"run_sweep", "detect_and_confirm", "notify_night", "tune_after_sweep", "tune_queued", "render_report",
+    steps = {"run_sweep", "review_night", "notify_night", "tune_after_sweep", "tune_queued", "render_report",
              "enqueue_sweep", "follow_sweep", "one_sweep_at_a_time"}
     tree = ast.parse((REPO / "farm" / "cli" / "sweep.py").read_text())
     called = {node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")

@@ -15,7 +15,8 @@ from farm.errors import DeviceError, InventoryError
 from farm.inventory import parse_inventory
 from farm.devices import kind_of, kinds
 from farm.records import HostCPU, TrackerAddress
-from farm.rpc.processes import free_port, start_tracker, stop_process
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_tracker
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import TEST_POPULATION, run_farm, write_inventory
 

@@ -72,7 +72,7 @@ def test_cli_sweeps_reports_and_probes_on_postgres(farm_net, inventory_file, pos
 
 
 def test_unreachable_postgres_is_one_clear_error(tmp_path):
-    from farm.rpc.processes import free_port
+    from farm.procs.supervise import free_port
 
     url = f"postgresql://farm:secret@127.0.0.1:{free_port()}/nowhere"
     proc = run_farm("results", "--json", env={"FARM_HOME": str(tmp_path), "FARM_DB": url})

@@ -22,7 +22,9 @@ import pytest
 
 from farm.errors import FarmError
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, start_tracker, stop_process
+from farm.procs.registry import ManagedProcess
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_tracker
 from tests.conftest import run_farm, unreachable_phone, write_inventory
 
 DELAY_ENV = "FARM_TEST_REGISTRY_DELAY_S"  # processes.REGISTRY_DELAY_ENV, spelled out: this test also runs on code
@@ -161,7 +163,9 @@ def test_a_server_another_command_stopped_is_said_stopped_not_failed(tracker, tm
     by its record gone from the registry. A server that ended on its own (an exit code, another signal, a record
     dropped after it died) or one in no registry still "exited at start", with its log."""
     from farm.errors import DeviceError
-    from farm.rpc.processes import exited_at_start, local_process, spawn, start_server, update_records
+    from farm.procs.registry import update_records
+    from farm.procs.supervise import local_process, spawn
+    from farm.rpc.launch import exited_at_start, start_server
 
     def started(name: str) -> ManagedProcess:
         record = start_server(tracker, name, f"race-{name}", tmp_path)
@@ -228,7 +232,7 @@ def test_concurrent_updates_keep_every_record(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", add, str(tmp_path), f"p{i}"],
                               env={**os.environ, DELAY_ENV: "0.002"}) for i in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 4
-    from farm.rpc.processes import load_records
+    from farm.procs.registry import load_records
 
     assert sorted(r.name for r in load_records(tmp_path)) == sorted(f"p{i}-{n}" for i in range(4) for n in range(25))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["processes.json", "processes.lock"]
@@ -249,7 +253,7 @@ CORRUPT = {
 
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_a_corrupt_registry_is_refused_not_read_as_empty(case, tmp_path):
-    from farm.rpc.processes import load_records, update_records
+    from farm.procs.registry import load_records, update_records
 
     text, what = CORRUPT[case]
     path = tmp_path / "processes.json"
@@ -264,7 +268,7 @@ def test_a_corrupt_registry_is_refused_not_read_as_empty(case, tmp_path):
 
 
 def test_a_missing_registry_is_empty(tmp_path):
-    from farm.rpc.processes import load_records, update_records
+    from farm.procs.registry import load_records, update_records
 
     assert load_records(tmp_path / "never") == []
     record = ManagedProcess(**RECORD)
@@ -330,7 +334,7 @@ def test_a_record_of_another_boot_or_an_older_farm(tmp_path):
     by its wall-clock start."""
     from dataclasses import replace
 
-    from farm.rpc.processes import is_running
+    from farm.procs.supervise import is_running
 
     record = start_tracker("127.0.0.1", free_port(), tmp_path)
     try:

@@ -52,7 +52,8 @@ from farm.devices import can_bring_up, kind_of
 from farm.devices.android import adb_address
 from farm.errors import TrackerError
 from farm.inventory import load_inventory
-from farm.rpc.processes import free_port, load_records, stop_process
+from farm.procs.registry import load_records
+from farm.procs.supervise import free_port, stop_process
 from farm.rpc.tracker import query_summary
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,8 @@ import pytest
 
 from farm.errors import DeviceUnavailable, TrackerError
 from farm.records import TrackerAddress
-from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_server, start_tracker
 from farm.rpc.session import request_session
 from farm.rpc.tracker import query_summary, wait_for_servers
 

@@ -14,7 +14,7 @@ from farm.inventory import parse_inventory
 from farm.measure import THREADS_BY_FARM, THREADS_NOT_SET
 from farm.models import load_model
 from farm.records import BenchConfig, threads_setting
-from farm.rpc.processes import stop_process
+from farm.procs.supervise import stop_process
 from farm.rpc.tracker import wait_for_servers
 from farm.analysis.series import context_of, describe_change
 from farm.stats import versus_text

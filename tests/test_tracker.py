@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from farm.records import TrackerAddress
-from farm.rpc.processes import free_port, start_tracker, stop_process
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_tracker
 from farm.rpc.tracker import KeyStatus, key_state, query_summary
 
 
@@ -61,7 +62,8 @@ def test_a_tracker_with_lab_hosts_takes_each_key_s_registration_only_from_its_so
     import json as json_module
     import time
 
-    from farm.rpc.processes import free_port, start_server, stop_process
+    from farm.procs.supervise import free_port, stop_process
+    from farm.rpc.launch import start_server
     from farm.devices.registrations import allowed_sources
     from farm.rpc.tracker import query_summary, wait_for_servers
     from farm.inventory import load_inventory

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from farm.views.digest import digest_markdown, night_digest, notify_night, post_webhook
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 from farm.store import Store, StoreError
 from tests.conftest import dashboard_server, env_in, run_farm
 from tests.test_findings import NIGHTS, SINGLE, plant, regressions

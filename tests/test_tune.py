@@ -12,7 +12,8 @@ import time
 import pytest
 
 from farm.records import COLD_RUNS
-from farm.rpc.processes import start_server, stop_process
+from farm.procs.supervise import stop_process
+from farm.rpc.launch import start_server
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import REPO, TEST_POPULATION, run_farm
 

@@ -4,7 +4,8 @@ tests/test_tune.py, so pytest-xdist's workers (a file each at a time) share the 
 
 import json
 
-from farm.rpc.processes import start_server, stop_process
+from farm.procs.supervise import stop_process
+from farm.rpc.launch import start_server
 from farm.rpc.tracker import wait_for_servers
 from tests.conftest import TEST_POPULATION, run_farm
 

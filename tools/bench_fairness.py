@@ -21,7 +21,8 @@ from farm.devices import kinds
 from farm.models import load_model
 from farm.records import BenchConfig, Device, TrackerAddress
 from farm.analysis.results import run_rows, versus_reference
-from farm.rpc.processes import free_port, start_tracker, stop_process
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_tracker
 from farm.rpc.tracker import wait_for_servers
 from farm.stats import format_duration
 from farm.store import Store

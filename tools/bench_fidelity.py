@@ -25,7 +25,7 @@ from tvm import relax, rpc
 from farm.compile import compile_model
 from farm.models import load_model, make_inputs
 from farm.records import BenchConfig, Device, TrackerAddress
-from farm.rpc.processes import private_farm
+from farm.rpc.launch import private_farm
 from farm.store import Store
 from farm.sweep import bench_cell
 

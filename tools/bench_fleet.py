@@ -29,7 +29,9 @@ from pathlib import Path
 
 from farm.devices.native import ensure_native_server, start_native_server
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, start_tracker, stop_process
+from farm.procs.registry import ManagedProcess
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import exited_at_start, start_tracker
 from farm.rpc.tracker import wait_for_servers
 
 REPO = Path(__file__).resolve().parent.parent

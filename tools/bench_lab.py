@@ -81,7 +81,9 @@ from typing import Iterator
 from farm.devices.native import ensure_native_server, start_native_server
 from farm.records import TrackerAddress
 from farm.signing import KEY_ENV
-from farm.rpc.processes import ManagedProcess, exited_at_start, free_port, start_tracker, stop_process
+from farm.procs.registry import ManagedProcess
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import exited_at_start, start_tracker
 from farm.rpc.tracker import query_summary, wait_for_servers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +174,8 @@ def noop_worker(url: str, slots: int, host: str = "load", cell_s: float = 0.0) -
     """A worker process of --queue-load: lab host ``host``'s queue, each cell job done at once, or (``cell_s``) a
     simulated cell: its device's lease, the sweep's attempts read, the device held ``cell_s``, its run stored whole
     under the lease on the worker's one shared store (as ``LabWorker.cell`` does, without a device)."""
-    from farm.lab.queue import CELL, LabQueue, queue_of
+    from farm.lab.jobs import CELL, queue_of
+    from farm.lab.queue import LabQueue
 
     handler = (lambda **_: "ok") if not cell_s else simulated_cell(url, cell_s)
     LabQueue(url).serve([queue_of(host)], {CELL: handler}, slots, f"{host}-{os.getpid()}")
@@ -214,7 +217,8 @@ def count_connections(url: str, stop: threading.Event, peak: list[int]) -> None:
 
 
 def queue_load(args: argparse.Namespace, work: Path) -> int:
-    from farm.lab.queue import CELL, Job, LabQueue, cell_lock
+    from farm.lab.jobs import CELL, Job, cell_lock
+    from farm.lab.queue import LabQueue
     from farm.store import Store
 
     workers: list[subprocess.Popen] = []

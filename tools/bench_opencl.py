@@ -30,7 +30,8 @@ from farm.inventory import parse_inventory
 from farm.measure import measure_copy_curve
 from farm.models import load_model
 from farm.records import BenchConfig, TrackerAddress
-from farm.rpc.processes import free_port, start_tracker, stop_process
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_tracker
 from farm.rpc.tracker import wait_for_servers
 from farm.stats import summarize
 from farm.store import Store

@@ -76,7 +76,7 @@ def main() -> int:
     import psutil
 
     from bench_scale import build
-    from farm.rpc.processes import free_port
+    from farm.procs.supervise import free_port
     from tests.conftest import running_postgres
 
     work = Path(args.keep or "/tmp/farm-pages")

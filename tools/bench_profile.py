@@ -86,7 +86,8 @@ def main() -> int:
     from farm.devices import bring_up
     from farm.inventory import load_inventory
     from farm.records import TrackerAddress
-    from farm.rpc.processes import free_port, start_tracker, stop_process
+    from farm.procs.supervise import free_port, stop_process
+    from farm.rpc.launch import start_tracker
     from farm.rpc.tracker import wait_for_servers
 
     work = Path(args.work or tempfile.mkdtemp(prefix="farm-bench-profile-"))
@@ -168,7 +169,7 @@ def on_the_phone(tracker, work: Path, repeat: int) -> bool:
     from farm.devices import bring_up
     from farm.devices.pocl_arm64 import ensure_sysroot
     from farm.inventory import parse_inventory
-    from farm.rpc.processes import stop_process
+    from farm.procs.supervise import stop_process
     from farm.rpc.tracker import wait_for_servers
     from tests.phone_lab import CPU_TARGET, standin_phone, standin_phone_table
 

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from farm.records import BenchConfig, Device, TrackerAddress
-from farm.rpc.processes import free_port, start_server, start_tracker, stop_process
+from farm.procs.supervise import free_port, stop_process
+from farm.rpc.launch import start_server, start_tracker
 from farm.rpc.tracker import wait_for_servers
 
 FAST = BenchConfig(repeat=3, min_repeat_ms=5, copy_repeat=3, timeout_s=60)

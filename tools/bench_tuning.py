@@ -75,7 +75,7 @@ from farm.compile import (device_tuning_key, device_tuning_module, effective_tar
 from farm.models import load_model
 from farm.models.zoo import leaky_variant
 from farm.records import LAYOUTS, BenchConfig, Device
-from farm.rpc.processes import private_farm
+from farm.rpc.launch import private_farm
 from farm.stats import median, versus_text
 from farm.store import Store
 from farm.sweep import bench_cell

@@ -19,7 +19,7 @@ import numpy as np
 
 from farm.models import load_model, make_variant
 from farm.records import BenchConfig, Device
-from farm.rpc.processes import private_farm
+from farm.rpc.launch import private_farm
 from farm.store import Store
 from farm.sweep import bench_cell
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from farm.models import load_model
 from farm.models.zoo import leaky_variant
 from farm.records import Device
-from farm.rpc.processes import private_farm
+from farm.rpc.launch import private_farm
 from farm.store import Store
 from farm.tune import TuneConfig, TuneOutcome, tune_model
 

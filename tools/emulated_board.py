@@ -25,7 +25,7 @@ from farm.devices.opencl_runtime import board_with_opencl
 from farm.devices.pocl_arm64 import ensure_sysroot
 from farm.errors import FarmError
 from farm.records import TrackerAddress
-from farm.rpc.processes import free_port
+from farm.procs.supervise import free_port
 
 
 def main() -> int:

@@ -236,7 +236,7 @@ def redeliver(lab: Lab, sweep_id: int) -> dict:
     worker of its host) and store nothing."""
     import psycopg
 
-    from farm.lab.queue import RETRY_WITHIN_S
+    from farm.lab.jobs import RETRY_WITHIN_S
 
     with psycopg.connect(lab.url, autocommit=True) as db:
         before = db.execute("SELECT id FROM runs WHERE sweep_id = %s ORDER BY id", (sweep_id,)).fetchall()
@@ -267,7 +267,7 @@ def judge(result: dict, baseline_s: float | None) -> dict:
 
 
 def run_faults(args: argparse.Namespace, work: Path) -> int:
-    from farm.rpc.processes import free_port
+    from farm.procs.supervise import free_port
     from tests.conftest import network_namespace, postgres_server_at
 
     if os.geteuid() != 0:

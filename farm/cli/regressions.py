@@ -85,7 +85,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.night.confirmation import detect_and_confirm
+    from farm.night.confirmation import review_night
     from farm.analysis.findings import failing_findings
     from farm.lab.leases import device_holds
     from farm.store import Store
@@ -102,10 +102,11 @@ def run(args: argparse.Namespace) -> int:
             return _print_events(args, store.finding_events([args.events]).get(args.events, []))
         if args.digest:
             return _print_digest(args, store, inventory)
-        reviewed = detect_and_confirm(store, args.sweep, args.confirm, inventory.tracker if inventory else None,
-                                      inventory.devices if inventory else None, bench_config(args),
-                                      progress_printer(args.progress), args.confirm_budget,
-                                      device_holds(args.db, store, "farm regressions --confirm"))
+        reviewed = review_night(store, args.sweep, args.confirm, inventory.tracker if inventory else None,
+                                inventory.devices if inventory else None, bench_config(args),
+                                progress_printer(args.progress), args.confirm_budget,
+                                device_holds(args.db, store, "farm regressions --confirm"),
+                                judged_as_stored=True)
     if args.json:
         emit_json({"sweep_id": reviewed.sweep_id, "findings": reviewed.findings, "budget": reviewed.budget,
                    "alerts": reviewed.alerts})

@@ -88,17 +88,18 @@ def _watch(devices, tracker, state: Path, interval_s: float) -> None:
     import threading
 
     from farm.devices import watch
-    from farm.rpc import processes
+    from farm.procs.registry import update_records
+    from farm.procs.supervise import own_record
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    me = processes.own_record("watchdog", "--watch")
-    processes.update_records(state, lambda current: current + [me])
+    me = own_record("watchdog", "--watch")
+    update_records(state, lambda current: current + [me])
     print(f"watching {len(devices)} device(s) every {interval_s:g} s; `farm down` or Ctrl-C ends the watch",
           file=sys.stderr, flush=True)
     try:
         watch(devices, tracker, state, interval_s, stop,
               on_event=lambda text: print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True))
     finally:
-        processes.update_records(state, lambda current: [r for r in current if r != me])
+        update_records(state, lambda current: [r for r in current if r != me])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import FarmError
-from farm.lab.queue import HOST_WAIT_S
+from farm.lab.jobs import HOST_WAIT_S
 from farm.records import CellStanding, Inventory, SweepSpec
 from farm.stats import is_unstable, median
 
@@ -152,7 +152,7 @@ def _status(args: argparse.Namespace) -> int:
     from farm.lab.queue import LabQueue
     from farm.store import Store
     from farm.store.backends import require_server
-    from farm.lab.worker import progress_text
+    from farm.lab.follow import progress_text
 
     require_server(args.db, "farm sweep --status (a sweep over lab hosts)")
     with Store(args.db) as store:

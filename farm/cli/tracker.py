@@ -22,15 +22,16 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from farm.rpc import processes
+    from farm.procs.registry import load_records, update_records
+    from farm.procs.supervise import stop_process
 
     address = _tracker_address(args)
-    mine = [r for r in processes.load_records(home_dir()) if r.role == "tracker"]
+    mine = [r for r in load_records(home_dir()) if r.role == "tracker"]
     if args.action == "start":
         return _start(address, mine, args.json, _allowed(args))
     if args.action == "stop":
-        stopped = [r.pid for r in mine if processes.stop_process(r)]
-        processes.update_records(home_dir(), lambda current: [r for r in current if r not in mine])
+        stopped = [r.pid for r in mine if stop_process(r)]
+        update_records(home_dir(), lambda current: [r for r in current if r not in mine])
         print(f"tracker stopped (pid {stopped[0]})" if stopped else "no tracker started by farm is running")
         return 0
     return _status(address, mine, args.json)
@@ -47,14 +48,16 @@ def _allowed(args: argparse.Namespace) -> dict[str, list[str]] | None:
 
 
 def _start(address, mine: list, as_json: bool, allowed: dict[str, list[str]] | None = None) -> int:
-    from farm.rpc import processes
+    from farm.procs.registry import update_records
+    from farm.procs.supervise import is_running
+    from farm.rpc.launch import start_tracker
 
-    running = [r for r in mine if processes.is_running(r)]
+    running = [r for r in mine if is_running(r)]
     if running:
         print(f"tracker already running (pid {running[0].pid}, port {running[0].port})")
         return 0
-    record = processes.start_tracker(address.host, address.port, home_dir(), allowed=allowed)
-    processes.update_records(home_dir(), lambda current: [r for r in current if r not in mine] + [record])
+    record = start_tracker(address.host, address.port, home_dir(), allowed=allowed)
+    update_records(home_dir(), lambda current: [r for r in current if r not in mine] + [record])
     if as_json:
         emit_json(asdict(record))
     else:
@@ -64,11 +67,11 @@ def _start(address, mine: list, as_json: bool, allowed: dict[str, list[str]] | N
 
 def _status(address, mine: list, as_json: bool) -> int:
     from farm.records import TrackerAddress
-    from farm.rpc import processes
+    from farm.procs.supervise import is_running
     from farm.rpc.tracker import query_summary
 
     summary = query_summary(TrackerAddress("127.0.0.1" if address.host == "0.0.0.0" else address.host, address.port))
-    data = {"address": str(address), "managed_pid": next((r.pid for r in mine if processes.is_running(r)), None),
+    data = {"address": str(address), "managed_pid": next((r.pid for r in mine if is_running(r)), None),
             "keys": {k: asdict(v) for k, v in summary.keys.items()},
             "servers": [{"key": k, "host": h, "port": p} for k, h, p in summary.servers]}
     if as_json:

@@ -31,7 +31,7 @@ DESCRIPTION = (
 
 
 def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
-    from farm.lab.queue import RETRY_WITHIN_S, STALLED_S
+    from farm.lab.jobs import RETRY_WITHIN_S, STALLED_S
 
     p = add_verb(subparsers, common, "worker", run,
                  "on a lab host: measure the queued cells of the devices attached to it (PostgreSQL)",
@@ -128,7 +128,7 @@ def _serve(inventory, names: list[str]) -> None:
 
 
 def _status(lab, as_json: bool) -> int:
-    from farm.lab.queue import HOST_COLUMNS, host_row
+    from farm.lab.monitor import HOST_COLUMNS, host_row
 
     lab.prune_dead_workers()  # whoever looks removes the long-dead workers' rows (queue.PRUNE_S)
     hosts, live = lab.hosts(), lab.live_workers()

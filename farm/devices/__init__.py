@@ -17,8 +17,8 @@ from typing import Callable
 from farm.devices.kind import DeviceKind
 from farm.errors import DeviceError, FarmError, InventoryError
 from farm.records import Device, Inventory, TrackerAddress
-from farm.rpc.processes import (ManagedProcess, collect_ended, load_records, process_state, stop_process,
-                                 update_records)
+from farm.procs.registry import ManagedProcess, load_records, update_records
+from farm.procs.supervise import collect_ended, process_state, stop_process
 
 
 @functools.cache
@@ -130,13 +130,15 @@ def bring_up_devices(inventory: Inventory, names: list[str], tracker: TrackerAdd
     """Start each named device that has no server yet; wait for those that register at start (``farm serve``,
     ``farm worker --serve``). Returns (the records started, every record now kept, [(device name, FarmError)] of
     the devices that could not be brought up); what a person should know goes to ``say``."""
-    from farm.rpc import processes
+    from farm.procs.registry import load_records, update_records
+    from farm.procs.supervise import process_state
+    from farm.rpc.launch import exited_at_start
     from farm.rpc.tracker import wait_for_servers
 
     # the registry is read here and changed after the bring-ups, under its lock, as it is then: others' records
     # (a watchdog's restart, another `farm serve`) stay; only the ones found gone here are dropped, never the
     # "unknown" ones (a host that did not answer): `farm down` tries those again
-    states = {r: processes.process_state(r) for r in processes.load_records(state)}
+    states = {r: process_state(r) for r in load_records(state)}
     running = {r.name for r, s in states.items() if r.role == "server" and s != "gone"}
     for r, s in states.items():
         if r.role == "server" and s == "unknown" and r.name in names and say:
@@ -151,9 +153,9 @@ def bring_up_devices(inventory: Inventory, names: list[str], tracker: TrackerAdd
         except FarmError as exc:  # one device's failure does not stop the others
             failures.append((name, exc))
     gone = {r for r, s in states.items() if s == "gone"}
-    records = processes.update_records(state, lambda current: [r for r in current if r not in gone] + started)
+    records = update_records(state, lambda current: [r for r in current if r not in gone] + started)
     waiting = {r.key: 1 for r in started if kind_of(inventory.devices[r.name]).registers_at_start}
-    wait_for_servers(tracker, waiting, timeout_s=wait_s, give_up=processes.exited_at_start(started, state))
+    wait_for_servers(tracker, waiting, timeout_s=wait_s, give_up=exited_at_start(started, state))
     for r in started:
         if (note := kind_of(inventory.devices[r.name]).started_note(r)) and say:
             say(note)
@@ -167,16 +169,17 @@ def stop_roles(state: Path, roles: tuple[str, ...]) -> tuple[list, list]:
     [(record, error)] for those that could not be); the records it handled are dropped from the state file but
     for the failed ones, kept for another try. Records added meanwhile by another command (a `farm serve` that ran
     at the same time) are kept: what was started after the stop is still recorded, for the next `farm down`."""
-    from farm.rpc import processes
+    from farm.procs.registry import load_records, update_records
+    from farm.procs.supervise import stop_process
 
     stopped, failed, handled = [], [], set()
     for role in roles:
-        for record in [r for r in processes.load_records(state) if r.role == role]:
+        for record in [r for r in load_records(state) if r.role == role]:
             try:
-                if processes.stop_process(record, WATCHDOG_GRACE_S if role == "watchdog" else 3.0):
+                if stop_process(record, WATCHDOG_GRACE_S if role == "watchdog" else 3.0):
                     stopped.append(record)
                 handled.add(record)
             except DeviceError as exc:
                 failed.append((record, exc))
-    processes.update_records(state, lambda current: [r for r in current if r not in handled])
+    update_records(state, lambda current: [r for r in current if r not in handled])
     return stopped, failed

@@ -45,7 +45,8 @@ from farm.devices.opencl_runtime import board_with_opencl
 from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
 from farm.devices.relay import is_loopback, relay_marker, start_relay
-from farm.rpc.processes import ManagedProcess, free_port, is_running, load_records, local_process, stop_process
+from farm.procs.registry import ManagedProcess, load_records
+from farm.procs.supervise import free_port, is_running, local_process, stop_process
 
 NEEDS_SERIAL = 'add serial = "SERIAL" (from `farm phones`) and a server_port of its own, e.g. 5001'
 DEFAULT_DIR = "/data/local/tmp/farm"

@@ -18,7 +18,7 @@ from typing import Any
 
 from farm.devices.kind import Fail, Field, GpuHere, thread_options
 from farm.records import Device, TrackerAddress, target_kind
-from farm.rpc.processes import ManagedProcess
+from farm.procs.registry import ManagedProcess
 
 DRIVER = "libcuda.so.1"
 # TVM 0.27's CUDA runtime as the apache-tvm wheels ship it, x86-64 and aarch64 alike (read from both 0.27.0.post1

@@ -20,7 +20,8 @@ from farm.devices.opencl_runtime import board_with_opencl
 from farm.devices.pocl_arm64 import ensure_sysroot
 from farm.errors import DeviceError
 from farm.records import Device, HostCPU, TrackerAddress, target_kind
-from farm.rpc.processes import ManagedProcess, free_port, local_process, log_tail, spawn
+from farm.procs.registry import ManagedProcess
+from farm.procs.supervise import free_port, local_process, log_tail, spawn
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from farm.devices.kind import DeviceKind, Field
 from farm.errors import BuildError, DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, split_address
-from farm.rpc.processes import ManagedProcess, free_port, local_process, log_tail, spawn
+from farm.procs.registry import ManagedProcess
+from farm.procs.supervise import free_port, local_process, log_tail, spawn
 
 DEFAULT_PROXY = "127.0.0.1:9091"
 

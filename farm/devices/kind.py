@@ -28,7 +28,7 @@ import psutil
 from farm.errors import InventoryError
 from farm.records import (LAYOUT_RULE, LAYOUTS, PREPACK_RULE, THREADS_RULE, Device, HostCPU, TrackerAddress,
                            split_address, target_kind, threads_setting)
-from farm.rpc.processes import ManagedProcess
+from farm.procs.registry import ManagedProcess
 
 Fail = Callable[[str, str, str], InventoryError]  # (field, problem, hint) -> the error naming file, line and device
 

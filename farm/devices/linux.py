@@ -24,7 +24,7 @@ from typing import Any
 from farm.devices.kind import BOARD_SOFTWARE, DeviceKind, Field, software_lines
 from farm.errors import DeviceError, InventoryError
 from farm.records import Device, TrackerAddress, threads_setting
-from farm.rpc.processes import ManagedProcess
+from farm.procs.registry import ManagedProcess
 
 
 def ssh_command(device: Device) -> tuple[list[str], str]:

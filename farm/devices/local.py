@@ -7,7 +7,8 @@ from pathlib import Path
 
 from farm.devices.kind import Field, ThisHost, thread_options
 from farm.records import Device, TrackerAddress
-from farm.rpc.processes import ManagedProcess, start_server
+from farm.procs.registry import ManagedProcess
+from farm.rpc.launch import start_server
 
 SERVER_PORT = Field("port", "server_port = 9095", "the server's port (default: a free one)")
 SERVER_HOST = Field("text", 'server_host = "10.0.0.5"', "the one address the server binds (default: loopback for a "

@@ -23,7 +23,8 @@ from farm.devices.cache import building, cache_root, tvm_versions, wheel_dir
 from farm.devices.nvidia_wheels import library_path
 from farm.errors import DeviceError
 from farm.records import TrackerAddress
-from farm.rpc.processes import ManagedProcess, free_port, local_process, spawn
+from farm.procs.registry import ManagedProcess
+from farm.procs.supervise import free_port, local_process, spawn
 
 HOST_CXX = "g++"
 

@@ -15,7 +15,8 @@ from typing import Any
 from farm.devices.kind import Fail, Field, GpuHere, thread_options
 from farm.devices.opencl_runtime import ensure_runtime, missing
 from farm.records import Device, TrackerAddress, target_kind
-from farm.rpc.processes import ManagedProcess, start_server
+from farm.procs.registry import ManagedProcess
+from farm.rpc.launch import start_server
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from farm.devices.kind import DeviceKind
 from farm.records import Device, TrackerAddress
-from farm.rpc.processes import ManagedProcess
+from farm.procs.registry import ManagedProcess
 
 log = logging.getLogger(__name__)
 

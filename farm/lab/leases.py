@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Callable, Iterator
 
 from farm.errors import DeviceUnavailable, StoreError
-from farm.lab.queue import HEARTBEAT_S, STALLED_S
+from farm.lab.jobs import HEARTBEAT_S, STALLED_S
 from farm.records import Device, Lease
 from farm.store import Store, shared_store
 

@@ -33,214 +33,30 @@ sized in ``farm.store.backends``.
 
 Sync tasks run in threads of the worker's event loop (asgiref's ``sync_to_async``): the loop's executor is sized to
 the worker's slots, so a worker holds as many sessions as it has slots (``farm.rpc.session.SESSION_SLOTS``).
+
+The package's modules: jobs.py the vocabulary (task names, timings, queues and locks by name, ``Job``); reach.py
+a call run again through an outage (``patient``); monitor.py the reads (``QueueReads``); this module the
+``LabQueue``: defer, settle, cancel, serve.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
-from farm.errors import ConnectionLost, FarmError, StoreError, message_line
+from farm.errors import FarmError, StoreError, message_line
+from farm.lab.jobs import (BUILD, CELL, CURVE, HEARTBEAT_S, INSTALL_LOCK, MAX_DELIVERIES, POLL_S, PRUNE_S, QUEUE_POOL,
+                           SILENT_GAP_S, STALL_CHECK_S, STALLED_S, TUNE, BuildState, Job, queue_of, stall_check_due)
+from farm.lab.monitor import DEAD_WORKER, QueueReads
+from farm.lab.reach import ANSWERED, connection_lost, patient, queue_installed, redacted
 
 log = logging.getLogger("farm.queue")  # the name its warnings have always carried
 
-CELL = "farm.cell"  # (sweep_id, device, model, first): one sweep cell, measured and stored
-CURVE = "farm.curve"  # (sweep_id, device): a GPU device's copy curve, after its cells
-TUNE = "farm.tune"  # (sweep_id, device, budget): a device key's nightly tuning, after the sweep's review
-BUILD = "farm.build"  # (sweep_id, device, model): a cell's compile, on a build worker (sweep_builds holds what it made)
-HEARTBEAT_S = 5.0  # a worker's heartbeat (procrastinate's default is 10 s)
-STALLED_S = 20.0  # a worker silent this long is gone: its running jobs are stalled
-STALL_CHECK_S = 5.0  # how often a worker looks for its host's stalled jobs
-POLL_S = 1.0  # a worker's poll for new jobs: it keeps no LISTEN connection (POOL_CONNECTIONS); 40 workers, 40 reads/s
-# a worker whose calls to the database had no answer this long (a heartbeat a HEARTBEAT_S, a fetch a POLL_S when
-# idle) was cut off from it, whether its calls failed or waited for a connection (#61: in a 25 s outage they waited
-# 30 s in procrastinate's pool, failed nothing, and the stall check's first answer after it re-queued live jobs)
-SILENT_GAP_S = 2 * HEARTBEAT_S
-RETRY_WITHIN_S = STALLED_S + HEARTBEAT_S + STALL_CHECK_S + POLL_S  # a killed worker's job is running again by then
-# a worker silent this long is removed from procrastinate's list by whoever looks (``prune_dead_workers``), and by a
-# worker as it starts (procrastinate's ``stalled_worker_timeout``, which it uses for that prune alone). Not
-# STALLED_S: a worker that only froze for a minute, or lost the database for one (#61: every worker starting during
-# an outage pruned the others, whose next fetch then failed on procrastinate_jobs.worker_id's foreign key and ended
-# them), would wake to a fetch naming a worker id that no longer exists
-PRUNE_S = 300.0
-# a job whose worker died under it this many times is poison (a model whose import, compile or runtime kills its process,
-# or runs the host out of memory): not put back again, but ended failed, its handler told (``LabQueue.serve``'s
-# ``poisoned``: a cell is stored failed for good). procrastinate counts a job's deliveries in its ``attempts`` (one
-# more at each retry); 3: a worker killed once by the host (an OOM kill of a neighbour's making, a reboot) still
-# gets its cell measured, and a poison job costs at most 3 worker restarts, not one every STALL_CHECK_S forever
-MAX_DELIVERIES = 3
-HOST_WAIT_S = 600.0  # a lab host that took none of a sweep's waiting jobs this long is gone (farm sweep --host-wait)
-INSTALL_LOCK = 0x66726D71  # "frmq": one process installs the queue's tables on a new database
-ACTIVE = ("todo", "doing")
-# a worker's connections, whatever its slots (#50: one a running job put 4 workers × 24 slots past PostgreSQL's
-# default max_connections = 100): procrastinate's pool of one (fetch, heartbeat, stall checks; no LISTEN
-# connection: a worker polls every POLL_S), and the results store's one, shared by its jobs
-# (``store.shared_store``), on which this module's own statements run too. 40 lab hosts' workers: 80 of 100
-QUEUE_POOL = 1
-POOL_CONNECTIONS = QUEUE_POOL + 1
-T = TypeVar("T")
 
-
-class BuildState(enum.StrEnum):
-    """Where a cell's build job stands once the cell settled it (``LabQueue.settle_build``)."""
-
-    TAKEN = "taken"  # it still waited: cancelled, the cell builds its artifact itself
-    DOING = "doing"  # a live build worker builds it (or the same artifact for a device alike, before it)
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # its worker raised, or it was aborted
-    NONE = "none"  # no build job was deferred, or it was cancelled before
-
-
-def stall_check_due(now_s: float, started_s: float, unreachable_s: float) -> bool:
-    """Whether a worker may judge other workers' jobs stalled now (#61): only once it has served ``STALLED_S``
-    itself, and ``STALLED_S + HEARTBEAT_S`` after it last failed to reach the database. A silent worker is dead
-    only if it could have beaten: after an outage every live worker's heartbeat lands within a beat of the
-    database's return, and a worker that judged at once re-queued the running jobs of live workers, whose
-    second delivery then took their lapsed leases while the first still measured."""
-    return now_s - started_s >= STALLED_S and now_s - unreachable_s >= STALLED_S + HEARTBEAT_S
-
-
-def queue_of(lab_host: str) -> str:
-    return f"farm-host-{lab_host}"
-
-
-def build_queue(device: str) -> str:
-    return f"farm-build-{device}"
-
-
-BUILD_QUEUES = build_queue("")  # the prefix of every build queue
-BUILDS = "(builds)"  # the build queues' row among the lab hosts (``LabQueue.hosts``)
-
-
-def build_lock(sweep_id: int, device: str, model: str) -> str:
-    """The queueing lock of a cell's build job (procrastinate's queueing_lock: one waiting job per key), not a lock
-    anything holds while it runs."""
-    return f"build:{sweep_id}:{device}:{model}"
-
-
-def device_lock(device: str) -> str:
-    return f"device:{device}"
-
-
-def cell_lock(sweep_id: int, device: str, model: str) -> str:
-    return f"cell:{sweep_id}:{device}:{model}"
-
-
-@dataclass(frozen=True)
-class Job:
-    """A job to defer: its task, its lab host's queue, its device's lock, its queueing lock and its arguments. A
-    build job goes to its device's build queue (``lab_host`` is not used) and takes its ``build_group``'s lock
-    instead of the device's: builds of one artifact run one after another, so the second finds the first's."""
-
-    task: str
-    lab_host: str
-    device: str
-    args: dict[str, Any]
-    queueing_lock: str | None = None
-    build_group: str | None = None  # a build job: what its artifact key depends on, hashed (devices sharing a target)
-
-    @property
-    def queue(self) -> str:
-        return build_queue(self.device) if self.task == BUILD else queue_of(self.lab_host)
-
-    @property
-    def lock(self) -> str | None:
-        return f"build:{self.build_group}" if self.task == BUILD else device_lock(self.device)
-
-
-@dataclass
-class SweepJobs:
-    """A sweep's jobs by lab host and status (procrastinate's todo, doing, succeeded, failed, cancelled, aborted),
-    and its build jobs by status (a cancelled build is one its cell took over)."""
-
-    by_host: dict[str, dict[str, int]] = field(default_factory=dict)
-    builds: dict[str, int] = field(default_factory=dict)
-
-    def count(self, *statuses: str) -> int:
-        return sum(n for counts in self.by_host.values() for s, n in counts.items() if s in statuses)
-
-    @property
-    def active(self) -> int:
-        """The jobs a sweep waits for: its cells, curves and tuning (a build serves a cell, which waits for it)."""
-        return self.count(*ACTIVE)
-
-
-HOST_COLUMNS = ("lab host", "workers", "waiting", "running", "stalled", "done", "failed", "cancelled")
-
-
-def host_row(host: dict[str, Any]) -> dict[str, Any]:
-    """One lab host of ``LabQueue.hosts`` in the words farm shows (``HOST_COLUMNS``): ``farm worker --status``, the
-    dashboard."""
-    return {"lab host": host["lab_host"], "workers": host["workers"], "waiting": host.get("todo", 0),
-            "running": host.get("doing", 0), "stalled": host["stalled"], "done": host.get("succeeded", 0),
-            "failed": host.get("failed", 0) + host.get("aborted", 0), "cancelled": host.get("cancelled", 0)}
-
-
-# a running job's worker is gone: none recorded, or silent for STALLED_S (the query's next parameter); k: its worker
-_DEAD_WORKER = "(k.id IS NULL OR k.last_heartbeat < NOW() - make_interval(secs => %s))"
-
-
-def patient(method: Callable[..., T]) -> Callable[..., T]:
-    """A ``LabQueue`` call that reads or writes the queue: run again whole while the database is unreachable (a
-    restart, a failover) for up to the store's ``RECONNECT_S``, then a ``ConnectionLost``; any other driver error
-    becomes a ``StoreError`` with a hint (#50: a follower ended with "unexpected AdminShutdown"). Each call is
-    safe to run twice: reads, cancels of waiting jobs, and defers under their queueing locks. A process that never
-    reached the database fails at once (a wrong URL, a server down: a command says so, it does not wait a minute)."""
-
-    @functools.wraps(method)
-    def call(self: "LabQueue", *args: Any, **kwargs: Any) -> T:
-        import psycopg
-
-        from farm.store.backends import RECONNECT_S, Outage, backend_hint
-
-        outage = Outage()
-        while True:
-            try:
-                done = method(self, *args, **kwargs)
-                _ANSWERED.add(self.url)
-                return done
-            except (psycopg.Error, self._procrastinate.exceptions.ConnectorException) as exc:
-                cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-                if not connection_lost(cause):
-                    raise StoreError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
-                                     backend_hint(exc, "check the PostgreSQL server and its log")) from exc
-                if self.url not in _ANSWERED:
-                    raise StoreError(f"cannot connect to the lab's queue at {_redact(self.url)}: {message_line(cause)}",
-                                     "check that the PostgreSQL server runs (the lab's queue is on the results "
-                                     "database)") from exc
-                if (wait := outage.pause()) is None:
-                    raise ConnectionLost(f"the lab's queue at {_redact(self.url)} did not answer for {RECONNECT_S:g} s:"
-                                         f" {message_line(cause)}", backend_hint(cause)) from exc
-                if outage.tries == 1:
-                    log.warning("the lab's queue at %s: %s: trying again", _redact(self.url), message_line(cause))
-                time.sleep(wait)
-
-    return call
-
-
-def connection_lost(cause: BaseException | None) -> bool:
-    """Whether a driver error means the database is gone for now: the connection's (``OperationalError``: a restart,
-    a reset), or a write refused by a server answering read-only (a standby during a failover, #61), both waited
-    through as ``patient`` says."""
-    import psycopg
-
-    return isinstance(cause, (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction))
-
-
-_ANSWERED: set[str] = set()  # the databases this process reached once: a lost one is waited for (``patient``)
-
-
-def _installed(db) -> bool:
-    """Whether procrastinate's tables are on this database (a queue nothing was deferred to yet has none)."""
-    return db.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is not None
-
-
-class LabQueue:
-    """The queue on one PostgreSQL database: defer jobs, follow a sweep's, run a worker."""
+class LabQueue(QueueReads):
+    """The queue on one PostgreSQL database: defer jobs, settle and cancel them, run a worker; its reads of a
+    sweep's, the hosts' and the workers' state are ``QueueReads``'s (monitor.py)."""
 
     def __init__(self, url: str) -> None:
         import procrastinate
@@ -289,9 +105,9 @@ class LabQueue:
         try:
             with self._connect() as db:
                 db.execute("SELECT 1")
-            _ANSWERED.add(self.url)
+            ANSWERED.add(self.url)
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to the lab's queue at {_redact(self.url)}: {message_line(exc)}",
+            raise StoreError(f"cannot connect to the lab's queue at {redacted(self.url)}: {message_line(exc)}",
                              "check that the PostgreSQL server runs (the lab's queue is on the results database)") from exc
 
     @patient
@@ -302,12 +118,12 @@ class LabQueue:
         with self._connect() as db:
             try:
                 db.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK,))
-                if not _installed(db):
+                if not queue_installed(db):
                     db.execute(self.app.schema_manager.get_schema())
             except psycopg.OperationalError:
                 raise
             except psycopg.Error as exc:
-                raise StoreError(f"could not install the lab's queue in {_redact(self.url)}: {message_line(exc)}",
+                raise StoreError(f"could not install the lab's queue in {redacted(self.url)}: {message_line(exc)}",
                                  "the database user must be able to create tables and types") from exc
             finally:
                 if not db.closed:
@@ -319,7 +135,7 @@ class LabQueue:
         new worker starts, else); their running jobs keep no worker, which ``_retry_stalled`` treats as stalled.
         Whoever looks calls this: the follower, ``farm worker --status``. Returns how many."""
         with self._connect() as db:
-            if not _installed(db):
+            if not queue_installed(db):
                 return 0
             return len(db.execute("SELECT * FROM procrastinate_prune_stalled_workers_v1(%s)",
                                   (PRUNE_S,)).fetchall())
@@ -346,96 +162,6 @@ class LabQueue:
         return deferred
 
     @patient
-    def waiting_or_running(self, sweep_id: int) -> set[str]:
-        """The queueing locks of the sweep's jobs that wait or run: a resume defers none of them again (a stalled
-        one is put back by its host's workers)."""
-        with self._connect() as db:
-            if not _installed(db):
-                return set()
-            rows = db.execute("SELECT queueing_lock FROM procrastinate_jobs WHERE args->>'sweep_id' = %s "
-                              "AND status IN ('todo', 'doing')", (str(sweep_id),)).fetchall()
-        return {lock for (lock,) in rows if lock}
-
-    @patient
-    def sweep_jobs(self, sweep_id: int) -> SweepJobs:
-        """The sweep's jobs, counted by lab host and status."""
-        jobs = SweepJobs()
-        with self._connect() as db:
-            if not _installed(db):
-                return jobs
-            rows = db.execute("SELECT queue_name, status::text, COUNT(*) FROM procrastinate_jobs "
-                              "WHERE args->>'sweep_id' = %s GROUP BY 1, 2", (str(sweep_id),)).fetchall()
-        prefix = queue_of("")
-        for queue, status, n in rows:
-            if queue.startswith(BUILD_QUEUES):
-                jobs.builds[status] = jobs.builds.get(status, 0) + n
-            else:
-                jobs.by_host.setdefault(queue.removeprefix(prefix), {})[status] = n
-        return jobs
-
-    @patient
-    def hosts(self) -> list[dict[str, Any]]:
-        """Each lab host's jobs by status (procrastinate's: todo, doing, succeeded, failed, cancelled, aborted), the
-        stalled ones (running on a worker silent for ``STALLED_S``), and ``workers``: the live workers running one of
-        its jobs (procrastinate keeps no worker's queue, so an idle worker is counted by ``live_workers`` alone).
-        For the dashboard and ``farm worker --status`` (``host_row``)."""
-        with self._connect() as db:
-            if not _installed(db):
-                return []
-            rows = db.execute(
-                """SELECT j.queue_name, j.status::text, COUNT(*),
-                          COUNT(*) FILTER (WHERE j.status = 'doing' AND (w.id IS NULL
-                                           OR w.last_heartbeat < NOW() - make_interval(secs => %s))),
-                          ARRAY_AGG(DISTINCT w.id) FILTER (WHERE j.status = 'doing'
-                                           AND w.last_heartbeat >= NOW() - make_interval(secs => %s))
-                   FROM procrastinate_jobs j LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
-                   WHERE j.queue_name LIKE %s OR j.queue_name LIKE %s GROUP BY 1, 2 ORDER BY 1, 2""",
-                (STALLED_S, STALLED_S, queue_of("") + "%", BUILD_QUEUES + "%")).fetchall()
-        hosts: dict[str, dict[str, Any]] = {}
-        for queue, status, n, stalled, workers in rows:
-            name = BUILDS if queue.startswith(BUILD_QUEUES) else queue.removeprefix(queue_of(""))
-            host = hosts.setdefault(name, {"lab_host": name, "stalled": 0, "workers": 0, "worker_ids": set()})
-            host[status] = host.get(status, 0) + n
-            host["stalled"] += stalled
-            host["worker_ids"].update(workers or [])
-        for host in hosts.values():
-            host["workers"] = len(host.pop("worker_ids"))
-        return list(hosts.values())
-
-    @patient
-    def live_workers(self) -> int:
-        """The lab's workers that beat within ``STALLED_S``, on any host."""
-        with self._connect() as db:
-            if not _installed(db):
-                return 0
-            return int(db.execute("SELECT COUNT(*) FROM procrastinate_workers "
-                                  "WHERE last_heartbeat >= NOW() - make_interval(secs => %s)", (STALLED_S,)).fetchone()[0])
-
-    @patient
-    def silent_hosts(self, sweep_id: int, silence_s: float) -> list[str]:
-        """The lab hosts where the sweep's jobs wait, or are stuck on a dead worker, and nothing has happened for
-        ``silence_s`` seconds: no job of the host's queue runs on a live worker, and no job of it was deferred,
-        started or ended since (a host with no ``farm worker``, or whose workers all died). A live worker starts a
-        waiting job within ``POLL_S``, or is running one (a device lock holds the rest back), and puts a dead
-        worker's jobs back within ``RETRY_WITHIN_S`` (so a stuck job counts only once its worker has been silent
-        that long), so a host with one is never silent."""
-        with self._connect() as db:
-            if not _installed(db):
-                return []
-            rows = db.execute(
-                f"""SELECT DISTINCT j.queue_name FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k
-                      ON k.id = j.worker_id
-                   WHERE j.args->>'sweep_id' = %s AND (j.status = 'todo' OR (j.status = 'doing' AND {_DEAD_WORKER}))
-                     AND j.queue_name LIKE %s
-                     AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs d JOIN procrastinate_workers w ON w.id = d.worker_id
-                                     WHERE d.queue_name = j.queue_name AND d.status = 'doing'
-                                       AND w.last_heartbeat > NOW() - make_interval(secs => %s))
-                     AND NOT EXISTS (SELECT 1 FROM procrastinate_events e JOIN procrastinate_jobs q ON q.id = e.job_id
-                                     WHERE q.queue_name = j.queue_name AND e.at > NOW() - make_interval(secs => %s))""",
-                (str(sweep_id), RETRY_WITHIN_S, queue_of("") + "%", STALLED_S, silence_s)).fetchall()
-        return sorted(queue.removeprefix(queue_of("")) for (queue,) in rows)
-
-    @patient
     def cancel_waiting(self, sweep_id: int, lab_host: str) -> list[tuple[str, dict[str, Any]]]:
         """Cancel the sweep's jobs that wait in ``lab_host``'s queue, after putting back those stuck on a dead
         worker (procrastinate's ``retry_job``, as a live worker of the host would); the (task, arguments) of each
@@ -445,7 +171,7 @@ class LabQueue:
         with self._connect() as db:
             stuck = db.execute(
                 f"""SELECT j.id FROM procrastinate_jobs j LEFT JOIN procrastinate_workers k ON k.id = j.worker_id
-                    WHERE j.status = 'doing' AND {_DEAD_WORKER} AND j.queue_name = %s AND j.args->>'sweep_id' = %s""",
+                    WHERE j.status = 'doing' AND {DEAD_WORKER} AND j.queue_name = %s AND j.args->>'sweep_id' = %s""",
                 (STALLED_S, queue, str(sweep_id))).fetchall()
         for (job_id,) in stuck:
             self._put_back(job_id)
@@ -466,10 +192,10 @@ class LabQueue:
 
         for _ in range(3):  # a build worker may take the job between the read and the cancel: read again
             with self._connect() as db:
-                if not _installed(db):
+                if not queue_installed(db):
                     return BuildState.NONE
                 row = db.execute(
-                    f"""SELECT j.id, j.status::text, j.status = 'doing' AND {_DEAD_WORKER},
+                    f"""SELECT j.id, j.status::text, j.status = 'doing' AND {DEAD_WORKER},
                                EXISTS (SELECT 1 FROM procrastinate_jobs o JOIN procrastinate_workers w
                                          ON w.id = o.worker_id
                                        WHERE o.lock = j.lock AND o.status = 'doing'
@@ -515,7 +241,7 @@ class LabQueue:
         """Cancel the sweep's build jobs that still wait once none of its cells does: they serve no cell (a resume
         deferred them while their cells ran). Returns how many."""
         with self._connect() as db:
-            if not _installed(db):
+            if not queue_installed(db):
                 return 0
             rows = db.execute("SELECT id FROM procrastinate_jobs WHERE task_name = %s AND status = 'todo' AND "
                               "args->>'sweep_id' = %s", (BUILD, str(sweep_id))).fetchall()
@@ -523,16 +249,6 @@ class LabQueue:
             return 0
         with self.app.open():
             return sum(bool(self.app.job_manager.cancel_job_by_id(job_id)) for (job_id,) in rows)
-
-    @patient
-    def task_statuses(self, sweep_id: int, task: str) -> dict[str, str]:
-        """The sweep's jobs of ``task`` by device: each one's status (the latest job of a device)."""
-        with self._connect() as db:
-            if not _installed(db):
-                return {}
-            rows = db.execute("SELECT args->>'device', status::text FROM procrastinate_jobs WHERE task_name = %s "
-                              "AND args->>'sweep_id' = %s ORDER BY id", (task, str(sweep_id))).fetchall()
-        return dict(rows)
 
     # -- a worker -----------------------------------------------------------------------
 
@@ -568,7 +284,7 @@ class LabQueue:
         try:
             asyncio.run(main())
         except self._procrastinate.exceptions.ConnectorException as exc:
-            raise FarmError(f"the lab's queue at {_redact(self.url)} failed: {message_line(exc)}",
+            raise FarmError(f"the lab's queue at {redacted(self.url)} failed: {message_line(exc)}",
                             "check the PostgreSQL server, then start the worker again: its jobs wait") from exc
 
     # what procrastinate's worker asks of its database: a failure of any ends the worker (a failed heartbeat stops it,
@@ -588,7 +304,7 @@ class LabQueue:
 
         manager, connector_error = self.app.job_manager, self._procrastinate.exceptions.ConnectorException
 
-        def patient(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def waited_through(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
             async def run(*args: Any, **kwargs: Any) -> Any:
                 outage = Outage()
                 fetching, before = name == "fetch_job", None  # a fetch: the jobs running for it before it
@@ -616,7 +332,7 @@ class LabQueue:
             return run
 
         for name in self.WORKER_CALLS:
-            setattr(manager, name, patient(name, getattr(manager, name)))
+            setattr(manager, name, waited_through(name, getattr(manager, name)))
 
     def _note_answer(self) -> None:
         """An answer from the database: one after ``SILENT_GAP_S`` without any (its calls blocked, waiting for a
@@ -697,9 +413,3 @@ class LabQueue:
         except Exception:  # noqa: BLE001  # the job ends failed without what its handler would have stored
             log.exception("job %s (%s): what its end means could not be stored", job.id, job.task_name)
             return False
-
-
-def _redact(url: str) -> str:
-    from farm.store.backends import redact  # not at import: every command's parser reads this module's constants
-
-    return redact(url)

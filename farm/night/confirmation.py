@@ -2,9 +2,9 @@
 asked, each finding confirmed on its devices by rerunning a few representative series' baseline and tonight's
 artifacts interleaved, within a device-time budget; the findings stored with their triage state.
 
-``farm sweep --confirm`` and ``farm regressions`` call ``detect_and_confirm``; the CLI only parses and
-prints. Works on records: the artifacts and the model's signature come back from the store as
-``Artifact`` and ``ModelSource``.
+A night's pipeline (``night.pipeline``, `farm sweep`) and ``farm regressions`` call ``review_night``: it judges the
+night and stores its findings, with or without the reruns of ``--confirm``; the CLI only parses and prints. Works on
+records: the artifacts and the model's signature come back from the store as ``Artifact`` and ``ModelSource``.
 
 Confirmation on a budget (#22): 600 steady candidates of a mass regression, each rerun for 8-16 rounds, are hours of
 device time. A finding is confirmed by its representatives (``findings.representatives``: the largest z, spread over
@@ -16,49 +16,61 @@ unconfirmed is stored with the sweep (``Store.save_budget``) and the report says
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
 
 from farm.errors import FarmError
-from farm.analysis.findings import DEFAULT_BUDGET_MIN, UNCONFIRMABLE, Finding, record, sweep_findings, sweep_verdicts
+from farm.analysis.findings import (DEFAULT_BUDGET_MIN, UNCONFIRMABLE, Finding, record, stored_findings, sweep_findings,
+                                   sweep_verdicts)
 from farm.records import Alert, BenchConfig, Device, TrackerAddress
 from farm.analysis.regress import METHOD, SeriesVerdict, confirm
 from farm.analysis.results import run_rows
+from farm.analysis.runs import Run
 from farm.analysis.series import by_sweep
 from farm.store import Store
 
 Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
 # what a rerun holds its device with while it measures (#61: a lab's --confirm reruns ran beside its workers'
-# cells on the same device): ``sweep.leases.device_holds``, the device's lease where a lab's workers share it
+# cells on the same device): ``lab.leases.device_holds``, the device's lease where a lab's workers share it
 DeviceHold = Callable[[Device], AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
 class SweepRegressions:
-    """What ``detect_and_confirm`` found in a sweep: its alerts, its findings (best first, with triage state) and
+    """What ``review_night`` found in a sweep: its alerts, its findings (best first, with triage state) and
     the confirmation budget (budget_s, spent_s, rerun, left_unconfirmed)."""
 
     sweep_id: int
     alerts: list[Alert]
     findings: list[Finding]
     budget: dict[str, Any]
+    rows: list[Run] | None = field(default=None, repr=False, compare=False)  # the history it judged (None: not read)
 
 
-def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: bool = False,
+def review_night(store: Store, sweep_id: int | None, confirm_candidates: bool = False,
                        tracker: TrackerAddress | None = None, devices: dict[str, Device] | None = None,
                        config: BenchConfig = BenchConfig(), progress: Progress | None = None,
-                       budget_min: float = DEFAULT_BUDGET_MIN, hold: DeviceHold | None = None) -> SweepRegressions:
+                       budget_min: float = DEFAULT_BUDGET_MIN, hold: DeviceHold | None = None,
+                       judged_as_stored: bool = False) -> SweepRegressions:
     """Store the sweep's (the latest's when ``sweep_id`` is None) candidate and improved verdicts as alerts, upgrade
     verdicts beside them (``findings.sweep_verdicts``); group them into findings; with ``confirm_candidates``,
     rerun each finding's representatives on their devices (``tracker``, ``devices``; each held by ``hold`` while
-    it measures) while ``budget_min`` device-minutes last; store the findings and the budget."""
+    it measures) while ``budget_min`` device-minutes last; store the findings and the budget. With
+    ``judged_as_stored`` (`farm regressions` without --confirm), a night already judged (``Store.judged``) is read as
+    its review stored it, never judged again."""
     sweep = store.sweep(sweep_id)
     if sweep is None:
         raise FarmError("no sweep in the database yet" if sweep_id is None else f"no sweep {sweep_id}",
                         "run farm sweep first; regressions compare sweeps")
     sweep_id = int(sweep["id"])
+    if judged_as_stored and not confirm_candidates and store.judged(sweep_id):
+        stored = stored_findings(store, sweep_id)
+        assert stored is not None  # judged: reviewed
+        budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}),
+                  "left_unconfirmed": _left_unconfirmed(stored)}
+        return SweepRegressions(sweep_id, store.alerts(sweep_id), stored, budget)
     rows = run_rows(store)
     verdicts = sweep_verdicts(rows, sweep_id, by_sweep(rows, keep_unstable_of=sweep_id))
     moved = [v for v in verdicts if v.status in ("candidate", "improved", "changed")]  # changed: planned memory
@@ -84,11 +96,15 @@ def detect_and_confirm(store: Store, sweep_id: int | None, confirm_candidates: b
         spent_s, rerun = _rerun_the_rest(store, tracker, devices or {}, verdicts, findings, config, progress,
                                          budget_s, spent_s, rerun, hold)
         findings = sweep_findings(store, sweep_id, rows, verdicts)  # confirmation moves their evidence and rank
-    left = sum(1 for f in findings if f.direction == "slower" and f.representatives and not f.reruns)
+    left = _left_unconfirmed(findings)
     if confirm_candidates:  # a review without reruns keeps what an earlier one spent
         store.save_budget(sweep_id, budget_s, spent_s, rerun, left)
     budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}), "left_unconfirmed": left}
-    return SweepRegressions(sweep_id, store.alerts(sweep_id), record(store, sweep_id, findings), budget)
+    return SweepRegressions(sweep_id, store.alerts(sweep_id), record(store, sweep_id, findings), budget, rows)
+
+
+def _left_unconfirmed(findings: list[Finding]) -> int:
+    return sum(1 for f in findings if f.direction == "slower" and f.representatives and not f.reruns)
 
 
 def _rerun_the_rest(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device],

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from farm.lab.queue import HOST_WAIT_S
+from farm.lab.jobs import HOST_WAIT_S
 from farm.records import DEFAULT_BUDGET_MIN, Inventory, SweepSpec
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class Night:
 def run_night(plan: NightPlan) -> Night:
     """Measure, review, notify, tune and report, in that order (the module's docstring)."""
     from farm.sweep import run_sweep
-    from farm.lab.worker import queued_devices
+    from farm.lab.follow import queued_devices
     from farm.sweep.run import one_sweep_at_a_time
 
     queued = queued_devices(plan.inventory.devices, plan.spec.devices)
@@ -98,7 +98,7 @@ def run_night(plan: NightPlan) -> Night:
 def _queued_sweep(plan: NightPlan) -> "tuple[int, SweepOutcome | None]":
     """A sweep over lab hosts: queued for their workers, then followed until every job ended; its id, and its
     outcome (None when detached)."""
-    from farm.lab.worker import enqueue_sweep, follow_sweep
+    from farm.lab.follow import enqueue_sweep, follow_sweep
 
     start = time.monotonic()
     devices = plan.inventory.devices
@@ -112,7 +112,7 @@ def _queued_sweep(plan: NightPlan) -> "tuple[int, SweepOutcome | None]":
 
 def _after(plan: NightPlan, outcome: "SweepOutcome", queued: bool) -> Night:
     """Review, notify, tune and report a measured sweep."""
-    from farm.night.confirmation import detect_and_confirm
+    from farm.night.confirmation import review_night
     from farm.views.digest import notify_night
     from farm.store import Store
     from farm.lab.leases import device_holds
@@ -120,9 +120,9 @@ def _after(plan: NightPlan, outcome: "SweepOutcome", queued: bool) -> Night:
     inventory, spec = plan.inventory, plan.spec
     report = None
     with Store(plan.db) as store:
-        reviewed = detect_and_confirm(store, outcome.sweep_id, plan.confirm, inventory.tracker, inventory.devices,
-                                      spec.config, plan.progress, plan.confirm_budget_min,
-                                      device_holds(plan.db, store, f"farm sweep {outcome.sweep_id} --confirm"))
+        reviewed = review_night(store, outcome.sweep_id, plan.confirm, inventory.tracker, inventory.devices,
+                                spec.config, plan.progress, plan.confirm_budget_min,
+                                device_holds(plan.db, store, f"farm sweep {outcome.sweep_id} --confirm"))
         dashboard_url = inventory.dashboard_url or os.environ.get("FARM_DASHBOARD_URL")
         notified = notify_night(store, outcome.sweep_id, inventory.notify_url, dashboard_url)
         if notified:
@@ -134,7 +134,8 @@ def _after(plan: NightPlan, outcome: "SweepOutcome", queued: bool) -> Night:
 
             report = render_report(store, plan.report_dir / f"sweep-{outcome.sweep_id}.html",
                                    title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id,
-                                   dashboard_url=dashboard_url)
+                                   dashboard_url=dashboard_url,  # the review's history, unless tuning stored runs
+                                   history=None if plan.budget else reviewed.rows)
     return Night(outcome.sweep_id, queued, outcome, reviewed, tuning, report, notified)
 
 

@@ -47,10 +47,12 @@ from farm.store import Store
 from farm.stats import median, nonempty_median
 from farm.measure import interleaved_rounds
 from farm.analysis.regress import not_slower
-from farm.lab.queue import HOST_WAIT_S, TUNE, Job, LabQueue
+from farm.lab.jobs import HOST_WAIT_S, TUNE, Job
+from farm.lab.queue import LabQueue
 from farm.sweep import cell_inputs, measure_cell
 from farm.tune.tuning_set import tuning_set
-from farm.lab.worker import LabWorker, follow_jobs
+from farm.lab.follow import follow_jobs
+from farm.lab.worker import LabWorker
 from farm.tune import TuneConfig, TuneStatus, tune_model
 from farm.tune.config import TuneBudget
 

@@ -155,7 +155,7 @@ def wait_for_tracker(tracker: TrackerAddress, timeout_s: float) -> TrackerSummar
 def wait_for_servers(tracker: TrackerAddress, counts: dict[str, int], timeout_s: float,
                      give_up: Callable[[set[str]], None] | None = None) -> TrackerSummary:
     """Poll the summary until each key has at least ``counts[key]`` free servers. ``give_up`` is shown the keys
-    still missing at each poll and raises to end the wait at once (``processes.exited_at_start``: a server that
+    still missing at each poll and raises to end the wait at once (``launch.exited_at_start``: a server that
     exited will not register, however long the wait)."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -66,6 +66,16 @@ class FindingsMixin:
     def reviewed(self, sweep_id: int) -> bool:
         return self._db.execute("SELECT 1 FROM reviewed_sweeps WHERE sweep_id=?", (sweep_id,)).fetchone() is not None
 
+    def judged(self, sweep_id: int) -> bool:
+        """Whether the sweep's stored findings are its last word: reviewed after it finished, and no run of it started
+        since (a resumed sweep is judged again)."""
+        row = self._db.execute(
+            "SELECT 1 FROM reviewed_sweeps r JOIN sweeps s ON s.id = r.sweep_id WHERE r.sweep_id=? AND"
+            " s.finished_at IS NOT NULL AND s.finished_at <= r.reviewed_at AND NOT EXISTS"
+            " (SELECT 1 FROM runs WHERE runs.sweep_id = r.sweep_id AND runs.started_at >= r.reviewed_at)",
+            (sweep_id,)).fetchone()
+        return row is not None
+
     def finding_nights(self, finding_id: int) -> list[int]:
         """The reviewed nights a finding was a finding of, oldest first."""
         return [int(r[0]) for r in self._db.execute("SELECT sweep_id FROM finding_sweeps WHERE finding_id=? ORDER BY"

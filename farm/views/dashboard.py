@@ -17,7 +17,8 @@ from typing import Any
 from farm.errors import FarmError, StoreError, message_line
 from farm.manifest import known
 from farm.views.pages import findings_page
-from farm.lab.queue import HOST_COLUMNS, LabQueue, host_row
+from farm.lab.monitor import HOST_COLUMNS, host_row
+from farm.lab.queue import LabQueue
 from farm.records import Inventory, SweepSpec
 from farm.rpc.tracker import key_state, query_summary
 from farm.analysis.results import run_rows

@@ -34,9 +34,10 @@ def report_file(folder: str | Path, prefix: str = "report") -> Path:
 
 
 def render_report(store: Store, out_path: str | Path, title: str = "farm report", sweep_id: int | None = None,
-                  dashboard_url: str | None = None) -> Path:
+                  dashboard_url: str | None = None, history: list[Run] | None = None) -> Path:
     """Write the report for the latest run of every device × model, or with ``sweep_id`` that night's (and its
-    alerts and findings); returns its path."""
+    alerts and findings); returns its path. ``history``: the store's runs as the night's review read them, when
+    nothing was stored since (``review.sweep_review``)."""
     if sweep_id is None:
         latest, versus = versus_reference(run_rows(store, latest_only=True))
         failures = run_rows(store, status="failed")
@@ -69,7 +70,7 @@ def render_report(store: Store, out_path: str | Path, title: str = "farm report"
         memory = _memory_data(ok)
         memory_png = pool.submit(_memory_png, memory) if memory else None
         kernel_pngs = [pool.submit(kernels_png, cell) for cell in profiled]
-        review = sweep_review(store, sweep_id, pool) if sweep_id is not None else None
+        review = sweep_review(store, sweep_id, pool, history) if sweep_id is not None else None
         html = env.get_template("report.html").render(
             title=title, generated=utc_now(),
             farm_version=farm.__version__, tvm_versions=sorted({r.tvm_version for r in latest if r.tvm_version}),

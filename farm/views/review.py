@@ -71,11 +71,13 @@ def review_order(findings: list[Finding], alerts: list[Alert]) -> list[Alert]:
     return sorted(alerts, key=lambda a: (rank.get(a.id, (len(findings), 0.0)), worst_first(a)))
 
 
-def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None) -> dict[str, Any]:
+def sweep_review(store: Store, sweep_id: int, pool: Executor | None = None, history: list[Run] | None = None
+                 ) -> dict[str, Any]:
     """The review's data and figures. ``pool`` (``figures.figure_pool``) draws the figures while this goes on
-    computing; without one, each is drawn where it is needed."""
+    computing; without one, each is drawn where it is needed. ``history``: the store's runs as the night's review
+    read them, when nothing was stored since (the night's pipeline passes them forward); else read here."""
     pool = pool or InlineExecutor()
-    rows = run_rows(store)
+    rows = history if history is not None else run_rows(store)
     current = [r for r in rows if r.sweep_id == sweep_id]
     accepted = by_sweep(rows, keep_unstable_of=sweep_id)  # each series' accepted run per sweep, once
     verdicts = sweep_verdicts(rows, sweep_id, accepted)  # upgrades beside the baselines' verdicts
