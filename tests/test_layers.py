@@ -271,3 +271,19 @@ def test_farm_errors_are_caught_where_the_architecture_page_says():
         if any(isinstance(node, ast.ExceptHandler) and _catches(node, errors) for node in ast.walk(ast.parse(path.read_text()))):
             catchers.add(name)
     assert sorted(catchers) == sorted(CATCHERS), "update CATCHERS and docs/ARCHITECTURE.md (Where a FarmError is caught)"
+
+
+def test_the_cli_keeps_no_rule_of_its_own():
+    """cli/ parses, calls the library, prints and exits (#66): no verb module keeps a number at module level (a
+    threshold, a count, a budget: those are the library's, named where they are used), and none runs SQL."""
+    offenders = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if value is not None and not any(isinstance(c, ast.Call) for c in ast.walk(value)) and any(
+                    isinstance(c, ast.Constant) and type(c.value) in (int, float) for c in ast.walk(value)):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: a number at module level")
+        offenders += [f"{path.relative_to(PACKAGE)}:{n.lineno}: SQL" for n in ast.walk(tree)
+                      if isinstance(n, ast.Call) and getattr(n.func, "attr", "") in ("execute", "executemany", "dicts")]
+    assert offenders == []

@@ -359,9 +359,9 @@ def not_slower(before: Sequence[float], after: Sequence[float]) -> bool:
     the median of the per-round ratios new / previous is at most 1; without a previous figure, any that ran is kept.
 
     The other question "is it slower" farm asks, here beside it: ``compare_rounds`` confirms a regression and needs
-    significance (Wilcoxon, p < 0.01: 8 rounds at least). Keeping tuning records asks less: 5 rounds
-    (``nightly.VALIDATION_ROUNDS``) cannot reach that p (its smallest is 2/2⁵), and a set that is not slower by the
-    paired median is kept; a slower one leaves the baseline as it was."""
+    significance (Wilcoxon, p < 0.01: at least ``CONFIRM_ROUNDS``' first count of rounds). Keeping tuning records
+    asks less: its rounds (``night.tuning.VALIDATION_ROUNDS``) are too few to reach that p, and a set that is not
+    slower by the paired median is kept; a slower one leaves the baseline as it was."""
     if not after:
         return False
     if not before:

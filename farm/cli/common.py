@@ -353,16 +353,14 @@ def reference_text(result, reference) -> str:
     return f"{ref.runtime} {duration(ref_s)}" + (f" ({versus})" if versus else f" on {threads_label(ref.threads)}")
 
 
-# a password this long is written as *** wherever it stands; a shorter one only where it stands in a URL (its user
-# part, ?password=): a short one ("farm") would otherwise turn "farm_version" in --json into "***_version"
-BARE_SECRET_CHARS = 8
-
-
 class _Redacting:
     """A text stream that writes the passwords of database URLs as ``***`` (``keep_out_secrets``): in any URL it
-    writes, and ``secrets`` of ``BARE_SECRET_CHARS`` or more wherever they stand; anything else goes to the stream."""
+    writes, and ``secrets`` of ``store.backends.BARE_SECRET_CHARS`` or more wherever they stand; anything else goes to
+    the stream."""
 
     def __init__(self, stream: Any, secrets: list[str]) -> None:
+        from farm.store.backends import BARE_SECRET_CHARS
+
         self._stream, self._secrets = stream, [s for s in secrets if len(s) >= BARE_SECRET_CHARS]
 
     def write(self, text: str) -> int:

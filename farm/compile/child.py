@@ -1,7 +1,7 @@
 """A compile in a process of its own (``compile_apart``): a crash of TVM's compiler, or of the toolchain it runs (a
 segfault, the host out of memory, a linker killed), fails that one compile with a ``BuildError``, and the process
 that asked for it lives on. A lab worker compiles this way (#61: a compile that crashed took the worker down with
-all its slots, and its job came back every ``queue.STALLED_S``).
+all its slots, and its job came back every ``lab.jobs.STALLED_S``).
 
 One child per asking process, started with ``spawn`` (never ``fork``: the asker runs threads, TVM's among them)
 when first needed and kept for the compiles after it: it imports TVM's compiler once (~2 s), not per compile. A

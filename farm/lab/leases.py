@@ -1,6 +1,6 @@
 """A lab worker's hold on its devices (#50): one lease per running cell, renewed by a thread of its own.
 
-Why a lease and not only procrastinate's lock per device: a job whose worker is silent for ``queue.STALLED_S`` is
+Why a lease and not only procrastinate's lock per device: a job whose worker is silent for ``lab.jobs.STALLED_S`` is
 handed to another worker, but a silent worker is not always a dead one. One that froze (SIGSTOP, a paused VM, a
 swap storm) wakes still holding its RPC session and finishes its measurement, and a worker whose event loop missed
 its heartbeats still measures. The lease (``store.leases``) makes the device's holder known and fenced:
@@ -114,7 +114,7 @@ def take(store: Store, device: str, holder: str, say: Callable[[str], None] | No
 def device_holds(db: str, store: Store, holder: str,
                  say: Callable[[str], None] | None = None) -> Callable[[Device], AbstractContextManager[object]]:
     """What a rerun outside a lab worker (``farm sweep --confirm``, ``farm regressions --confirm``) holds a device
-    with while it measures (``confirmation.DeviceHold``): its lease, where its lab's workers share it (a device with
+    with while it measures (``night.confirmation.DeviceHold``): its lease, where its lab's workers share it (a device with
     a ``lab_host``, on the lab's PostgreSQL), so it never measures beside their cells (#61); nothing elsewhere."""
     from farm.store.backends import is_url
 

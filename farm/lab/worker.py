@@ -167,7 +167,7 @@ class LabWorker:
                 return "lease lost"
 
     def poisoned(self, task: str, args: dict, deliveries: int) -> bool:
-        """A job whose worker died under it ``deliveries`` times (``queue.MAX_DELIVERIES``), ended failed: a cell is
+        """A job whose worker died under it ``deliveries`` times (``lab.jobs.MAX_DELIVERIES``), ended failed: a cell is
         stored failed for good with why, under its device's lease (its last holder died: the lease is taken over
         once it lapsed), unless it was stored meanwhile; a copy curve, a tuning job or a build ends with its job (a
         build's cell compiles on its own host, and is bounded in turn). True where the cell was done before."""
@@ -356,7 +356,7 @@ def is_factory(name: str) -> bool:
 def serve_lab_host(db_url: str, lab_host: str, worker: LabWorker, slots: int, name: str, wait: bool = True,
                    tuning: Callable[..., str] | None = None) -> None:
     """Run ``farm worker``'s queue worker for ``lab_host``: ``slots`` jobs at once, over its devices: cells, copy
-    curves, and with ``tuning`` (``nightly.LabTuning``) its keys' nightly tuning."""
+    curves, and with ``tuning`` (``night.tuning.LabTuning``) its keys' nightly tuning."""
     handlers: dict[str, Callable[..., str]] = {CELL: worker.cell, CURVE: worker.curve}
     if tuning is not None:
         handlers[TUNE] = tuning

@@ -44,7 +44,8 @@ from farm.measure.check import check_outputs
 from farm.measure.context import (DEVICE_TYPE, SERVER_HELPERS, STEADY_CLOCK, THREADS_BY_FARM, THREADS_NOT_SET,
                                   measurement_context, server_helpers, session_threads)
 from farm.measure.copies import COPY_CURVE_BYTES, KERNEL_ONLY_TIMERS, copy_timer, measure_copy_curve, time_copy
-from farm.measure.draft import Progress, RunDraft
+from farm.measure.draft import RunDraft
+from farm.records import StepProgress
 from farm.measure.failures import StepFailed, failure_reason, raised_in_farm
 from farm.measure.interleaved import interleaved_rounds
 from farm.measure.memory import MEMORY_EMULATED, MEMORY_MEASURED, MEMORY_UNMEASURED, Memory
@@ -54,7 +55,7 @@ from farm.measure.vm import MAX_NUMBER, SteadyTimer, calibrate_number, device_ti
 __all__ = [
     "COPY_CURVE_BYTES", "DEVICE_TYPE", "KERNEL_ONLY_TIMERS", "MAX_NUMBER", "MEMORY_EMULATED", "MEMORY_MEASURED",
     "MEMORY_UNMEASURED", "SERVER_HELPERS", "STEADY_CLOCK", "STEPS", "THREADS_BY_FARM", "THREADS_NOT_SET", "Memory",
-    "Progress", "Run", "RunDraft", "Step", "StepFailed", "SteadyTimer", "bench_artifact", "calibrate_number",
+    "StepProgress", "Run", "RunDraft", "Step", "StepFailed", "SteadyTimer", "bench_artifact", "calibrate_number",
     "check_outputs", "copy_timer", "device_timer", "failure_reason", "interleaved_rounds", "load_vm",
     "measure_copy_curve", "measurement_context", "raised_in_farm", "server_helpers", "session_threads", "time_copy",
 ]

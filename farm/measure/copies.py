@@ -12,7 +12,7 @@ import tvm
 import farm
 from farm.errors import FarmError
 from farm.measure.context import DEVICE_TYPE
-from farm.measure.draft import Progress
+from farm.records import StepProgress
 from farm.measure.failures import failure_reason
 from farm.measure.vm import Timer, calibrate_number, remote_device_type
 from farm.records import BenchConfig, CopyCurve, CopyPoint, CopyTiming, Device, TrackerAddress, utc_now
@@ -64,7 +64,7 @@ def _kernel_only(dev_type: int) -> bool:
 
 def measure_copy_curve(
     tracker: TrackerAddress, device: Device, target_kind: str, config: BenchConfig,
-    sizes: tuple[int, ...] = COPY_CURVE_BYTES, progress: Progress | None = None,
+    sizes: tuple[int, ...] = COPY_CURVE_BYTES, progress: StepProgress | None = None,
 ) -> CopyCurve:
     """Device→host and host→device copy time per size on ``device``, timed on the device (no network).
 

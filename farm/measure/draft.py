@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from farm.records import CheckResult, CopyTiming, KernelProfile
 
-Progress = Callable[[str, str], None]  # (step, detail)
 
 
 @dataclass

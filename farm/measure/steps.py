@@ -18,7 +18,8 @@ from farm.errors import FarmError
 from farm.measure.check import check_outputs
 from farm.measure.context import DEVICE_TYPE, STEADY_CLOCK, measurement_context, server_helpers, session_threads
 from farm.measure.copies import time_copy
-from farm.measure.draft import Progress, RunDraft
+from farm.measure.draft import RunDraft
+from farm.records import StepProgress
 from farm.measure.failures import StepFailed, device_hint, failure_reason, raised_in_farm
 from farm.measure.manifest import session_part
 from farm.measure.memory import Memory
@@ -41,7 +42,7 @@ class Run:
     reference: list[np.ndarray] | None
     config: BenchConfig
     reference_name: str
-    say: Progress
+    say: StepProgress
     draft: RunDraft
     remote_name: str  # the artifact's name in the session's folder
     session: Any = None  # 1 session: TVM's RPCSession (None until a server is granted)
@@ -213,7 +214,7 @@ def bench_artifact(
     reference: list[np.ndarray] | None,
     config: BenchConfig,
     reference_name: str = "onnxruntime",
-    progress: Progress | None = None,
+    progress: StepProgress | None = None,
 ) -> BenchResult:
     """Run every step on ``device``; always returns a BenchResult (status ok or failed)."""
     started_at = utc_now()

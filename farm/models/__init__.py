@@ -34,7 +34,7 @@ __all__ = [
 
 def torch_spec(spec: str) -> bool:
     """Whether ``load_model`` loads ``spec`` with torch: a .pt2 program, or ``module:factory`` (imported and called:
-    a lab host runs those only where it lists them, ``sweep.lab.refuse_unlisted_factory``)."""
+    a lab host runs those only where it lists them, ``lab.worker.refuse_unlisted_factory``)."""
     return spec.endswith(".pt2") or (":" in spec and not spec.startswith("onnx:") and not Path(spec).exists()
                                      and "/" not in spec)
 

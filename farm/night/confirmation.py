@@ -24,14 +24,13 @@ from typing import Any, Callable
 from farm.errors import FarmError
 from farm.analysis.findings import (DEFAULT_BUDGET_MIN, UNCONFIRMABLE, Finding, record, stored_findings, sweep_findings,
                                    sweep_verdicts)
-from farm.records import Alert, BenchConfig, Device, TrackerAddress
+from farm.records import Alert, BenchConfig, Device, Progress, TrackerAddress
 from farm.analysis.regress import METHOD, SeriesVerdict, confirm
 from farm.analysis.results import run_rows
 from farm.analysis.runs import Run
 from farm.analysis.series import by_sweep
 from farm.store import Store
 
-Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
 # what a rerun holds its device with while it measures (#61: a lab's --confirm reruns ran beside its workers'
 # cells on the same device): ``lab.leases.device_holds``, the device's lease where a lab's workers share it
 DeviceHold = Callable[[Device], AbstractContextManager[object]]

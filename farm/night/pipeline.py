@@ -28,10 +28,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from farm.lab.jobs import HOST_WAIT_S
-from farm.records import DEFAULT_BUDGET_MIN, Inventory, SweepSpec
+from farm.records import DEFAULT_BUDGET_MIN, Inventory, Progress, Say, SweepSpec
 
 if TYPE_CHECKING:
     from farm.night.confirmation import SweepRegressions
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from farm.sweep import SweepOutcome
     from farm.tune.config import TuneBudget
 
-Say = Callable[[str], None]  # a line of progress (the CLI prints it on stderr)
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class NightPlan:
     report_dir: Path | None = None
     detach: bool = False  # a lab's sweep: queued, then not followed
     host_wait_s: float = HOST_WAIT_S
-    progress: Callable | None = None  # each cell's steps (sweep.Progress)
+    progress: Progress | None = None  # each cell's steps
     say: Say = lambda line: None
 
 
@@ -148,7 +147,7 @@ def _queued_tuning(plan: NightPlan, sweep_id: int) -> list:
 
 
 def _tuning(plan: NightPlan, sweep_id: int) -> list:
-    """The sweep file's [tune] budget, spent after measuring and confirming (``nightly.tune_after_sweep``)."""
+    """The sweep file's [tune] budget, spent after measuring and confirming (``night.tuning.tune_after_sweep``)."""
     from farm.models import load_model_variant
     from farm.night.tuning import tune_after_sweep
 

@@ -22,7 +22,7 @@ from farm.records.settings import (COLD_RUNS, COLD_TIMING, COLD_WEIGHTS_RULE, Ca
 from farm.records.builds import (Artifact, CALIBRATION_METHODS, InputSpec, ModelSource, SavedCostModel, TuningSet,
                                  VARIANTS, split_variant)
 from farm.records.measurement import (BenchConfig, BenchResult, CheckResult, CopyCurve, CopyPoint, CopyTiming,
-                                      KernelProfile, KernelTime, utc_now)
+                                      KernelProfile, KernelTime, Progress, Say, StepProgress, utc_now)
 from farm.records.sweeps import (CellStanding, DEFAULT_BUDGET_MIN, Lease, OFFLINE_ATTEMPT, RETRYABLE_STEPS,
                                  RunToStore, StoredAttempt, SweepBuild, SweepSpec)
 
@@ -34,6 +34,7 @@ __all__ = [
     "candidate_timing", "cold_weights", "layout_setting", "online_cpus", "threads_setting", "weight_prepack_setting",
     "Artifact", "CALIBRATION_METHODS", "InputSpec", "ModelSource", "SavedCostModel", "TuningSet", "VARIANTS",
     "split_variant", "BenchConfig", "BenchResult", "CheckResult", "CopyCurve", "CopyPoint", "CopyTiming",
-    "KernelProfile", "KernelTime", "utc_now", "CellStanding", "DEFAULT_BUDGET_MIN", "Lease", "OFFLINE_ATTEMPT",
+    "KernelProfile", "KernelTime", "Progress", "Say", "StepProgress",
+    "utc_now", "CellStanding", "DEFAULT_BUDGET_MIN", "Lease", "OFFLINE_ATTEMPT",
     "RETRYABLE_STEPS", "RunToStore", "StoredAttempt", "SweepBuild", "SweepSpec"
 ]

@@ -4,7 +4,13 @@ the output check, copy curves."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+# What long work reports as it goes, one shape each (a command prints them on stderr with --progress):
+Progress = Callable[[str, str, str, str], None]  # a cell's step: device, model, step, detail (sweeps, bench, reruns)
+StepProgress = Callable[[str, str], None]  # one cell's step, its device and model known: step, detail (measure/)
+Say = Callable[[str], None]  # a line: a tuning session's, a night's steps'
+
 
 
 

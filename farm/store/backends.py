@@ -96,6 +96,11 @@ def redact(location: str) -> str:
     return PARAMETER_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1:***@", location))
 
 
+# a password this long is written as *** wherever it stands; a shorter one only where it stands in a URL (its user
+# part, ?password=): a short one ("farm") would otherwise turn "farm_version" in --json into "***_version"
+BARE_SECRET_CHARS = 8
+
+
 def url_secrets(location: str) -> list[str]:
     """The passwords a database URL carries, as written (what ``cli`` keeps out of everything it prints)."""
     found = [m.group(2) for m in URL_PASSWORD.finditer(location)] + \
@@ -492,7 +497,7 @@ class PostgresBackend(Backend):
     @contextmanager
     def connection(self) -> Iterator[Any]:
         """The psycopg connection itself, held for the block (nothing else runs on it meanwhile), alive (a lost one
-        replaced first): for the lab's queue's own statements in a worker (``queue.LabQueue``), which then open no
+        replaced first): for the lab's queue's own statements in a worker (``lab.queue.LabQueue``), which then open no
         connection of their own. Not closed after."""
         with self._lock:
             if self.db.closed or self.db.broken:

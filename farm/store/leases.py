@@ -1,9 +1,9 @@
 """Device leases (#50): which lab cell holds each device, fenced by an epoch, on the database's own clock.
 
 A lab's job can run twice at once: a worker that froze (SIGSTOP, a paused VM, a long pause) has its job handed to
-another worker after ``queue.STALLED_S``, and wakes later still measuring. procrastinate's lock per device cannot
+another worker after ``lab.jobs.STALLED_S``, and wakes later still measuring. procrastinate's lock per device cannot
 tell them apart, so a cell holds its device by a lease: taken when free, released, or silent for its ``lease_s``
-(the holder renews it: ``sweep.leases.LeaseKeeper``); each new holder gets the next epoch. ``record_cell``
+(the holder renews it: ``lab.leases.LeaseKeeper``); each new holder gets the next epoch. ``record_cell``
 stores a result only in the transaction that finds the holder's epoch still current, so what a holder measured after
 it lost the device is refused (``LeaseLost``), never stored beside or over the new holder's.
 """

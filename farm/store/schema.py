@@ -25,7 +25,7 @@ SCHEMA_VERSION history:
      read from the built module), the same three on runs (carried from the run's artifact), and runs'
      rss_before_load_bytes/rss_after_load_bytes/rss_peak_bytes (the session process's RSS; NULL: not measured).
      BIGINT: bytes pass PostgreSQL's 32-bit INTEGER
- 12  findings (#22): a finding (farm/analysis/findings.py) per key with its triage state (new | acknowledged | expected |
+ 12  findings (#22): a finding (farm/analysis/findings/) per key with its triage state (new | acknowledged | expected |
      fixed) and its first and last sweep; finding_sweeps, its body as each sweep ranked it; confirmation_budgets,
      what a sweep's confirmation spent and left unconfirmed
  13  reviewed_sweeps: every sweep reviewed (``Store.record_findings``), with findings or none, so a finding that
@@ -38,7 +38,7 @@ SCHEMA_VERSION history:
      finding can name the models it concerns by an op they share ("models with depthwise convolution")
  16  runs.cell_key (#30): 'SWEEP/DEVICE/MODEL/RUNTIME/ATTEMPT' for a sweep's measured attempt (NULL for runs outside a
      sweep, for offline cells and for runs stored before), unique: a cell's job delivered twice stores its result once
- 17  night_tunings (#30): what a sweep's nightly tuning did for each device key (``nightly.NightTuning`` as JSON, in
+ 17  night_tunings (#30): what a sweep's nightly tuning did for each device key (``night.tuning.NightTuning`` as JSON, in
      order), stored by whoever tuned it: the sweep's process on one host, a lab host's worker over several
  18  compiles as jobs (#30): artifact_files, an artifact's library by its cache key (bytes, their sha256, its
      metadata), the store every lab host reads; sweep_builds, what a queued sweep's build job made for a cell (the

@@ -65,7 +65,7 @@ class TuningMixin:
 
     @retried
     def save_cost_model(self, tuning_key: str, body: bytes, format: str, samples: int, session_id: int | None) -> None:
-        """Keep the tuning key's cost model (``costmodel.dump_cost_model``'s bytes), replacing the previous one."""
+        """Keep the tuning key's cost model (``tune.costmodel.dump_cost_model``'s bytes), replacing the previous one."""
         with self._db.transaction() as db:
             db.execute("INSERT INTO tune_cost_models (tuning_key, body, format, samples, session_id, updated_at) "
                        "VALUES (?,?,?,?,?,?) ON CONFLICT (tuning_key) DO UPDATE SET body=excluded.body, "
@@ -115,7 +115,7 @@ class TuningMixin:
 
     @retried
     def save_night_tuning(self, sweep_id: int, device: str, tunings: list[dict]) -> None:
-        """What a sweep's nightly tuning did for the key ``device`` tuned (``nightly.NightTuning`` as dicts, in
+        """What a sweep's nightly tuning did for the key ``device`` tuned (``night.tuning.NightTuning`` as dicts, in
         order), in place of what was stored for it before."""
         stamp = now()
         with self._db.transaction() as db:

@@ -18,8 +18,8 @@ from farm.devices.health import cool_down, health_after
 from farm.errors import FarmError, LeaseLost, StoreError
 from farm.measure import bench_artifact
 from farm.models.runtimes import runtime_name
-from farm.records import (RETRYABLE_STEPS, Artifact, BenchConfig, BenchResult, Device, Lease, ModelSource, RunToStore,
-                          TrackerAddress)
+from farm.records import (RETRYABLE_STEPS, Artifact, BenchConfig, BenchResult, Device, Lease, ModelSource, Progress,
+                          RunToStore, TrackerAddress)
 from farm.measure.reference import bench_reference, reference_threads, reference_unavailable
 from farm.store import Store
 from farm.sweep.failures import compile_failure, crashed_cell
@@ -28,7 +28,6 @@ from farm.tune.tuning_set import tuning_set
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str, str, str, str], None]  # device, model, step, detail
 UNREACHABLE_STEPS = ("session", "upload")  # the device itself is gone: its CPU is no fallback
 # TVM's compiler runs in one thread at a time: the sweep's compile loop, or a worker's fallback compile
 COMPILE_LOCK = threading.Lock()

@@ -5,7 +5,6 @@ Every default of ``farm tune`` and of a sweep file's ``[tune]`` table is read fr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from farm.records import Device
 from farm.tune.task_profile import DEFAULT_MIN_SHARE
@@ -60,8 +59,6 @@ TRIALS_PER_RUNNER = 16
 # 2.09 in NHWC; tools/bench_tuning.py --populations 512,128 --layouts model,NHWC, docs/benchmarks.md).
 # A device's search_population in devices.toml overrides it, --population a session's; never below the batch.
 SEARCH_POPULATION = 128
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)

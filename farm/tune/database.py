@@ -20,10 +20,10 @@ from tvm.s_tir import meta_schedule as ms
 
 from farm.compile import is_schedule, record_databases, untuned_trace
 from farm.errors import FarmError, message_line
-from farm.records import Device, TrackerAddress, TuningSet, cold_weights
+from farm.records import Device, Say, TrackerAddress, TuningSet, cold_weights
 from farm.store import Store
 from farm.tune.task_profile import time_modules
-from farm.tune.config import Progress, TuneConfig
+from farm.tune.config import TuneConfig
 from farm.tune.metaschedule import build_candidate, export_to
 from farm.tune.plan import Plan, Tuning
 from farm.tvm_private import normalize_mod
@@ -147,7 +147,7 @@ def commit_untuned(database, contexts: list, plan: Plan, tvm_target) -> list[int
 
 
 def seed_by_anchor(tracker: TrackerAddress, device: Device, tuning: Tuning, plan: Plan, contexts: list, database,
-                   config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+                   config: TuneConfig, say: Say) -> dict[int, list[float]]:
     """Each task to search that has no schedule of its own but one of the same anchor block (another model's conv
     with another epilogue: what ``compile.apply_records`` would use) starts from it: the record's schedule is
     transferred to the task, timed on the device like a candidate, and committed as the task's first record, so
@@ -165,7 +165,7 @@ def seed_by_anchor(tracker: TrackerAddress, device: Device, tuning: Tuning, plan
         return {}
 
 
-def _transferred(tuning: Tuning, plan: Plan, contexts: list, say: Progress) -> list[tuple[int, Any]]:
+def _transferred(tuning: Tuning, plan: Plan, contexts: list, say: Say) -> list[tuple[int, Any]]:
     """(task, its schedule) for each task to search without a schedule of its own whose anchor block has a record
     that transfers to it."""
     from tvm.s_tir import Schedule
@@ -191,7 +191,7 @@ def _transferred(tuning: Tuning, plan: Plan, contexts: list, say: Progress) -> l
 
 
 def _seeds(tracker: TrackerAddress, device: Device, tuning: Tuning, plan: Plan, contexts: list,
-           picked: list[tuple[int, Any]], database, config: TuneConfig, say: Progress) -> dict[int, list[float]]:
+           picked: list[tuple[int, Any]], database, config: TuneConfig, say: Say) -> dict[int, list[float]]:
     """``picked``'s schedules timed on the device; each not slower than its task's untuned code is committed."""
     say(f"timing {len(picked)} schedule(s) transferred by anchor block from other tasks' records")
     try:

@@ -17,10 +17,10 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from farm.errors import TrackerError
-from farm.records import TrackerAddress
+from farm.records import Say, TrackerAddress
 from farm.rpc.tracker import query_summary
 from farm.store import Store
-from farm.tune.config import UNBOUNDED_TRIALS, Progress, TuneConfig
+from farm.tune.config import UNBOUNDED_TRIALS, TuneConfig
 from farm.tune.database import record_s, sync
 
 
@@ -96,7 +96,7 @@ class TuneSession:
 
     tasks: list[TaskProgress]
     config: TuneConfig
-    say: Progress
+    say: Say
     started: float  # time.monotonic() when tune_model began
     tracker: TrackerAddress
     device_key: str

@@ -20,12 +20,12 @@ from farm.compile import (TVM_VERSION, device_tuning_key, device_tuning_module, 
 from farm.tune.costmodel import FORMAT, dump_cost_model, load_cost_model, new_cost_model, samples_of
 from farm.devices import kind_of
 from farm.errors import DeviceUnavailable, FarmError, ModelError
-from farm.records import Device, ModelSource, TrackerAddress, cold_weights, target_kind
+from farm.records import Device, ModelSource, Say, TrackerAddress, cold_weights, target_kind
 from farm.rpc.tracker import query_summary
 from farm.store import Store
 from farm.tune.tuning_set import tuning_set
 from farm.tune.task_profile import allocate_trials, profile_tasks
-from farm.tune.config import TRIALS_PER_RUNNER, Progress, TuneConfig, search_population_for
+from farm.tune.config import TRIALS_PER_RUNNER, TuneConfig, search_population_for
 from farm.tune.metaschedule import export_to, extract_tasks, load_tensor_intrinsics
 from farm.tune.plan import Plan, Tuning
 from farm.tune.database import best_recorded, prior_databases, searched_before, write_database
@@ -39,7 +39,7 @@ def _silent(_message: str) -> None:
 
 def tune_model(
     tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, work_root: Path,
-    config: TuneConfig, progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+    config: TuneConfig, progress: Say | None = None, should_stop: Callable[[], bool] | None = None,
 ) -> TuneOutcome:
     """Tune ``model`` on ``device``. ``should_stop`` is polled after every batch (the CLI sets it on Ctrl-C):
     the session then ends after the batch in flight (tasks taking turns: the two), status "interrupted", every record
@@ -74,7 +74,7 @@ def tune_model(
         device_busy_seconds=sum(busy), candidates_measured=len(busy), ended_by=session.ended_by())
 
 
-def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: TuneConfig, say: Progress) -> Tuning:
+def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: TuneConfig, say: Say) -> Tuning:
     """Step 1: fail before any work when the device cannot be tuned; its target, tasks and runners."""
     if device.export != "so":
         raise FarmError(f"device {device.name!r} exports {device.export!r}: tuning measures candidates as shared libraries",
@@ -106,7 +106,7 @@ def _check(tracker: TrackerAddress, device: Device, model: ModelSource, config: 
 
 
 def _profile(tracker: TrackerAddress, device: Device, tuning: Tuning, config: TuneConfig,
-             say: Progress) -> list[float] | None:
+             say: Say) -> list[float] | None:
     """Step 2: each task's untuned time on the device, or None: not asked, a GPU target (unscheduled kernels do
     not build), or a profile that failed (said, and MetaSchedule's scheduler shares the trials)."""
     if not config.by_share or target_kind(tuning.tvm_target.export()) != "llvm":
@@ -137,7 +137,7 @@ def _plan(store: Store, device: Device, tuning: Tuning, untuned: list[float] | N
 
 
 def _start(tracker: TrackerAddress, device: Device, model: ModelSource, store: Store, work_root: Path, tuning: Tuning,
-           plan: Plan, config: TuneConfig, say: Progress, started: float,
+           plan: Plan, config: TuneConfig, say: Say, started: float,
            should_stop: Callable[[], bool] | None) -> TuneSession:
     """Step 3's end: the store's session, the working database written from the store's records, what each task
     is given (said)."""
