@@ -225,7 +225,7 @@ def test_concurrent_updates_keep_every_record(tmp_path):
     """Four processes each add 25 records through update_records, with a delay between read and write: all 100 are
     there, and no temporary file is left beside the registry."""
     add = (
-        "import sys\nfrom pathlib import Path\nfrom farm.rpc.processes import ManagedProcess, update_records\n"
+        "import sys\nfrom pathlib import Path\nfrom farm.procs.registry import ManagedProcess, update_records\n"
         "for n in range(25):\n"
         "    record = ManagedProcess('server', f'{sys.argv[2]}-{n}', 'k', 1000 + n, 0, '', 0.0)\n"
         "    update_records(Path(sys.argv[1]), lambda current: current + [record])\n")
@@ -351,7 +351,7 @@ def test_a_record_of_another_boot_or_an_older_farm(tmp_path):
 PRIVATE_FARM = """
 import signal, sys, time, psutil
 from pathlib import Path
-from farm.rpc.processes import private_farm
+from farm.rpc.launch import private_farm
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, even where the tests run under nohup
 with private_farm(Path(sys.argv[1]), {"ended": "ended-by-a-signal"}):
     Path(sys.argv[2]).write_text(" ".join(str(child.pid) for child in psutil.Process().children()))
@@ -362,7 +362,8 @@ with private_farm(Path(sys.argv[1]), {"ended": "ended-by-a-signal"}):
 ENDED_MIDWAY = """
 import os, signal, sys, time
 from pathlib import Path
-from farm.rpc.processes import TRACKER_MODULE, free_port, local_process, spawn, stopped_at_end
+from farm.procs.supervise import free_port, local_process, spawn, stopped_at_end
+from farm.rpc.launch import TRACKER_MODULE
 def start_while_ended():
     port = free_port()
     proc = spawn([sys.executable, "-m", TRACKER_MODULE, "--host", "127.0.0.1", "--port", str(port)],

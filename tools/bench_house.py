@@ -79,14 +79,14 @@ class Tracer:
 
 
 def _starters():
-    for module in ("farm.procs", "farm.rpc.processes"):
-        try:
-            mod = __import__(module, fromlist=["start_tracker"])
-            if hasattr(mod, "start_tracker") and hasattr(mod, "start_server"):
-                return mod
-        except ImportError:
-            continue
-    raise SystemExit("no start_tracker/start_server in farm.procs or farm.rpc.processes")
+    """start_tracker, start_server, stop_process, free_port: in farm.rpc.launch and farm.procs since #66, in
+    farm.rpc.processes before."""
+    try:
+        from farm.procs.supervise import free_port, stop_process
+        from farm.rpc.launch import start_server, start_tracker
+    except ImportError:
+        from farm.rpc.processes import free_port, start_server, start_tracker, stop_process  # type: ignore
+    return start_tracker, start_server, stop_process, free_port
 
 
 def largest(n: int = 8) -> list[tuple[str, int]]:
@@ -102,9 +102,9 @@ def main() -> int:
     from farm.records import TrackerAddress
     from farm.rpc.tracker import wait_for_servers
 
-    procs = _starters()
+    start_tracker, start_server, stop_process, free_port = _starters()
     work = Path(tempfile.mkdtemp(prefix="farm-bench-house-"))
-    port = procs.free_port()
+    port = free_port()
     tracker = TrackerAddress("127.0.0.1", port)
     inventory = work / "devices.toml"
     inventory.write_text(f'[tracker]\nhost = "127.0.0.1"\nport = {port}\n\n'
@@ -114,8 +114,8 @@ def main() -> int:
     started = []
     tracer = Tracer()
     try:
-        started.append(procs.start_tracker("127.0.0.1", port, work))
-        started.append(procs.start_server(tracker, "dev0", "bench-house", work))
+        started.append(start_tracker("127.0.0.1", port, work))
+        started.append(start_server(tracker, "dev0", "bench-house", work))
         wait_for_servers(tracker, {"bench-house": 1}, timeout_s=60)
         for _ in range(2):
             with contextlib.redirect_stdout(io.StringIO()):
@@ -131,7 +131,7 @@ def main() -> int:
         assert code == 0, code
     finally:
         for record in reversed(started):
-            procs.stop_process(record)
+            stop_process(record)
     figures = {"steps": len(tracer.edges),
                "cli_entries": sorted(tracer.cli_calls),
                "history_reads": tracer.history_reads, "night_reads": tracer.night_reads,

@@ -65,11 +65,11 @@ def review_night(store: Store, sweep_id: int | None, confirm_candidates: bool = 
                         "run farm sweep first; regressions compare sweeps")
     sweep_id = int(sweep["id"])
     if judged_as_stored and not confirm_candidates and store.judged(sweep_id):
-        stored = stored_findings(store, sweep_id)
-        assert stored is not None  # judged: reviewed
-        budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}),
-                  "left_unconfirmed": _left_unconfirmed(stored)}
-        return SweepRegressions(sweep_id, store.alerts(sweep_id), stored, budget)
+        stored, stored_alerts = stored_findings(store, sweep_id), store.alerts(sweep_id)
+        if stored is not None and _as_judged(stored, stored_alerts):
+            budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}),
+                      "left_unconfirmed": _left_unconfirmed(stored)}
+            return SweepRegressions(sweep_id, stored_alerts, stored, budget)
     rows = run_rows(store)
     verdicts = sweep_verdicts(rows, sweep_id, by_sweep(rows, keep_unstable_of=sweep_id))
     moved = [v for v in verdicts if v.status in ("candidate", "improved", "changed")]  # changed: planned memory
@@ -100,6 +100,20 @@ def review_night(store: Store, sweep_id: int | None, confirm_candidates: bool = 
         store.save_budget(sweep_id, budget_s, spent_s, rerun, left)
     budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}), "left_unconfirmed": left}
     return SweepRegressions(sweep_id, store.alerts(sweep_id), record(store, sweep_id, findings), budget, rows)
+
+
+def _as_judged(findings: list[Finding], alerts: list[Alert]) -> bool:
+    """Whether the stored findings still say what their alerts say: each one's alerts there, with the reruns it
+    counted (a rerun stored since, outside a review, is judged again)."""
+    by_id = {a.id: a for a in alerts}
+    for finding in findings:
+        held = [by_id.get(i) for i in finding.alerts]
+        reruns = [a for a in held if a is not None and "rounds" in a.confirmation]
+        if None in held or (len(reruns), sum(a.status == "confirmed" for a in reruns),
+                            sum(a.status == "rejected" for a in reruns)) != (finding.reruns, finding.confirmed,
+                                                                            finding.rejected):
+            return False
+    return True
 
 
 def _left_unconfirmed(findings: list[Finding]) -> int:
