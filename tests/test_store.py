@@ -615,6 +615,6 @@ def test_a_lease_s_epoch_handed_out_again_does_not_fence_in_its_old_holder(db_lo
 ])
 def test_a_database_location_is_shown_without_its_passwords(url, shown, secrets):
     """#62: redact missed ?password=; what the CLI keeps out of its output is each password as written."""
-    from farm.store.backends import redact, url_secrets
+    from farm.store.locations import redact, url_secrets
 
     assert (redact(url), url_secrets(url)) == (shown, secrets)

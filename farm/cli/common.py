@@ -359,12 +359,12 @@ class _Redacting:
     the stream."""
 
     def __init__(self, stream: Any, secrets: list[str]) -> None:
-        from farm.store.backends import BARE_SECRET_CHARS
+        from farm.store.locations import BARE_SECRET_CHARS
 
         self._stream, self._secrets = stream, [s for s in secrets if len(s) >= BARE_SECRET_CHARS]
 
     def write(self, text: str) -> int:
-        from farm.store.backends import redact
+        from farm.store.locations import redact
 
         text = redact(text)
         for secret in self._secrets:
@@ -380,7 +380,7 @@ def keep_out_secrets(db: str) -> None:
     stderr (``error:`` lines, logs, progress) write it as ``***`` (#62: ``?password=`` was printed by six verbs).
     A password on the command line still shows in ``ps``: docs/nightly-and-lab.md says to give it by PGPASSFILE,
     PGPASSWORD or a service file instead, which libpq reads and farm never sees."""
-    from farm.store.backends import url_secrets
+    from farm.store.locations import url_secrets
 
     secrets = url_secrets(db)
     if secrets and not isinstance(sys.stdout, _Redacting):

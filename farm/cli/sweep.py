@@ -151,7 +151,7 @@ def _status(args: argparse.Namespace) -> int:
     """--status ID: a queued sweep's jobs by lab host, and its stored cells."""
     from farm.lab.queue import LabQueue
     from farm.store import Store
-    from farm.store.backends import require_server
+    from farm.store.locations import require_server
     from farm.lab.follow import progress_text
 
     require_server(args.db, "farm sweep --status (a sweep over lab hosts)")

@@ -50,7 +50,7 @@ def add_parser(subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from farm.lab.queue import LabQueue
     from farm.rpc.session import SESSION_SLOTS
-    from farm.store.backends import require_server
+    from farm.store.locations import require_server
 
     require_server(args.db, "farm worker")
     if args.status:

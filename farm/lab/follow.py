@@ -17,7 +17,8 @@ from farm.lab.jobs import (BUILD, CELL, CURVE, HOST_WAIT_S, Job, SweepJobs, buil
 from farm.lab.queue import LabQueue
 from farm.records import (Device, ModelSource, SweepSpec)
 from farm.store import Store
-from farm.store.backends import RECONNECT_S, require_server
+from farm.store.locations import require_server
+from farm.store.backends import RECONNECT_S
 from farm.sweep.run import (SweepOutcome, finish, is_gpu, missing_cells, prepare, stand_in_model, store_offline)
 
 

@@ -116,7 +116,7 @@ def device_holds(db: str, store: Store, holder: str,
     """What a rerun outside a lab worker (``farm sweep --confirm``, ``farm regressions --confirm``) holds a device
     with while it measures (``night.confirmation.DeviceHold``): its lease, where its lab's workers share it (a device with
     a ``lab_host``, on the lab's PostgreSQL), so it never measures beside their cells (#61); nothing elsewhere."""
-    from farm.store.backends import is_url
+    from farm.store.locations import is_url
 
     def hold(device: Device) -> AbstractContextManager[object]:
         if not (device.lab_host and is_url(db)):

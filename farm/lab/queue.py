@@ -63,7 +63,7 @@ class LabQueue(QueueReads):
 
         self.url = url
         self._procrastinate = procrastinate
-        from farm.store.backends import application_name
+        from farm.store.locations import application_name
 
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
             conninfo=url, min_size=QUEUE_POOL, max_size=QUEUE_POOL,
@@ -91,7 +91,7 @@ class LabQueue(QueueReads):
         import psycopg
 
         from farm.store import shared_connection
-        from farm.store.backends import application_name
+        from farm.store.locations import application_name
 
         return shared_connection(self.url) or psycopg.connect(self.url, autocommit=True, connect_timeout=10,
                                                               application_name=application_name(),

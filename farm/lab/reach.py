@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any, Callable, TypeVar
 
 from farm.errors import ConnectionLost, StoreError, message_line
@@ -27,27 +26,35 @@ def patient(method: Callable[..., T]) -> Callable[..., T]:
 
         from farm.store.backends import RECONNECT_S, Outage, backend_hint
 
-        outage = Outage()
-        while True:
-            try:
-                done = method(self, *args, **kwargs)
-                ANSWERED.add(self.url)
-                return done
-            except (psycopg.Error, self._procrastinate.exceptions.ConnectorException) as exc:
-                cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-                if not connection_lost(cause):
-                    raise StoreError(f"the lab's queue at {redacted(self.url)} failed: {message_line(exc)}",
-                                     backend_hint(exc, "check the PostgreSQL server and its log")) from exc
-                if self.url not in ANSWERED:
-                    raise StoreError(f"cannot connect to the lab's queue at {redacted(self.url)}: {message_line(cause)}",
-                                     "check that the PostgreSQL server runs (the lab's queue is on the results "
-                                     "database)") from exc
-                if (wait := outage.pause()) is None:
-                    raise ConnectionLost(f"the lab's queue at {redacted(self.url)} did not answer for {RECONNECT_S:g} s:"
-                                         f" {message_line(cause)}", backend_hint(cause)) from exc
-                if outage.tries == 1:
-                    log.warning("the lab's queue at %s: %s: trying again", redacted(self.url), message_line(cause))
-                time.sleep(wait)
+        errors = (psycopg.Error, self._procrastinate.exceptions.ConnectorException)
+
+        def cause_of(exc: BaseException) -> BaseException:  # procrastinate's error wraps the driver's
+            return exc.__cause__ if not isinstance(exc, psycopg.Error) and exc.__cause__ is not None else exc
+
+        def attempt() -> T:
+            done = method(self, *args, **kwargs)
+            ANSWERED.add(self.url)
+            return done
+
+        def lost(exc: Exception) -> bool:  # a process that never reached the database does not wait for it
+            return isinstance(exc, errors) and connection_lost(cause_of(exc)) and self.url in ANSWERED
+
+        def said(exc: Exception) -> None:
+            log.warning("the lab's queue at %s: %s: trying again", redacted(self.url), message_line(cause_of(exc)))
+
+        try:
+            return Outage().outlast(attempt, lost, said)
+        except errors as exc:
+            cause = cause_of(exc)
+            if not connection_lost(cause):
+                raise StoreError(f"the lab's queue at {redacted(self.url)} failed: {message_line(exc)}",
+                                 backend_hint(exc, "check the PostgreSQL server and its log")) from exc
+            if self.url not in ANSWERED:
+                raise StoreError(f"cannot connect to the lab's queue at {redacted(self.url)}: {message_line(cause)}",
+                                 "check that the PostgreSQL server runs (the lab's queue is on the results "
+                                 "database)") from exc
+            raise ConnectionLost(f"the lab's queue at {redacted(self.url)} did not answer for {RECONNECT_S:g} s:"
+                                 f" {message_line(cause)}", backend_hint(cause)) from exc
 
     return call
 
@@ -70,6 +77,6 @@ def queue_installed(db) -> bool:
 
 
 def redacted(url: str) -> str:
-    from farm.store.backends import redact  # not at import: every command's parser reads this module's constants
+    from farm.store.locations import redact
 
     return redact(url)

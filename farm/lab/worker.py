@@ -41,7 +41,7 @@ from farm.lab.queue import LabQueue
 from farm.records import (OFFLINE_ATTEMPT, Artifact, Device, ModelSource, StoredAttempt, SweepBuild, SweepSpec,
                           TrackerAddress, split_variant)
 from farm.store import Store, shared_store
-from farm.store.backends import is_url
+from farm.store.locations import is_url
 from farm.compile.child import compile_apart
 from farm.signing import KEY_ENV, lab_key, sign, unsigned_reason
 from farm.sweep.cell import CellContext, Progress, compile_or_error, run_cell

@@ -11,7 +11,8 @@ changes, they are recomputed from the samples on open. The schema and its histor
 summaries, copies, copy curves), ``tuning.py`` (tune sessions and records), ``sweeps.py`` (sweeps and
 alerts), ``catalog.py`` (probes, artifacts, models), ``findings.py`` (findings, their triage, confirmation
 budgets), ``leases.py`` (which lab cell holds each device). This module opens, migrates and closes.
-A driver's error never leaves the store: ``backends.py`` turns it into a ``StoreError``.
+A driver's error never leaves the store: ``backends.py`` turns it into a ``StoreError``. Where the results are, a
+file or a URL whose password farm never shows: ``locations.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from farm.errors import StoreError
 from farm.stats import SUMMARY_RULE
-from farm.store.backends import exists, open_backend
+from farm.store.backends import open_backend
+from farm.store.locations import exists
 from farm.store.catalog import CatalogMixin
 from farm.store.findings import FindingsMixin
 from farm.store.leases import LeasesMixin
@@ -117,7 +119,8 @@ def shared_store(url: str) -> Store:
     worker's jobs, its lease renewals and its queue reads all go through its one connection (#50: a connection per
     running job put 4 workers × 24 slots past PostgreSQL's default ``max_connections = 100``). A transaction holds
     it whole (``backends.PostgresBackend``); it waits for a restarting server (``RECONNECT_S``)."""
-    from farm.store.backends import RECONNECT_S, require_server
+    from farm.store.locations import require_server
+    from farm.store.backends import RECONNECT_S
 
     require_server(url, "a store shared by a worker's threads")
     with _SHARED_LOCK:

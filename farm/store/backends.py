@@ -20,8 +20,6 @@ from __future__ import annotations
 import functools
 import secrets
 import logging
-import os
-import re
 import sqlite3
 import threading
 import time
@@ -32,11 +30,11 @@ from typing import Any, Callable, Iterator, TypeVar
 from farm.errors import ConnectionLost, StoreError, message_line
 from farm.records import utc_now
 from farm.store.schema import postgres_ddl, sqlite_ddl
+from farm.store.locations import application_name, is_url, redact
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-URL_PREFIXES = ("postgresql://", "postgres://")
 # a lost server is waited for this long on each write or read before it is an error: a restart took 0.66 s here
 # (#50), and 60 s is the bound #50 sets for a failover; what a lab job waits at most for its database
 RECONNECT_S = 60.0
@@ -60,57 +58,29 @@ class Outage:
             return None
         self.tries += 1
         return RECONNECT_PAUSES_S[min(self.tries - 1, len(RECONNECT_PAUSES_S) - 1)]
+
+    def outlast(self, call: Callable[[], T], lost: Callable[[Exception], bool],
+                first_loss: Callable[[Exception], None] | None = None) -> T:
+        """``call()``, run again while what it raises is ``lost`` (the connection gone), after each ``pause``; the
+        error itself once it is not lost or the outage has lasted its time. ``first_loss`` hears of the first. The
+        loop of the store's connects and the lab queue's calls (procrastinate's own, async, keep theirs:
+        ``lab.queue``)."""
+        while True:
+            try:
+                return call()
+            except Exception as exc:
+                if not lost(exc) or (wait := self.pause()) is None:
+                    raise
+                if self.tries == 1 and first_loss is not None:
+                    first_loss(exc)
+                time.sleep(wait)
+
+
 MIGRATION_LOCK = 0x6661726D  # "farm": one migrator at a time on a shared server
 FETCH_ROWS = 1000  # rows fetched at a time while a cursor is iterated
 
 OPEN_HINT = "pass another --db PATH, or move the damaged file aside"
 CHECK_HINT = "check the database (or move it aside) and pass --db PATH"
-
-
-def is_url(location: str | Path) -> bool:
-    return str(location).startswith(URL_PREFIXES)
-
-
-def application_name() -> str:
-    """What each of farm's PostgreSQL connections calls itself (pg_stat_activity's ``application_name``): the
-    process's id, so an operator (and a test) sees which process holds which connections."""
-    return f"farm:{os.getpid()}"
-
-
-def require_server(location: str | Path, what: str) -> None:
-    """``what`` (a lab's queue, its workers, a queued sweep's status) lives on the lab's PostgreSQL: a ``StoreError``
-    for a file. The one place this rule is written (#50: it was written three times)."""
-    if not is_url(location):
-        raise StoreError(f"{what} needs the lab's PostgreSQL database, not the file {location}",
-                         "pass --db postgresql://USER@HOST:PORT/DBNAME (or set [store] db in devices.toml)")
-
-
-# a password in a database URL: in its user part (postgresql://farm:PASSWORD@host), or as a parameter
-# (postgresql://farm@host/db?password=PASSWORD; sslpassword for a client key's)
-URL_PASSWORD = re.compile(r"(://[^:/@?\s]+):([^@/\s]*)@")  # a URL in a line of text ends at white space
-PARAMETER_PASSWORD = re.compile(r"([?&](?:ssl)?password=)([^&#\s'\"]*)", re.IGNORECASE)
-
-
-def redact(location: str) -> str:
-    """The location without a password, for messages and reports (#62: ``?password=`` was printed)."""
-    return PARAMETER_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1:***@", location))
-
-
-# a password this long is written as *** wherever it stands; a shorter one only where it stands in a URL (its user
-# part, ?password=): a short one ("farm") would otherwise turn "farm_version" in --json into "***_version"
-BARE_SECRET_CHARS = 8
-
-
-def url_secrets(location: str) -> list[str]:
-    """The passwords a database URL carries, as written (what ``cli`` keeps out of everything it prints)."""
-    found = [m.group(2) for m in URL_PASSWORD.finditer(location)] + \
-        [m.group(2) for m in PARAMETER_PASSWORD.finditer(location)]
-    return [secret for secret in found if secret and secret != "***"]
-
-
-def exists(location: str | Path) -> bool:
-    """Whether there can be results there: a server is asked when it is opened."""
-    return is_url(location) or Path(location).exists()
 
 
 def open_backend(location: str | Path, readonly: bool, wait_s: float = 0.0) -> "SqliteBackend | PostgresBackend":
@@ -401,20 +371,16 @@ class PostgresBackend(Backend):
 
     def _connect(self, deadline: float) -> Any:
         """A new connection, tried until ``deadline`` while the server refuses or is starting (an OperationalError)."""
-        outage = Outage(deadline)
-        while True:
-            try:
-                # a writer waits for a writable server, never a standby's read-only one
-                attrs = "any" if self._readonly else "read-write"
-                db = self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory, connect_timeout=10,
-                                           application_name=application_name(), target_session_attrs=attrs)
-                if self._readonly:
-                    db.execute("SET default_transaction_read_only = on")
-                return db
-            except self._psycopg.OperationalError:
-                if (wait := outage.pause()) is None:
-                    raise
-                time.sleep(wait)
+        def attempt() -> Any:
+            # a writer waits for a writable server, never a standby's read-only one
+            attrs = "any" if self._readonly else "read-write"
+            db = self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory, connect_timeout=10,
+                                       application_name=application_name(), target_session_attrs=attrs)
+            if self._readonly:
+                db.execute("SET default_transaction_read_only = on")
+            return db
+
+        return Outage(deadline).outlast(attempt, lambda exc: isinstance(exc, self._psycopg.OperationalError))
 
     def lost(self, exc: BaseException | None) -> bool:
         """Whether ``exc`` (or what it was raised from) is the server's connection gone: an OperationalError

@@ -30,7 +30,7 @@ from farm.records import (CPU_TARGETS, OFFLINE_ATTEMPT, BenchConfig, BenchResult
                           RunToStore, StoredAttempt, SweepSpec, TrackerAddress, target_kind)
 from farm.rpc.tracker import query_summary
 from farm.store import Store
-from farm.store.backends import is_url
+from farm.store.locations import is_url
 from farm.sweep.cell import CellContext, CellResult, Progress, bench_cell, compile_or_error, run_cell
 from farm.sweep.failures import unmeasured_result
 

@@ -24,7 +24,7 @@ from farm.rpc.tracker import key_state, query_summary
 from farm.analysis.results import run_rows
 from farm.stats import format_duration, hottest
 from farm.store import Store, exists
-from farm.store.backends import is_url
+from farm.store.locations import is_url
 
 RUN_FIELDS = ("started_at", "device", "model", "tuned", "runtime", "threads", "status", "failed_step", "reason",
               "sweep_id", "steady_median_s", "context")
