@@ -23,7 +23,7 @@ farm's name                 TVM's private name (0.27)                           
                             ``init_ffi_api`` calls it
 ``STARTUP_PTH``             ... in TVM's own worker processes (``popen_worker``)    ``tools/setup.sh``
 ``normalize_mod``           global ``tvm.s_tir.meta_schedule.normalize_mod``       ``compile``, ``tune``
-``XGBState``                ``XGBModel``'s ``data``, ``data_size``,                 ``costmodel``
+``XGBState``                ``XGBModel``'s ``data``, ``data_size``,                 ``tune.costmodel``
                             ``last_train_size``, ``booster`` (its training state)
 ``runner_future``           ``rpc_runner.RPCRunnerFuture(future, timeout_sec)``    ``tune.metaschedule``
 ``stop_runner_pool``        ``RPCRunner.pool`` (its own process pool), shut down   ``tune.metaschedule``
@@ -476,7 +476,7 @@ def cuda_sources(module: Any) -> list[str]:
 
 def pack_imports_with_cubin(cubin_for: Callable[[str], bytes], note: bytes) -> Callable[..., str]:
     """An ``fpack_imports`` for ``export_library``: TVM's own C file of the packed modules, with every CUDA module's
-    source compiled by ``cubin_for`` and ``note`` kept in the library's read-only data (``artifacts.py`` reads it)."""
+    source compiled by ``cubin_for`` and ``note`` kept in the library's read-only data (``compile/artifacts.py`` reads it)."""
     import tvm
 
     def pack(module: Any, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:

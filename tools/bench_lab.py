@@ -20,7 +20,7 @@ Figures: the deferring's time per job, each job's wait from queued to started (p
 time until all N succeeded. A farm cell job adds its own reads to this (the sweep's spec, its attempts).
 With --hosts H and --cell-s S (#50: a lab of 1,000 devices on one PostgreSQL at its default settings), W worker
 processes serve each of H lab hosts' queues (W a host, default 1), and each cell is simulated as a worker's cell job
-is: it takes its device's lease (``sweep.leases``), reads the sweep's attempts, holds the device S seconds, and stores
+is: it takes its device's lease (``lab.leases``), reads the sweep's attempts, holds the device S seconds, and stores
 its run whole under the lease (``Store.record_cell``), all on the worker's one shared store. The server keeps its
 default max_connections (100); the peak of its client connections is read every 0.2 s (pg_stat_activity). Goals
 (exit 1 when missed): every cell stored once, and the peak within max_connections.

@@ -19,7 +19,7 @@ cells are measured:
 - ``resume in flight``: the sweep queued with --detach, then ``farm sweep --resume`` while its jobs run;
 - ``PostgreSQL down 5 s``, ``25 s``, ``55 s``: the server shut down fast while cells are measured and started again
   that much later (#61): within the 60 s farm's clients wait (``store.backends.RECONNECT_S``); at 55 s the leases
-  (``sweep.leases.LEASE_S``) lapse by construction, so a cell may be measured again, stored once.
+  (``lab.leases.LEASE_S``) lapse by construction, so a cell may be measured again, stored once.
 
 After each: every cell stored exactly once with both its runtimes (TVM's run and onnxruntime's, each once, ok), no
 failed run, the sweep ``done`` with exit 0, no worker exited, and the time the fault added over the baseline. Needs root (the
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEVICES_PER_HOST = 3
 MODELS = ("mlp", "convnet")
 FREEZE_S = 60.0  # how long a frozen worker stays stopped (#50's trial: 60 s)
-# outages shorter than a lease (sweep.leases.LEASE_S, 30 s): no job may be put back, no write refused
+# outages shorter than a lease (lab.leases.LEASE_S, 30 s): no job may be put back, no write refused
 OUTLASTED = ("PostgreSQL restart", "PostgreSQL down 5 s", "PostgreSQL down 25 s")
 SWEEP_ARGS = ("--model", "mlp", "--model", "convnet", "--reference", "none", "--repeat", "20", "--min-repeat-ms", "50",
               "--no-report", "--json")

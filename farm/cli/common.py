@@ -355,7 +355,7 @@ def reference_text(result, reference) -> str:
 
 class _Redacting:
     """A text stream that writes the passwords of database URLs as ``***`` (``keep_out_secrets``): in any URL it
-    writes, and ``secrets`` of ``store.backends.BARE_SECRET_CHARS`` or more wherever they stand; anything else goes to
+    writes, and ``secrets`` of ``store.locations.BARE_SECRET_CHARS`` or more wherever they stand; anything else goes to
     the stream."""
 
     def __init__(self, stream: Any, secrets: list[str]) -> None:

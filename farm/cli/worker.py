@@ -130,7 +130,7 @@ def _serve(inventory, names: list[str]) -> None:
 def _status(lab, as_json: bool) -> int:
     from farm.lab.monitor import HOST_COLUMNS, host_row
 
-    lab.prune_dead_workers()  # whoever looks removes the long-dead workers' rows (queue.PRUNE_S)
+    lab.prune_dead_workers()  # whoever looks removes the long-dead workers' rows (lab.jobs.PRUNE_S)
     hosts, live = lab.hosts(), lab.live_workers()
     if as_json:
         emit_json({"hosts": hosts, "live_workers": live})

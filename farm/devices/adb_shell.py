@@ -1,6 +1,6 @@
 """``python -m farm.devices.adb_shell HOST PORT SERIAL COMMAND``: run COMMAND on a phone, print its output.
 
-The command prefix farm records for servers it started on phones (``rpc/processes.py`` runs
+The command prefix farm records for servers it started on phones (``procs/supervise.py`` runs
 it to check and stop them). Unlike the ``adb`` client, it never starts an adb server of its
 own when none answers: it exits 1 with the reason on stderr.
 """

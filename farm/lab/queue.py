@@ -28,8 +28,8 @@ of one job may also run at once (a worker that froze past ``STALLED_S``): the de
 lets only its current holder store.
 
 A worker holds ``POOL_CONNECTIONS`` database connections, whatever its slots (#50: 4 workers × 24 slots passed
-PostgreSQL's default ``max_connections = 100``): procrastinate's own and the results store's are each a pool,
-sized in ``farm.store.backends``.
+PostgreSQL's default ``max_connections = 100``): procrastinate's pool of ``QUEUE_POOL`` and the store's one shared
+connection (``store.shared_store``), both counted in ``lab.jobs``.
 
 Sync tasks run in threads of the worker's event loop (asgiref's ``sync_to_async``): the loop's executor is sized to
 the worker's slots, so a worker holds as many sessions as it has slots (``farm.rpc.session.SESSION_SLOTS``).

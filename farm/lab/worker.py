@@ -128,7 +128,7 @@ class LabWorker:
 
     def cell(self, sweep_id: int, device: str, model: str, first: bool) -> str:
         """One cell's job: measured and stored unless it is done already (the job delivered again), while it holds
-        the device's lease (``sweep.leases``): a result measured after the lease passed to another holder is
+        the device's lease (``lab.leases``): a result measured after the lease passed to another holder is
         refused and logged, never stored. Its build job is settled first: taken over if it still waits
         (``LabQueue.settle_build``)."""
         build = LabQueue(self.db_url).settle_build(sweep_id, device, model)

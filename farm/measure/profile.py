@@ -110,7 +110,7 @@ def profile_loaded(session, helpers: dict[str, Any], remote_name: str, dev, args
 
 def profile_artifact(tracker: TrackerAddress, device: Device, artifact: Artifact, inputs: dict[str, np.ndarray],
                      config: BenchConfig, runs: int = PROFILE_RUNS) -> KernelProfile:
-    """``artifact``'s profile on ``device`` in a session of its own (a confirmation's rerun: ``confirmation``); "not
+    """``artifact``'s profile on ``device`` in a session of its own (a confirmation's rerun: ``night.confirmation``); "not
     available" with the reason where the server has no helper or anything fails."""
     import tvm
 

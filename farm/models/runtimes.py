@@ -80,7 +80,7 @@ ONNXRUNTIME_CLOCK = "onnxruntime's own profiler: each node's kernel time (whole 
 def profile_onnxruntime(model: ModelSource, threads: int | None, inputs: dict[str, np.ndarray], runs: int) -> Any:
     """``model``'s per-node profile in onnxruntime (a session of its own with profiling on, the reference's options
     and threads; one run not counted, then ``runs``): a ``records.KernelProfile``, its nodes grouped by the op
-    classes TVM's kernels are (``measure.profile.onnx_op_class``). Its nodes are not TVM's kernels (each runtime fuses
+    classes TVM's kernels are (``op_classes.onnx_op_class``). Its nodes are not TVM's kernels (each runtime fuses
     its own way); the op classes compare."""
     import json
     import os

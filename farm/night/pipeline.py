@@ -2,10 +2,10 @@
 
 1. measure: every cell of the spec, on this host (``sweep.run_sweep``, one sweep at a time on a file database: its
    confirmation reruns and tuning measure the devices too) or queued for the lab hosts' workers and followed
-   (``sweep.lab``; ``detach``: queued, then the night ends there);
+   (``lab.follow``; ``detach``: queued, then the night ends there);
 2. review: the sweep's alerts grouped into findings, confirmed on the devices when asked (``confirmation``), stored;
-3. notify: the webhook gets the night's digest when it has new findings (``digest``: never the night's fate);
-4. tune: the sweep file's [tune] budget (``nightly``: here, or a job per key on its device's lab host);
+3. notify: the webhook gets the night's digest when it has new findings (``views.digest``: never the night's fate);
+4. tune: the sweep file's [tune] budget (``tuning``: here, or a job per key on its device's lab host);
 5. report: the sweep's HTML report, unless ``report_dir`` is None.
 
 `farm sweep` parses its options into a plan, calls ``run_night`` and prints the result; tools/nightly.sh runs

@@ -31,7 +31,7 @@ TRACKER_MODULE = "farm.rpc.tracker_server"  # TVM's tracker with a backlog for a
 def start_tracker(host: str, port: int, state_dir: Path, timeout_s: float = 20.0,
                   allowed: dict[str, list[str]] | None = None) -> ManagedProcess:
     """Run ``python -m farm.rpc.tracker_server`` (TVM's tracker, listening with a full backlog) on exactly
-    ``host:port`` and wait until it answers; with ``allowed`` (``rpc.registrations.allowed_sources``), taking each
+    ``host:port`` and wait until it answers; with ``allowed`` (``devices.registrations.allowed_sources``), taking each
     key's registrations only from its sources."""
     if host not in LOOPBACK and allowed is None:
         log.warning("binding the tracker to %s: TVM RPC has no authentication, anyone who reaches it can run code "

@@ -126,7 +126,7 @@ def offline_cell(ctx: CellContext, store: Store, device: Device, model: ModelSou
 def store_offline(store: Store, device: Device, model: ModelSource, config: BenchConfig, sweep_id: int | None,
                   reason: str, hint: str, lease: Lease | None = None) -> CellResult:
     """A cell that could not be reached, stored failed at step "offline" with ``reason`` and ``hint``, as attempt 0
-    (``OFFLINE_ATTEMPT``): a device with no server, or a lab host with no worker (``sweep.lab``)."""
+    (``OFFLINE_ATTEMPT``): a device with no server, or a lab host with no worker (``lab.worker``)."""
     result = unmeasured_result(device, model, config, "offline", reason, hint, "not reached: device offline")
     return store_unmeasured(store, result, device, model, sweep_id, OFFLINE_ATTEMPT, lease)
 
@@ -195,7 +195,7 @@ def store_changed(store: Store, device: Device, model: ModelSource, config: Benc
                   reason: str, attempt: int, lease: Lease | None = None) -> CellResult:
     """A cell whose model is not the one its sweep started with, or does not load, stored at step "model" as its
     ``attempt``: failed for good (measuring again cannot help: a resume leaves it, and the sweep settles), or as
-    offline (``OFFLINE_ATTEMPT``) where a host's own setting refused it (``sweep.lab``: a resume measures it)."""
+    offline (``OFFLINE_ATTEMPT``) where a host's own setting refused it (``lab.worker``: a resume measures it)."""
     result = unmeasured_result(device, model, config, "model", reason,
                                "restore the model the sweep started with and resume, or start a new sweep",
                                "not reached: the model")

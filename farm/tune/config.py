@@ -1,6 +1,6 @@
 """What a tuning session is asked to do (``TuneConfig``), and the numbers its defaults come from.
 
-Every default of ``farm tune`` and of a sweep file's ``[tune]`` table is read from here (the CLI, ``nightly``)."""
+Every default of ``farm tune`` and of a sweep file's ``[tune]`` table is read from here (the CLI, ``night.tuning``)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def profile_tasks(tracker: TrackerAddress, device: Device, tasks: list, target: 
     """Each task's untuned time per call on ``device`` (seconds), in one session; ``export(path, module)`` writes a
     built module as a library the device loads (the one tuning's candidates use); ``cold``: timed as the runner
     times candidates (``time_modules``), and then its time is the mean of those runs, as a record's is
-    (``tune.records.record_s``); else the fastest repeat. Raises FarmError."""
+    (``tune.database.record_s``); else the fastest repeat. Raises FarmError."""
     runs = time_modules(tracker, device, [(f"{t.task_name} untuned", t.dispatched[0]) for t in tasks], target, export,
                         timeout_s, number=1, repeat=3, cold=cold,
                         hint="tuning shares the trials by MetaSchedule's own scheduler instead")

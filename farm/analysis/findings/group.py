@@ -108,7 +108,7 @@ def _alone(alert: Alert, judged: int, runs: Mapping[int, Run]) -> bool:
     """A series is a finding by itself when it moved beyond its noise floor and its night lies outside the
     prediction bound of its baseline's nights at Bonferroni's level over the night's ``judged`` series
     (``SINGLE_ALPHA`` / judged, one-sided): ``prediction_t`` against Student's t with nights − 1 degrees of freedom.
-    A planned-memory change (no z) always does, and so does a series its reruns confirmed (``confirmation``: a
+    A planned-memory change (no z) always does, and so does a series its reruns confirmed (``night.confirmation``: a
     candidate alone, or the screen's second tier)."""
     if absolute_change(alert) < noise_floor(alert, runs.get(alert.run_id)):
         return False
