@@ -49,10 +49,10 @@ class SweepRegressions:
 
 
 def review_night(store: Store, sweep_id: int | None, confirm_candidates: bool = False,
-                       tracker: TrackerAddress | None = None, devices: dict[str, Device] | None = None,
-                       config: BenchConfig = BenchConfig(), progress: Progress | None = None,
-                       budget_min: float = DEFAULT_BUDGET_MIN, hold: DeviceHold | None = None,
-                       judged_as_stored: bool = False) -> SweepRegressions:
+                 tracker: TrackerAddress | None = None, devices: dict[str, Device] | None = None,
+                 config: BenchConfig = BenchConfig(), progress: Progress | None = None,
+                 budget_min: float = DEFAULT_BUDGET_MIN, hold: DeviceHold | None = None,
+                 judged_as_stored: bool = False) -> SweepRegressions:
     """Store the sweep's (the latest's when ``sweep_id`` is None) candidate and improved verdicts as alerts, upgrade
     verdicts beside them (``findings.sweep_verdicts``); group them into findings; with ``confirm_candidates``,
     rerun each finding's representatives on their devices (``tracker``, ``devices``; each held by ``hold`` while
@@ -67,9 +67,7 @@ def review_night(store: Store, sweep_id: int | None, confirm_candidates: bool = 
     if judged_as_stored and not confirm_candidates and store.judged(sweep_id):
         stored, stored_alerts = stored_findings(store, sweep_id), store.alerts(sweep_id)
         if stored is not None and _as_judged(stored, stored_alerts):
-            budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}),
-                      "left_unconfirmed": _left_unconfirmed(stored)}
-            return SweepRegressions(sweep_id, stored_alerts, stored, budget)
+            return SweepRegressions(sweep_id, stored_alerts, stored, _budget(store, sweep_id, stored))
     rows = run_rows(store)
     verdicts = sweep_verdicts(rows, sweep_id, by_sweep(rows, keep_unstable_of=sweep_id))
     moved = [v for v in verdicts if v.status in ("candidate", "improved", "changed")]  # changed: planned memory
@@ -95,10 +93,9 @@ def review_night(store: Store, sweep_id: int | None, confirm_candidates: bool = 
         spent_s, rerun = _rerun_the_rest(store, tracker, devices or {}, verdicts, findings, config, progress,
                                          budget_s, spent_s, rerun, hold)
         findings = sweep_findings(store, sweep_id, rows, verdicts)  # confirmation moves their evidence and rank
-    left = _left_unconfirmed(findings)
     if confirm_candidates:  # a review without reruns keeps what an earlier one spent
-        store.save_budget(sweep_id, budget_s, spent_s, rerun, left)
-    budget = {**(store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}), "left_unconfirmed": left}
+        store.save_budget(sweep_id, budget_s, spent_s, rerun, _left_unconfirmed(findings))
+    budget = _budget(store, sweep_id, findings)
     return SweepRegressions(sweep_id, store.alerts(sweep_id), record(store, sweep_id, findings), budget, rows)
 
 
@@ -118,6 +115,13 @@ def _as_judged(findings: list[Finding], alerts: list[Alert]) -> bool:
 
 def _left_unconfirmed(findings: list[Finding]) -> int:
     return sum(1 for f in findings if f.direction == "slower" and f.representatives and not f.reruns)
+
+
+def _budget(store: Store, sweep_id: int, findings: list[Finding]) -> dict[str, Any]:
+    """The sweep's stored confirmation budget (none spent when none was stored) and what its findings left
+    unconfirmed."""
+    spent = store.budget(sweep_id) or {"budget_s": 0.0, "spent_s": 0.0, "rerun": 0}
+    return {**spent, "left_unconfirmed": _left_unconfirmed(findings)}
 
 
 def _rerun_the_rest(store: Store, tracker: TrackerAddress | None, devices: dict[str, Device],

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,7 +135,8 @@ def _after(plan: NightPlan, outcome: "SweepOutcome", queued: bool) -> Night:
                                    title=f"farm sweep {outcome.sweep_id}", sweep_id=outcome.sweep_id,
                                    dashboard_url=dashboard_url,  # the review's history, unless tuning stored runs
                                    history=None if plan.budget else reviewed.rows)
-    return Night(outcome.sweep_id, queued, outcome, reviewed, tuning, report, notified)
+    # the review's history served the report: the night's result does not keep it
+    return Night(outcome.sweep_id, queued, outcome, replace(reviewed, rows=None), tuning, report, notified)
 
 
 def _queued_tuning(plan: NightPlan, sweep_id: int) -> list:

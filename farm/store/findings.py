@@ -60,8 +60,7 @@ class FindingsMixin:
         rows = self._db.dicts(
             "SELECT f.id, f.state, f.note, f.bug, f.duplicate_of, f.first_sweep, s.body FROM finding_sweeps s"
             " JOIN findings f ON f.id = s.finding_id WHERE s.sweep_id=? ORDER BY s.position", [sweep_id])
-        return [{**json.loads(r["body"]), "finding_id": r["id"], "state": r["state"], "note": r["note"],
-                 "bug": r["bug"], "duplicate_of": r["duplicate_of"], "first_sweep": r["first_sweep"]} for r in rows]
+        return [_as_stored(r) for r in rows]
 
     def reviewed(self, sweep_id: int) -> bool:
         return self._db.execute("SELECT 1 FROM reviewed_sweeps WHERE sweep_id=?", (sweep_id,)).fetchone() is not None
@@ -98,9 +97,7 @@ class FindingsMixin:
         if not rows:
             return None
         r = rows[0]
-        return {**json.loads(r["body"]), "finding_id": r["id"], "state": r["state"], "note": r["note"],
-                "bug": r["bug"], "duplicate_of": r["duplicate_of"], "first_sweep": r["first_sweep"],
-                "last_sweep": r["last_sweep"], "sweep_id": r["sweep_id"], "position": r["position"]}
+        return {**_as_stored(r), "last_sweep": r["last_sweep"], "sweep_id": r["sweep_id"], "position": r["position"]}
 
     def finding_states(self, keys: list[str], sweep_id: int) -> dict[str, dict[str, Any]]:
         """Stored id, state, note and first sweep of the findings of ``sweep_id`` with these keys (read only)."""
@@ -177,6 +174,13 @@ class FindingsMixin:
         rows = self._db.dicts("SELECT budget_s, spent_s, rerun, left_unconfirmed FROM confirmation_budgets"
                               " WHERE sweep_id=?", [sweep_id])
         return rows[0] if rows else None
+
+
+def _as_stored(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored finding as a night ranked it (its body) with its life: id, triage state, note, bug, duplicate, first
+    sweep."""
+    return {**json.loads(row["body"]), "finding_id": row["id"], "state": row["state"], "note": row["note"],
+            "bug": row["bug"], "duplicate_of": row["duplicate_of"], "first_sweep": row["first_sweep"]}
 
 
 def _event(db: Any, finding_id: int, author: str, old: str, new: str, note: str, bug: str, duplicate_of: int | None,
